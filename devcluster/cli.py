@@ -1,0 +1,94 @@
+"""`python -m devcluster up|down|gc|ls`: make, remove and list simulated clusters."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+import time
+
+from .bench import bench
+from .cluster import Cluster
+from .errors import DevclusterError
+from .gc import gc, owner_alive
+from .layout import known_states
+
+
+def cmd_up(args: argparse.Namespace) -> int:
+    t0 = time.monotonic()
+    c = Cluster.create(args.hosts, args.name, persistent=True)
+    print(f"cluster {c.name}: {len(c.hosts)} hosts on {c.subnet} in {time.monotonic() - t0:.1f} s")
+    print(f"state folder: {c.dir}")
+    for h in c.hosts:
+        print(f"  {h.name}  {h.addr}  DOCKER_HOST={h.docker_host}")
+    print(f"try: ssh -F {c.ssh_config} {c.hosts[0].name} docker info")
+    print(f"     HOME={c.home} python -m orchestrate ... --hosts {c.hosts_file}")
+    print(f"remove: python -m devcluster down --name {c.name}")
+    return 0
+
+
+def cmd_down(args: argparse.Namespace) -> int:
+    left = Cluster.load(args.name).close()
+    if left:
+        print(f"cluster {args.name}: could not remove: {'; '.join(left)}", file=sys.stderr)
+        return 1
+    print(f"cluster {args.name}: removed")
+    return 0
+
+
+def cmd_gc(args: argparse.Namespace) -> int:
+    removed = gc(all_=args.all)
+    bad = {n: left for n, left in removed.items() if left}
+    for name in removed:
+        print(f"cluster {name}: removed" + (f"; left: {'; '.join(bad[name])}" if name in bad else ""))
+    if not removed:
+        print("nothing to remove")
+    return 1 if bad else 0
+
+
+def cmd_ls(args: argparse.Namespace) -> int:
+    for s in known_states():
+        owner = "persistent" if s.owner_pid is None else f"pid {s.owner_pid}" + (
+            "" if owner_alive(s) else " (gone: gc removes it)")
+        print(f"{s.name}  {s.n_hosts} hosts  {s.subnet}  {owner}  {s.dir}")
+    return 0
+
+
+def cmd_bench(args: argparse.Namespace) -> int:
+    print(f"{'hosts':>5}  {'up (s)':>7}  {'down (s)':>8}   median of {args.reps}")
+    for n, up, down in bench(tuple(args.sizes), args.reps):
+        print(f"{n:>5}  {up:>7.2f}  {down:>8.2f}")
+    return 0
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m devcluster", description=__doc__)
+    p.add_argument("-v", "--verbose", action="store_true")
+    sub = p.add_subparsers(dest="cmd", required=True)
+    up = sub.add_parser("up", help="create N hosts (kept until `down`)")
+    up.add_argument("--hosts", type=int, default=2)
+    up.add_argument("--name", help="1-8 characters a-z0-9 (default: random)")
+    up.set_defaults(func=cmd_up)
+    down = sub.add_parser("down", help="remove one cluster")
+    down.add_argument("--name", required=True)
+    down.set_defaults(func=cmd_down)
+    g = sub.add_parser("gc", help="remove clusters whose owner process is gone, and orphaned objects")
+    g.add_argument("--all", action="store_true", help="also remove live and persistent clusters")
+    g.set_defaults(func=cmd_gc)
+    sub.add_parser("ls", help="list clusters").set_defaults(func=cmd_ls)
+    b = sub.add_parser("bench", help="time up and down of 1, 2, 4 hosts")
+    b.add_argument("--sizes", type=int, nargs="+", default=[1, 2, 4])
+    b.add_argument("--reps", type=int, default=3)
+    b.set_defaults(func=cmd_bench)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parser().parse_args(argv)
+    logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING,
+                        format="%(levelname)s %(name)s: %(message)s")
+    try:
+        return args.func(args)
+    except DevclusterError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2

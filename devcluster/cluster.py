@@ -1,0 +1,270 @@
+"""Cluster and Host: the Python API that tests and the demo use.
+
+    with Cluster.create(2) as c:
+        c.hosts_file            # orchestrate hosts file (ssh aliases)
+        c.hosts[0].docker_client().info()
+        c.hosts[1].link_down()
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import secrets
+import subprocess
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+import docker
+
+from . import dockerd, net, sshd
+from .errors import DevclusterError, NoSubnetError, NotRootError
+from .layout import MAX_HOSTS, ClusterState, HostLayout, check_name, known_states, state_lock, state_root
+from .mounts import fs_type
+from .proc import in_netns, need_tools, start_time
+from .teardown import teardown, traces
+
+log = logging.getLogger(__name__)
+
+TOOLS = ("ip", "nsenter", "iptables", "ssh-keygen", "dockerd", "containerd", "umount", sshd.SSHD)
+
+
+class Host:
+    """One simulated host: a netns with its own address, sshd and dockerd."""
+
+    def __init__(self, layout: HostLayout) -> None:
+        self.layout = layout
+
+    @property
+    def name(self) -> str:
+        """The ssh alias (Host entry of ssh_config), also the name in hosts.txt."""
+        return self.layout.alias
+
+    alias = name
+
+    @property
+    def index(self) -> int:
+        return self.layout.index
+
+    @property
+    def addr(self) -> str:
+        return self.layout.addr
+
+    @property
+    def netns(self) -> str:
+        return self.layout.netns
+
+    @property
+    def docker_sock(self) -> Path:
+        return self.layout.docker_sock
+
+    @property
+    def docker_host(self) -> str:
+        """DOCKER_HOST value for this host's daemon, from the machine itself (not over SSH)."""
+        return f"unix://{self.layout.docker_sock}"
+
+    @property
+    def dir(self) -> Path:
+        return self.layout.dir
+
+    def docker_client(self, timeout: int = 60) -> docker.DockerClient:
+        """SDK client on the host's local socket, for test assertions (the orchestrator uses SSH)."""
+        return docker.DockerClient(base_url=self.docker_host, timeout=timeout)
+
+    def run(self, cmd: Sequence[str], *, timeout: float = 60, check: bool = True,
+            input: str | None = None) -> subprocess.CompletedProcess[str]:
+        """Run argv inside the host's netns, with DOCKER_HOST set to the host's daemon."""
+        env = {**os.environ, "DOCKER_HOST": self.docker_host}
+        argv = in_netns(self.netns, list(cmd))
+        try:
+            res = subprocess.run(argv, capture_output=True, text=True, timeout=timeout, env=env, input=input)
+        except subprocess.TimeoutExpired as e:
+            raise DevclusterError(f"{self.name}: `{' '.join(cmd)}` ran past {timeout:.0f} s") from e
+        if check and res.returncode != 0:
+            raise DevclusterError(f"{self.name}: `{' '.join(cmd)}` exited {res.returncode}: {res.stderr.strip()}")
+        return res
+
+    def link_down(self) -> None:
+        """The network drops: packets to and from this host are lost until link_up()."""
+        net.set_link(self.layout, up=False)
+
+    def link_up(self) -> None:
+        net.set_link(self.layout, up=True)
+
+    def stop_docker(self) -> None:
+        """A node without Docker: dockerd (and its containers, containerd, shims) stop; sshd stays."""
+        dockerd.stop_docker(self.layout)
+
+    def start_docker(self) -> None:
+        pid = dockerd.spawn_containerd(self.layout)
+        dockerd.wait_containerd(self.layout, pid)
+        pid = dockerd.spawn_dockerd(self.layout)
+        dockerd.wait_dockerd(self.layout, pid)
+
+    def __repr__(self) -> str:
+        return f"Host({self.name}, {self.addr})"
+
+
+class Cluster:
+    """N simulated hosts on one bridge, with the client files to reach them (see docs/devcluster.md)."""
+
+    def __init__(self, state: ClusterState) -> None:
+        self.state = state
+        self.hosts = [Host(h) for h in state.hosts()]
+
+    # --- making and removing -------------------------------------------------------------------
+
+    @classmethod
+    def create(cls, n_hosts: int, name: str | None = None, *, persistent: bool = False) -> Cluster:
+        """Bring up n_hosts hosts. Unless persistent, the cluster belongs to this process: once the
+        process is gone, `gc` removes it. On any failure everything made so far is removed."""
+        if os.geteuid() != 0:
+            raise NotRootError("devcluster needs root (netns, bridge, iptables, dockerd); run it as root")
+        if not 1 <= n_hosts <= MAX_HOSTS:
+            raise DevclusterError(f"--hosts {n_hosts}: choose 1 to {MAX_HOSTS}")
+        need_tools(*TOOLS)
+        _check_disk()
+        state = _claim(n_hosts, name, None if persistent else os.getpid())
+        try:
+            _bring_up(state)
+        except BaseException:
+            left = teardown(state)
+            if left:
+                log.error("cluster %s: could not remove: %s", state.name, "; ".join(left))
+            raise
+        return cls(state)
+
+    @classmethod
+    def load(cls, name: str) -> Cluster:
+        """The cluster named name, made earlier (e.g. by `python -m devcluster up`)."""
+        return cls(ClusterState.load(name))
+
+    def close(self) -> list[str]:
+        """Tear down; returns what could not be removed (empty when no trace is left)."""
+        return teardown(self.state)
+
+    def traces(self) -> list[str]:
+        return traces(self.name)
+
+    def __enter__(self) -> Cluster:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        left = self.close()
+        if left:
+            raise DevclusterError(f"cluster {self.name}: left behind: {'; '.join(left)}")
+
+    # --- what clients use ----------------------------------------------------------------------
+
+    @property
+    def name(self) -> str:
+        return self.state.name
+
+    @property
+    def dir(self) -> Path:
+        """State folder: hosts.txt, ssh_config, known_hosts, id_ed25519(.pub), home/.ssh/, h<i>/."""
+        return self.state.dir
+
+    @property
+    def hosts_file(self) -> Path:
+        return self.dir / "hosts.txt"
+
+    @property
+    def ssh_config(self) -> Path:
+        return self.dir / "ssh_config"
+
+    @property
+    def known_hosts(self) -> Path:
+        return self.dir / "known_hosts"
+
+    @property
+    def key(self) -> Path:
+        return self.dir / "id_ed25519"
+
+    @property
+    def home(self) -> Path:
+        """A HOME whose .ssh/config and .ssh/known_hosts are the cluster's: paramiko-based clients
+        (docker-py's ssh://, the orchestrator) started with HOME=cluster.home resolve the aliases."""
+        return self.dir / "home"
+
+    @property
+    def subnet(self) -> str:
+        return self.state.subnet
+
+    def client_env(self) -> dict[str, str]:
+        """Environment for a client process (the orchestrator, a docker-py script): this process's
+        environment with HOME=cluster.home, so ~/.ssh/config and known_hosts are the cluster's."""
+        return {**os.environ, "HOME": str(self.home)}
+
+    def write_hosts_file(self, path: Path, slots: int = 1,
+                         keys: dict[int, dict[str, str]] | None = None, hosts: Sequence[Host] | None = None) -> Path:
+        """An orchestrate hosts file for some of the hosts, with extra `key=value`s per host index
+        (e.g. {0: {"data_dir": "/tmp/d0"}})."""
+        lines = []
+        for h in hosts if hosts is not None else self.hosts:
+            extra = "".join(f" {k}={v}" for k, v in (keys or {}).get(h.index, {}).items())
+            lines.append(f"{h.name} slots={slots}{extra}\n")
+        path.write_text("".join(lines))
+        return path
+
+    def ssh_argv(self, host: Host, *cmd: str) -> list[str]:
+        """OpenSSH client argv for host (OpenSSH ignores $HOME, so the config is passed with -F)."""
+        return ["ssh", "-F", str(self.ssh_config), host.name, *cmd]
+
+    def __repr__(self) -> str:
+        return f"Cluster({self.name}, {self.subnet}, {len(self.hosts)} hosts)"
+
+
+def _check_disk() -> None:
+    """dockerd's overlay2 cannot keep its layers on overlay or tmpfs: the data roots need a real disk."""
+    root = state_root()
+    root.mkdir(mode=0o700, parents=True, exist_ok=True)
+    kind = fs_type(root)
+    if kind in ("overlay", "tmpfs", "ramfs", "aufs"):
+        raise DevclusterError(f"{root} is on {kind}: point DEVCLUSTER_ROOT at a folder on a real disk (ext4, xfs)")
+
+
+def _claim(n_hosts: int, name: str | None, owner: int | None) -> ClusterState:
+    """Choose a free name and /24 and write cluster.json before making anything, so that teardown and
+    gc can always find what follows."""
+    with state_lock():
+        states = known_states()
+        taken = {s.name for s in states} | {n.split("-")[1] for n in net.netns_names() if n.startswith("dc-")}
+        if name is None:
+            name = next(n for n in (secrets.token_hex(3) for _ in range(100)) if n not in taken)
+        elif check_name(name) in taken:
+            raise DevclusterError(f"cluster {name!r} exists; remove it with `python -m devcluster down --name {name}`")
+        index = net.pick_subnet_index({s.subnet_index for s in states})
+        if index is None:
+            raise NoSubnetError("no free 10.231.X.0/24 left; remove old clusters with `python -m devcluster gc`")
+        state = ClusterState(name=name, subnet_index=index, n_hosts=n_hosts, owner_pid=owner,
+                             owner_start=start_time(owner) if owner else None, created=time.time())
+        state.save()
+        return state
+
+
+def _bring_up(state: ClusterState) -> None:
+    """Network first, then all containerds, all dockerds and sshds started together (waits overlap)."""
+    t0 = time.monotonic()
+    user_pub = sshd.keygen(state.dir / "id_ed25519", f"devcluster-{state.name}")
+    (state.dir / "authorized_keys").write_text(user_pub + "\n")
+    net.create_bridge(state)
+    net.allow_forward(state)
+    resolvers = net.resolvers()
+    hosts = state.hosts()
+    for h in hosts:
+        h.dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+        h.log_dir.mkdir(mode=0o700, exist_ok=True)
+        net.create_host_net(state, h, resolvers)
+    ctrd = {h.index: dockerd.spawn_containerd(h) for h in hosts}
+    for h in hosts:
+        dockerd.wait_containerd(h, ctrd[h.index])
+    dkd = {h.index: dockerd.spawn_dockerd(h) for h in hosts}
+    host_keys = {h.index: sshd.start_sshd(h, state.dir / "authorized_keys") for h in hosts}
+    for h in hosts:
+        dockerd.wait_dockerd(h, dkd[h.index])
+    sshd.write_client_files(state, host_keys)
+    log.info("cluster %s: %d hosts up in %.1f s", state.name, len(hosts), time.monotonic() - t0)
+
+

@@ -1,0 +1,174 @@
+"""Names and paths of a cluster: one place decides them, so that teardown and gc find everything.
+
+Every object a cluster makes carries its name: netns `dc-<name>-h<i>`, bridge `dcb-<name>`,
+host-side veth `dcv-<name>-<i>` (the end inside the netns is `eth0`), iptables comment
+`devcluster:<name>`, and one folder `<root>/<name>/` (root: $DEVCLUSTER_ROOT or /var/lib/devcluster,
+a real disk, because dockerd's overlay2 cannot live on overlay or tmpfs).
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+import re
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from .errors import DevclusterError, UnknownClusterError
+
+NAME_RE = re.compile(r"^[a-z0-9]{1,8}$")
+MAX_HOSTS = 32  # keeps `dcv-<8 chars>-<2 digits>` within Linux's 15-character interface names
+NETNS_RE = re.compile(r"^dc-([a-z0-9]{1,8})-h(\d+)$")
+LINK_RE = re.compile(r"^dc[bv]-([a-z0-9]{1,8})(-\d+)?$")
+RULE_COMMENT = "devcluster:"
+
+
+def state_root() -> Path:
+    return Path(os.environ.get("DEVCLUSTER_ROOT", "/var/lib/devcluster"))
+
+
+def check_name(name: str) -> str:
+    if not NAME_RE.match(name):
+        raise DevclusterError(f"cluster name {name!r}: use 1-8 characters a-z, 0-9")
+    return name
+
+
+@dataclass(frozen=True)
+class HostLayout:
+    """Names and paths of host i of cluster name."""
+
+    cluster: str
+    index: int
+    addr: str
+    dir: Path
+
+    @property
+    def alias(self) -> str:
+        return f"dc-{self.cluster}-h{self.index}"
+
+    @property
+    def netns(self) -> str:
+        return f"dc-{self.cluster}-h{self.index}"
+
+    @property
+    def veth(self) -> str:
+        return f"dcv-{self.cluster}-{self.index}"
+
+    @property
+    def docker_sock(self) -> Path:
+        return self.dir / "docker.sock"
+
+    @property
+    def data_root(self) -> Path:
+        return self.dir / "docker"
+
+    @property
+    def exec_root(self) -> Path:
+        return self.dir / "run"
+
+    @property
+    def containerd_root(self) -> Path:
+        return self.dir / "containerd"
+
+    @property
+    def containerd_state(self) -> Path:
+        return self.dir / "containerd-run"
+
+    @property
+    def containerd_sock(self) -> Path:
+        return self.containerd_state / "containerd.sock"
+
+    @property
+    def ssh_dir(self) -> Path:
+        return self.dir / "ssh"
+
+    @property
+    def log_dir(self) -> Path:
+        return self.dir / "log"
+
+
+@dataclass
+class ClusterState:
+    """What `<root>/<name>/cluster.json` holds: enough for `down` and `gc` in another process.
+
+    owner_pid/owner_start name the process whose death makes the cluster garbage (a test session);
+    None means the cluster lives until `down` (made by the CLI's `up`)."""
+
+    name: str
+    subnet_index: int  # the X of 10.231.X.0/24
+    n_hosts: int
+    owner_pid: int | None = None
+    owner_start: int | None = None
+    created: float = 0.0
+
+    @property
+    def dir(self) -> Path:
+        return state_root() / self.name
+
+    @property
+    def subnet(self) -> str:
+        return f"10.231.{self.subnet_index}.0/24"
+
+    @property
+    def gateway(self) -> str:
+        return f"10.231.{self.subnet_index}.1"
+
+    @property
+    def bridge(self) -> str:
+        return f"dcb-{self.name}"
+
+    @property
+    def rule_comment(self) -> str:
+        return f"{RULE_COMMENT}{self.name}"
+
+    def host(self, i: int) -> HostLayout:
+        return HostLayout(self.name, i, f"10.231.{self.subnet_index}.{i + 2}", self.dir / f"h{i}")
+
+    def hosts(self) -> list[HostLayout]:
+        return [self.host(i) for i in range(self.n_hosts)]
+
+    def save(self) -> None:
+        self.dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+        tmp = self.dir / "cluster.json.tmp"
+        tmp.write_text(json.dumps(asdict(self), indent=2))
+        tmp.rename(self.dir / "cluster.json")
+
+    @staticmethod
+    def load(name: str) -> ClusterState:
+        path = state_root() / check_name(name) / "cluster.json"
+        try:
+            return ClusterState(**json.loads(path.read_text()))
+        except FileNotFoundError as e:
+            raise UnknownClusterError(f"no cluster {name!r} ({path} missing); see `python -m devcluster ls`") from e
+        except (ValueError, TypeError) as e:
+            raise DevclusterError(f"{path}: unreadable ({e}); remove it with `python -m devcluster gc --all`") from e
+
+
+def known_states() -> list[ClusterState]:
+    """Every cluster with a readable state file."""
+    root = state_root()
+    states = []
+    if root.is_dir():
+        for d in sorted(root.iterdir()):
+            if (d / "cluster.json").is_file() and NAME_RE.match(d.name):
+                try:
+                    states.append(ClusterState.load(d.name))
+                except DevclusterError:
+                    continue
+    return states
+
+
+@contextmanager
+def state_lock() -> Iterator[None]:
+    """Serialises claiming a name and subnet (create) with gc, across processes (test sessions)."""
+    root = state_root()
+    root.mkdir(mode=0o700, parents=True, exist_ok=True)
+    with open(root / ".lock", "w") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)

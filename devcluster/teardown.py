@@ -1,0 +1,66 @@
+"""Removing a cluster without a trace, and listing what of it is left (for tests and `gc`)."""
+
+from __future__ import annotations
+
+import logging
+import shutil
+from collections.abc import Callable
+
+from . import dockerd, net, sshd
+from .layout import ClusterState, HostLayout, state_root
+from .mounts import mounts_under, unmount_under
+from .proc import pids_in_netns, pids_matching, stop_pids
+
+log = logging.getLogger(__name__)
+
+
+def teardown_host(host: HostLayout) -> None:
+    """Containers, dockerd, containerd, shims, sshd and its sessions, every process left in the netns,
+    the mounts under the host's folder, the netns (its eth0 and so the veth pair go with it)."""
+    steps: list[tuple[str, Callable[[], object]]] = [
+        ("remove containers", lambda: dockerd.remove_containers(host)),
+        ("stop docker", lambda: dockerd.stop_docker(host)),
+        ("stop sshd", lambda: sshd.stop_sshd(host)),
+        ("stop leftover processes", lambda: _stop_leftovers(host)),
+        ("unmount", lambda: unmount_under(host.dir)),
+        ("delete netns", lambda: net.delete_netns(host.netns)),
+        ("delete veth", lambda: net.delete_link(host.veth)),
+    ]
+    for what, step in steps:  # each step runs even if an earlier one failed
+        try:
+            step()
+        except Exception as e:
+            log.warning("%s: %s failed: %s", host.alias, what, e)
+
+
+def _stop_leftovers(host: HostLayout) -> None:
+    pids = sorted(set(pids_in_netns(host.netns) + pids_matching(str(host.dir) + "/")))
+    if pids:
+        stop_pids(pids, grace=3)
+
+
+def teardown(state: ClusterState) -> list[str]:
+    """Remove everything of the cluster; returns the traces that could not be removed (empty = clean)."""
+    for host in state.hosts():
+        teardown_host(host)
+    net.remove_rules(state.name)
+    net.delete_link(state.bridge)
+    # never delete a folder through a mount that is still there (it could be a bind of other data)
+    if not unmount_under(state.dir):
+        shutil.rmtree(state.dir, ignore_errors=True)
+    return traces(state.name)
+
+
+def traces(name: str) -> list[str]:
+    """Everything on the machine that still belongs to cluster name: netns, links, processes whose
+    command line names its folder, mounts under it, iptables rules, its folder."""
+    d = state_root() / name
+    found = [f"netns {n}" for n in net.netns_names() if n.startswith(f"dc-{name}-h")]
+    found += [f"link {n}" for n in net.link_names() if n == f"dcb-{name}" or n.startswith(f"dcv-{name}-")]
+    found += [f"process {p}" for p in pids_matching(str(d) + "/")]
+    found += [f"mount {m}" for m in mounts_under(d)]
+    found += [f"iptables {chain} {' '.join(spec)}" for chain, spec in net.tagged_rules(name)]
+    if d.exists():
+        found.append(f"dir {d}")
+    return found
+

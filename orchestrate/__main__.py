@@ -1,0 +1,7 @@
+"""`python -m orchestrate ...`"""
+
+import sys
+
+from .cli import main
+
+sys.exit(main())

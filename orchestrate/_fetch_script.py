@@ -1,0 +1,88 @@
+"""Stdlib-only script run INSIDE a short container on a node: fetch, verify and extract CIFAR-10.
+
+Shipped to the node as the argument of `python -c` (no shell): argv = URL|-, MD5, DATA_DIR.
+Prints PROGRESS <bytes> <total>, then HAVE (already verified) or DONE <downloaded bytes>.
+Exit 3: md5 mismatch; exit 4: download failed; exit 5: extraction failed.
+"""
+
+import hashlib
+import os
+import sys
+import tarfile
+import urllib.request
+
+ARCHIVE = "cifar-10-python.tar.gz"
+MARKER = ".ddp-cifar-verified"
+BATCHES = "cifar-10-batches-py"
+
+
+def md5_of(path):
+    digest = hashlib.md5()
+    with open(path, "rb") as fh:
+        for block in iter(lambda: fh.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def download(url, dest):
+    part = dest + ".part"
+    with urllib.request.urlopen(url, timeout=60) as resp, open(part, "wb") as out:
+        total = int(resp.headers.get("Content-Length") or 0)
+        done, last = 0, -1
+        while True:
+            block = resp.read(1 << 20)
+            if not block:
+                break
+            out.write(block)
+            done += len(block)
+            step = done * 20 // total if total else done >> 24
+            if step != last:
+                print(f"PROGRESS {done} {total}", flush=True)
+                last = step
+    os.replace(part, dest)
+    return done
+
+
+def main(url, md5, data_dir):
+    marker = os.path.join(data_dir, MARKER)
+    batches = os.path.join(data_dir, BATCHES)
+    if os.path.isdir(batches) and os.path.exists(marker) and open(marker).read().strip() == md5:
+        print("HAVE", flush=True)
+        return 0
+    archive = os.path.join(data_dir, ARCHIVE)
+    fetched = 0
+    if not (os.path.exists(archive) and md5_of(archive) == md5):
+        if url == "-":
+            print(f"error: {archive} missing or its md5 differs from {md5}", flush=True)
+            return 3
+        try:
+            fetched = download(url, archive)
+        except Exception as err:
+            print(f"error: download of {url} failed: {err}", flush=True)
+            return 4
+        got = md5_of(archive)
+        if got != md5:
+            os.replace(archive, archive + ".bad")
+            print(f"error: md5 of {url} is {got}, expected {md5}; check --data-url/--data-md5", flush=True)
+            return 3
+    try:
+        with tarfile.open(archive) as tar:
+            if hasattr(tarfile, "data_filter"):
+                tar.extractall(data_dir, filter="data")
+            else:
+                tar.extractall(data_dir)
+    except Exception as err:
+        print(f"error: extracting {archive} failed: {err}", flush=True)
+        return 5
+    if not os.path.isdir(batches):
+        print(f"error: {archive} holds no {BATCHES}/ folder", flush=True)
+        return 5
+    with open(marker + ".tmp", "w") as fh:
+        fh.write(md5 + "\n")
+    os.replace(marker + ".tmp", marker)
+    print(f"DONE {fetched}", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(*sys.argv[1:4]))

@@ -1,0 +1,180 @@
+"""Command line: `python -m orchestrate up | kill | status | logs`.
+
+argparse → one frozen, validated config per subcommand → one function per subcommand. Expected failures
+(OrchestrateError) are caught here only, printed as one line (or one line per host), non-zero exit.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import NoReturn
+
+from rich.console import Console
+
+from .config import (
+    DEFAULT_CKPT_DIR,
+    DEFAULT_DATA_DIR,
+    DEFAULT_DATA_MD5,
+    DEFAULT_DATA_URL,
+    DEFAULT_IMAGE,
+    DEFAULT_JOB,
+    DEFAULT_LOG_DIR,
+    GPUS_ALL,
+    JobsConfig,
+    SSHOptions,
+    UpConfig,
+)
+from .errors import ConfigError, MultiHostError, OrchestrateError
+
+
+class _Parser(argparse.ArgumentParser):
+    """Bad command lines become a ConfigError: one line, exit 2, like every other expected failure."""
+
+    def error(self, message: str) -> NoReturn:
+        raise ConfigError(f"{message} (see python -m orchestrate {self.prog.split()[-1]} --help)")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(prog="python -m orchestrate", description="Train the DDP CIFAR-10 trainer on a cluster.")
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
+    up = sub.add_parser("up", help="preflight, move image and data, start the job, watch it")
+    _ssh_args(up, hosts_required=True)
+    up.add_argument("--job", default=DEFAULT_JOB, help="job name (container names and labels)")
+    up.add_argument("--image", default=DEFAULT_IMAGE)
+    up.add_argument("--gpus", default="all", help="GPUs per node: a number, 'all', or 0 for CPU mode (gloo)")
+    up.add_argument("--nproc-per-node", type=int, default=None, help="processes per node (default: GPUs, or 1 on CPU)")
+    up.add_argument("--master-addr", default=None, help="rendezvous address (default: node 0's address)")
+    up.add_argument("--master-port", type=int, default=29500)
+    up.add_argument("--data-dir", default=DEFAULT_DATA_DIR)
+    up.add_argument("--ckpt-dir", default=DEFAULT_CKPT_DIR, help="{job} expands to the job name")
+    up.add_argument("--log-dir", default=DEFAULT_LOG_DIR)
+    up.add_argument("--data-url", default=DEFAULT_DATA_URL)
+    up.add_argument("--data-from", type=Path, default=None, help="send this local archive instead of downloading")
+    up.add_argument("--data-md5", default=DEFAULT_DATA_MD5)
+    up.add_argument("--env", action="append", default=[], metavar="KEY=VALUE", help="extra environment (repeat)")
+    up.add_argument("--pull", action="store_true", help="pull the image on the nodes instead of sending it")
+    up.add_argument("--detach", action="store_true", help="return once every container runs")
+    up.add_argument("--dry-run", action="store_true", help="print the plan; touch nothing")
+    up.add_argument("--resume", action="store_true", help="continue from the newest valid checkpoint")
+    up.add_argument("--replace", action="store_true", help="stop a running job of the same name first")
+    up.add_argument("--stop-on-interrupt", action="store_true", help="Ctrl-C stops the job without asking")
+    up.add_argument("--min-free-gb", type=float, default=1.0)
+    up.add_argument("--shm-size", default=None, help="a sized /dev/shm instead of --ipc=host")
+    up.add_argument("--grace", type=float, default=60.0, help="seconds between SIGTERM and SIGKILL")
+    up.add_argument("trainer_args", nargs="*", help="trainer options after --, e.g. -- --epochs 30")
+    for name, help_text in (("kill", "stop and remove the job's containers"), ("status", "one row per node"),
+                            ("logs", "print or follow the nodes' logs")):
+        p = sub.add_parser(name, help=help_text)
+        _ssh_args(p, hosts_required=False)
+        p.add_argument("--job", default=DEFAULT_JOB)
+        if name == "kill":
+            p.add_argument("--grace", type=float, default=60.0, help="seconds between SIGTERM and SIGKILL")
+        if name == "logs":
+            p.add_argument("-f", "--follow", action="store_true")
+            p.add_argument("--node", type=int, default=None, help="only this node rank")
+            p.add_argument("--tail", type=int, default=100, help="last N lines per node (0: all)")
+    return parser
+
+
+def _ssh_args(p: argparse.ArgumentParser, hosts_required: bool) -> None:
+    p.add_argument("--hosts", type=Path, required=hosts_required, default=None,
+                   help="hosts file" + ("" if hosts_required else " (default: the one the job's last up used)"))
+    p.add_argument("--ssh-config", type=Path, default=None, help="default ~/.ssh/config")
+    p.add_argument("--accept-new-host-keys", action="store_true",
+                   help="trust unknown host keys on first use (adds them to known_hosts); changed keys stay refused")
+
+
+def _gpus(text: str) -> int:
+    if text == "all":
+        return GPUS_ALL
+    try:
+        value = int(text)
+    except ValueError:
+        raise ConfigError(f"--gpus {text!r}: give a number of GPUs per node, 'all', or 0 for CPU") from None
+    if value < 0:
+        raise ConfigError(f"--gpus {value} is negative; give a number of GPUs per node, 'all', or 0 for CPU")
+    return value
+
+
+def _env(pairs: Sequence[str]) -> tuple[tuple[str, str], ...]:
+    out = []
+    for pair in pairs:
+        name, sep, value = pair.partition("=")
+        if not sep or not name:
+            raise ConfigError(f"--env {pair!r}: write --env NAME=VALUE")
+        out.append((name, value))
+    return tuple(out)
+
+
+def up_config(ns: argparse.Namespace) -> UpConfig:
+    return UpConfig(
+        ssh=SSHOptions(ns.hosts, ns.ssh_config, ns.accept_new_host_keys), job=ns.job, image=ns.image,
+        gpus=_gpus(ns.gpus), nproc_per_node=ns.nproc_per_node, master_addr=ns.master_addr,
+        master_port=ns.master_port, data_dir=ns.data_dir, ckpt_dir=ns.ckpt_dir, log_dir=ns.log_dir,
+        data_url=ns.data_url, data_from=ns.data_from, data_md5=ns.data_md5, env=_env(ns.env), pull=ns.pull,
+        detach=ns.detach, dry_run=ns.dry_run, resume=ns.resume, replace=ns.replace,
+        stop_on_interrupt=ns.stop_on_interrupt, min_free_gb=ns.min_free_gb, shm_size=ns.shm_size, grace=ns.grace,
+        trainer_args=tuple(ns.trainer_args),
+    )
+
+
+def jobs_config(ns: argparse.Namespace) -> JobsConfig:
+    return JobsConfig(ssh=SSHOptions(ns.hosts, ns.ssh_config, ns.accept_new_host_keys), job=ns.job,
+                      grace=getattr(ns, "grace", 60.0), follow=getattr(ns, "follow", False),
+                      node=getattr(ns, "node", None), tail=getattr(ns, "tail", 100))
+
+
+def parse_args(argv: Sequence[str]) -> tuple[str, UpConfig | JobsConfig]:
+    argv = list(argv)
+    trainer: list[str] = []
+    if "--" in argv:  # everything after -- goes to the trainer untouched
+        cut = argv.index("--")
+        argv, trainer = argv[:cut], argv[cut + 1:]
+    ns = build_parser().parse_args(argv)
+    if ns.command == "up":
+        if ns.trainer_args:
+            raise ConfigError(f"unexpected argument {ns.trainer_args[0]!r}; put trainer options after '--'")
+        ns.trainer_args = trainer
+        return "up", up_config(ns)
+    if trainer:
+        raise ConfigError(f"'{ns.command}' takes no trainer options after '--'")
+    return ns.command, jobs_config(ns)
+
+
+def run(argv: Sequence[str], console: Console) -> int:
+    command, config = parse_args(argv)
+    if command == "up":
+        from .up import up
+
+        assert isinstance(config, UpConfig)
+        return up(config, console)
+    from .commands import run_jobs_command
+
+    assert isinstance(config, JobsConfig)
+    return run_jobs_command(command, config, console)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    logging.getLogger("paramiko").setLevel(logging.CRITICAL)  # its tracebacks duplicate our one-line errors
+    # Wide output when piped (logs, CI): tables and long error lines stay on one line each.
+    console = Console(highlight=False, width=None if sys.stdout.isatty() else 200)
+    err_console = Console(stderr=True, highlight=False, width=None if sys.stderr.isatty() else 400)
+    try:
+        return run(sys.argv[1:] if argv is None else argv, console)
+    except MultiHostError as err:
+        err_console.print(f"error: {err.what} failed on {len(err.failures)} host(s):", markup=False)
+        for line in err.lines():
+            err_console.print(f"  {line}", markup=False, soft_wrap=True)
+        return err.exit_code
+    except OrchestrateError as err:
+        err_console.print(f"error: {err}", markup=False, soft_wrap=True)
+        return err.exit_code
+    except KeyboardInterrupt:
+        err_console.print("interrupted; the job's containers (if any started) are found by label: "
+                          "'kill --job NAME' stops them", markup=False)
+        return 130

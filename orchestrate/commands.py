@@ -1,0 +1,42 @@
+"""kill / status / logs wiring: hosts from --hosts or the job's remembered state, then jobs.py."""
+
+from __future__ import annotations
+
+from rich.console import Console
+
+from . import state
+from .config import JobsConfig
+from .errors import ConfigError, MultiHostError
+from .hosts import Host, parse_hosts_file
+from .jobs import kill_job, print_status, stream_logs
+from .nodes import Nodes
+
+
+def hosts_for(config: JobsConfig) -> list[Host]:
+    if config.ssh.hosts_file is not None:
+        return parse_hosts_file(config.ssh.hosts_file, config.ssh.ssh_config)
+    remembered = state.load(config.job)
+    if remembered is None:
+        raise ConfigError(f"no record of job {config.job!r} in {state.state_dir()}; give --hosts FILE")
+    ssh_config = config.ssh.ssh_config or remembered.ssh_config
+    return parse_hosts_file(remembered.hosts_file, ssh_config)
+
+
+def run_jobs_command(command: str, config: JobsConfig, console: Console) -> int:
+    hosts = hosts_for(config)
+    nodes, unreachable = Nodes.connect_reachable(hosts, config.ssh.accept_new_host_keys)
+    try:
+        if command == "kill":
+            kill_job(nodes, config.job, config.grace, console, unreachable)
+            return 0
+        if command == "status":
+            ok = print_status(nodes, config.job, console, unreachable)
+            if not ok:
+                raise MultiHostError("status", unreachable)
+            return 0
+        stream_logs(nodes, config.job, console, config.follow, config.node, config.tail)
+        if unreachable:
+            raise MultiHostError("logs", unreachable)
+        return 0
+    finally:
+        nodes.close()

@@ -1,0 +1,221 @@
+"""Typed, validated configuration for each subcommand, built once from the command line and never mutated."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+from .errors import ConfigError
+
+JOB_RE = re.compile(r"^[a-z0-9][a-z0-9_.-]{0,62}$")
+# A Docker image reference: [registry[:port]/]path[:tag][@digest], lowercase path components.
+IMAGE_RE = re.compile(
+    r"^(?:[a-zA-Z0-9.-]+(?::[0-9]+)?/)?[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*"
+    r"(?:/[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*)*(?::[A-Za-z0-9_][A-Za-z0-9_.-]{0,127})?"
+    r"(?:@sha256:[a-f0-9]{64})?$"
+)
+ENV_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+SECRET_NAME_RE = re.compile(r"TOKEN|KEY|PASSWORD|PASSWD|SECRET|CREDENTIAL", re.IGNORECASE)
+MD5_RE = re.compile(r"^[0-9a-f]{32}$")
+MASK = "****"
+
+DEFAULT_JOB = "cifar"
+DEFAULT_IMAGE = "ddp-cifar:latest"
+DEFAULT_DATA_URL = "https://www.cs.toronto.edu/~kriz/cifar-10-python.tar.gz"
+DEFAULT_DATA_MD5 = "c58f30108f718f92721af3b95e74349a"
+DEFAULT_DATA_DIR = "/var/tmp/ddp-cifar/data"
+DEFAULT_CKPT_DIR = "/var/tmp/ddp-cifar/jobs/{job}/checkpoints"
+DEFAULT_LOG_DIR = "/var/tmp/ddp-cifar/jobs/{job}/logs"
+GPUS_ALL = -1
+
+# The trainer's options (docs/DESIGN.md §1): name → kind. Checked here so that a typo is refused before
+# anything starts on the cluster. Kinds: flag, pos_int (>0), nonneg_int (>=0), float, str, or a choice tuple.
+TRAINER_OPTIONS: dict[str, object] = {
+    "--epochs": "pos_int", "--batch-size": "pos_int", "--lr": "pos_float", "--warmup-epochs": "nonneg_float",
+    "--momentum": "nonneg_float", "--weight-decay": "nonneg_float", "--model": "str",
+    "--precision": ("fp32", "bf16", "fp16"), "--sync-bn": "flag", "--grad-compression": ("none", "fp16", "bf16"),
+    "--optimizer": ("sgd", "apex-fused-sgd"), "--eval-every": "pos_int", "--ckpt-every": "pos_int",
+    "--keep-checkpoints": "pos_int", "--seed": "nonneg_int", "--max-steps": "nonneg_int",
+    "--allow-unverified-data": "flag", "--dist-timeout": "pos_float", "--device": ("auto", "cpu", "cuda"),
+    "--log-every": "pos_int", "--eval-batch-size": "pos_int",
+}
+# Set by the orchestrator itself; a user passing them would break the container layout.
+RESERVED_TRAINER_OPTIONS = {"--data-dir": "--data-dir of 'up'", "--ckpt-dir": "--ckpt-dir of 'up'",
+                            "--resume": "'up --resume'"}
+
+
+def is_secret(name: str) -> bool:
+    return bool(SECRET_NAME_RE.search(name))
+
+
+def masked_env(env: dict[str, str]) -> dict[str, str]:
+    return {k: (MASK if is_secret(k) else v) for k, v in env.items()}
+
+
+def secret_values(env: dict[str, str]) -> list[str]:
+    return [v for k, v in env.items() if is_secret(k) and v]
+
+
+def mask_text(text: str, secrets: list[str]) -> str:
+    for value in secrets:
+        text = text.replace(value, MASK)
+    return text
+
+
+@dataclass(frozen=True)
+class SSHOptions:
+    hosts_file: Path | None
+    ssh_config: Path | None
+    accept_new_host_keys: bool
+
+
+@dataclass(frozen=True)
+class UpConfig:
+    ssh: SSHOptions
+    job: str = DEFAULT_JOB
+    image: str = DEFAULT_IMAGE
+    gpus: int = GPUS_ALL  # GPUS_ALL = every GPU of each host; 0 = CPU mode
+    nproc_per_node: int | None = None
+    master_addr: str | None = None
+    master_port: int = 29500
+    data_dir: str = DEFAULT_DATA_DIR
+    ckpt_dir: str = DEFAULT_CKPT_DIR
+    log_dir: str = DEFAULT_LOG_DIR
+    data_url: str = DEFAULT_DATA_URL
+    data_from: Path | None = None
+    data_md5: str = DEFAULT_DATA_MD5
+    env: tuple[tuple[str, str], ...] = ()
+    pull: bool = False
+    detach: bool = False
+    dry_run: bool = False
+    resume: bool = False
+    replace: bool = False
+    stop_on_interrupt: bool = False
+    min_free_gb: float = 1.0
+    shm_size: str | None = None  # None: --ipc=host
+    grace: float = 60.0
+    trainer_args: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        check_job(self.job)
+        if not IMAGE_RE.match(self.image):
+            raise ConfigError(f"--image {self.image!r} is not a valid image name; write e.g. ddp-cifar:latest")
+        if self.gpus < GPUS_ALL:
+            raise ConfigError(f"--gpus {self.gpus} is negative; give a number of GPUs per node, 'all', or 0 for CPU")
+        if self.nproc_per_node is not None and self.nproc_per_node < 1:
+            raise ConfigError(f"--nproc-per-node {self.nproc_per_node} must be at least 1")
+        if self.gpus > 0 and self.nproc_per_node is not None and self.nproc_per_node > self.gpus:
+            raise ConfigError(f"--nproc-per-node {self.nproc_per_node} exceeds --gpus {self.gpus}: one process per GPU")
+        check_port(self.master_port, "--master-port")
+        if self.master_addr is not None and not re.match(r"^[A-Za-z0-9.:-]+$", self.master_addr):
+            raise ConfigError(f"--master-addr {self.master_addr!r} is not a host address; give an IP address")
+        for flag, path in (("--data-dir", self.data_dir), ("--ckpt-dir", self.ckpt_dir), ("--log-dir", self.log_dir)):
+            if not path.startswith("/") or "\x00" in path:
+                raise ConfigError(f"{flag} {path!r} must be an absolute path on the hosts")
+        if self.data_from is not None and not self.data_from.is_file():
+            raise ConfigError(f"--data-from {self.data_from} is not a file; give the path of cifar-10-python.tar.gz")
+        if not re.match(r"^(https?|ftp)://\S+$", self.data_url):
+            raise ConfigError(f"--data-url {self.data_url!r} is not an http(s) URL")
+        if not MD5_RE.match(self.data_md5):
+            raise ConfigError(f"--data-md5 {self.data_md5!r} is not an md5 (32 lowercase hex digits)")
+        for name, _ in self.env:
+            if not ENV_NAME_RE.match(name):
+                raise ConfigError(f"--env {name!r}: not a valid variable name; write --env NAME=VALUE")
+        if self.min_free_gb < 0:
+            raise ConfigError("--min-free-gb must not be negative")
+        if self.shm_size is not None and not re.match(r"^[0-9]+[bkmgBKMG]?$", self.shm_size):
+            raise ConfigError(f"--shm-size {self.shm_size!r} is not a size; write e.g. 16g")
+        if self.grace < 0:
+            raise ConfigError(f"--grace {self.grace} must not be negative")
+        if self.resume and self.replace:
+            raise ConfigError("--resume and --replace together: kill the job first, then 'up --resume'")
+        check_trainer_args(self.trainer_args)
+
+    @property
+    def cpu_mode(self) -> bool:
+        return self.gpus == 0
+
+    @property
+    def env_dict(self) -> dict[str, str]:
+        return dict(self.env)
+
+
+@dataclass(frozen=True)
+class JobsConfig:
+    """kill / status / logs."""
+
+    ssh: SSHOptions
+    job: str = DEFAULT_JOB
+    grace: float = 60.0
+    follow: bool = False
+    node: int | None = None
+    tail: int = 100
+
+    def __post_init__(self) -> None:
+        check_job(self.job)
+        if self.grace < 0:
+            raise ConfigError(f"--grace {self.grace} must not be negative")
+        if self.node is not None and self.node < 0:
+            raise ConfigError(f"--node {self.node} must be a node rank (0 or more)")
+        if self.tail < 0:
+            raise ConfigError(f"--tail {self.tail} must not be negative")
+
+
+def check_job(job: str) -> None:
+    if not JOB_RE.match(job):
+        raise ConfigError(f"job name {job!r} is not allowed; use lowercase letters, digits, '.', '_', '-' "
+                          "(at most 63, starting with a letter or digit)")
+
+
+def check_port(port: int, flag: str) -> None:
+    if not 1024 <= port <= 65535:
+        raise ConfigError(f"{flag} {port} out of range; use a free port in 1024-65535 (default 29500)")
+
+
+def check_trainer_args(args: tuple[str, ...]) -> None:
+    """Check the options passed after `--` against the trainer's command line (docs/DESIGN.md §1)."""
+    i = 0
+    while i < len(args):
+        word = args[i]
+        name, eq, inline = word.partition("=")
+        if name in RESERVED_TRAINER_OPTIONS:
+            raise ConfigError(f"trainer option {name} is set by the orchestrator; use {RESERVED_TRAINER_OPTIONS[name]}")
+        kind = TRAINER_OPTIONS.get(name)
+        if kind is None:
+            raise ConfigError(f"unknown trainer option {word!r} after '--'; the trainer accepts: "
+                              + " ".join(sorted(TRAINER_OPTIONS)))
+        if kind == "flag":
+            if eq:
+                raise ConfigError(f"trainer option {name} takes no value")
+            i += 1
+            continue
+        if eq:
+            value = inline
+            i += 1
+        elif i + 1 < len(args):
+            value = args[i + 1]
+            i += 2
+        else:
+            raise ConfigError(f"trainer option {name} needs a value")
+        _check_value(name, kind, value)
+
+
+def _check_value(name: str, kind: object, value: str) -> None:
+    if isinstance(kind, tuple):
+        if value not in kind:
+            raise ConfigError(f"trainer option {name} {value!r}: choose one of {', '.join(kind)}")
+        return
+    if kind == "str":
+        if not value or value.startswith("-"):
+            raise ConfigError(f"trainer option {name} needs a value")
+        return
+    number: float
+    try:
+        number = int(value) if kind.endswith("_int") else float(value)  # type: ignore[union-attr]
+    except ValueError:
+        raise ConfigError(f"trainer option {name} {value!r} is not a number") from None
+    if kind.startswith("pos") and number <= 0:  # type: ignore[union-attr]
+        raise ConfigError(f"trainer option {name} {value} must be greater than 0")
+    if kind.startswith("nonneg") and number < 0:  # type: ignore[union-attr]
+        raise ConfigError(f"trainer option {name} {value} must not be negative")

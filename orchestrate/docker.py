@@ -1,0 +1,158 @@
+"""Docker SDK clients tunnelled over each host's one SSH connection, image transfer, containers by label.
+
+docker-py's own ssh:// adapter opens a second SSH connection and ignores the ssh config's Port for aliases.
+Here the SDK gets HTTP connections whose socket is a paramiko channel running `docker system dial-stdio` on
+the host (with DOCKER_HOST set when the hosts file gives docker_host=), over the connection we already hold.
+"""
+
+from __future__ import annotations
+
+import logging
+import zlib
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import docker.errors
+import paramiko
+import urllib3
+import urllib3.connection
+import urllib3.connectionpool
+from docker.transport.sshconn import SSHHTTPAdapter
+
+import docker
+
+from .errors import SSHError
+from .ssh import Connection, quote_command
+
+log = logging.getLogger(__name__)
+API_VERSION_MIN = "1.41"
+JOB_LABEL = "ddp-cifar.job"
+RANK_LABEL = "ddp-cifar.node-rank"
+NNODES_LABEL = "ddp-cifar.nnodes"
+VERSION_LABEL = "ddp-cifar.version"
+
+
+class _ChannelConnection(urllib3.connection.HTTPConnection):
+    """An HTTP connection whose socket is `docker system dial-stdio` on a paramiko channel."""
+
+    def __init__(self, conn: Connection, command: str, timeout: float | None) -> None:
+        super().__init__("localhost", timeout=timeout)
+        self._ssh = conn
+        self._command = command
+        self._timeout = timeout
+
+    def connect(self) -> None:
+        chan: paramiko.Channel = self._ssh.open_channel()
+        chan.settimeout(self._timeout)
+        chan.exec_command(self._command)
+        self.sock = chan
+
+
+class _ChannelPool(urllib3.connectionpool.HTTPConnectionPool):
+    scheme = "ssh"
+
+    def __init__(self, conn: Connection, command: str, timeout: float | None, maxsize: int) -> None:
+        super().__init__("localhost", timeout=timeout, maxsize=maxsize)
+        self._ssh = conn
+        self._command = command
+        self._chan_timeout = timeout
+
+    def _new_conn(self) -> _ChannelConnection:
+        return _ChannelConnection(self._ssh, self._command, self._chan_timeout)
+
+
+class _TunnelAdapter(SSHHTTPAdapter):
+    """docker-py's SSH adapter, reusing its pool bookkeeping, with our connection instead of its own."""
+
+    def __init__(self, conn: Connection, command: str, timeout: float | None, max_pool_size: int = 8) -> None:
+        # Deliberately not calling SSHHTTPAdapter.__init__: it would open its own paramiko connection.
+        self.ssh_client = None
+        self.ssh_host = conn.host.label
+        self.timeout = timeout
+        self.max_pool_size = max_pool_size
+        self._conn = conn
+        self._command = command
+        self.pools = urllib3._collections.RecentlyUsedContainer(4, dispose_func=lambda p: p.close())
+        super(SSHHTTPAdapter, self).__init__()
+
+    def get_connection(self, url: str, proxies: Any = None) -> _ChannelPool:
+        with self.pools.lock:
+            pool = self.pools.get(url)
+            if pool is None:
+                pool = _ChannelPool(self._conn, self._command, self.timeout, self.max_pool_size)
+                self.pools[url] = pool
+            return pool
+
+    def close(self) -> None:
+        super(SSHHTTPAdapter, self).close()
+
+
+def dial_command(docker_host: str | None) -> str:
+    env = {"DOCKER_HOST": docker_host} if docker_host else None
+    return quote_command(["docker", "system", "dial-stdio"], env)
+
+
+def client_over_ssh(conn: Connection, timeout: float | None = 60.0) -> docker.DockerClient:
+    """A DockerClient talking to the host's daemon through `conn`. Raises SSHError if the daemon is absent."""
+    api = docker.APIClient(base_url="tcp://127.0.0.1:1", version=API_VERSION_MIN, timeout=timeout)
+    adapter = _TunnelAdapter(conn, dial_command(conn.host.docker_host), timeout)
+    api.mount("http+docker://ssh", adapter)
+    api._unmount("http://", "https://")
+    api.base_url = "http+docker://ssh"
+    try:
+        api._version = api.version(api_version=False)["ApiVersion"]
+    except Exception as err:
+        raise SSHError(f"{conn.host.label}: cannot reach the Docker daemon over SSH "
+                       f"({_docker_problem(conn)}); install Docker or set docker_host= in the hosts file") from err
+    client = docker.DockerClient.__new__(docker.DockerClient)
+    client.api = api
+    return client
+
+
+def _docker_problem(conn: Connection) -> str:
+    """Say why `docker` failed on a host, in a few words."""
+    try:
+        res = conn.run(["docker", "version", "--format", "{{.Server.Version}}"], timeout=20,
+                       env={"DOCKER_HOST": conn.host.docker_host} if conn.host.docker_host else None)
+    except SSHError as err:
+        return str(err)
+    if res.rc == 127:
+        return "docker: command not found"
+    return (res.err.strip() or res.out.strip() or f"exit {res.rc}").splitlines()[-1]
+
+
+def image_id(client: docker.DockerClient, name: str) -> str | None:
+    try:
+        return str(client.images.get(name).id)
+    except docker.errors.ImageNotFound:
+        return None
+
+
+def gzip_stream(chunks: Iterator[bytes], on_bytes: Callable[[int], None]) -> Iterator[bytes]:
+    """Compress a byte stream as gzip (docker load accepts it), reporting raw bytes consumed."""
+    packer = zlib.compressobj(3, zlib.DEFLATED, 31)
+    buffered = bytearray()
+    for chunk in chunks:
+        on_bytes(len(chunk))
+        buffered += packer.compress(chunk)
+        if len(buffered) >= 1 << 20:
+            yield bytes(buffered)
+            buffered.clear()
+    buffered += packer.flush()
+    yield bytes(buffered)
+
+
+def send_image(local: docker.DockerClient, remote: docker.DockerClient, name: str,
+               on_bytes: Callable[[int], None]) -> None:
+    """docker save (named, so tags survive) → gzip → the tunnel → docker load on the host."""
+    image = local.images.get(name)
+    stream = image.save(named=True, chunk_size=1 << 20)
+    for event in remote.api.load_image(gzip_stream(stream, on_bytes)):
+        if isinstance(event, dict) and event.get("error"):
+            raise SSHError(f"docker load failed: {event['error']}")
+
+
+def job_containers(client: docker.DockerClient, job: str) -> list[Any]:
+    """Containers that carry the job's label (running or not). Nothing else is ever touched."""
+    found = client.containers.list(all=True, filters={"label": f"{JOB_LABEL}={job}"})
+    return [c for c in found if c.labels.get(JOB_LABEL) == job]

@@ -1,0 +1,179 @@
+"""Hosts file and ~/.ssh/config → a list of Host records (node 0 first).
+
+Hosts file syntax, one host a line: ``[user@]host[:port] [slots=N] [key=value ...]``; ``#`` starts a comment.
+The DeepSpeed/MPI form ``host slots=N`` is accepted as is. Every error names the file and the line.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+import paramiko
+
+from .errors import HostsFileError
+
+# Host names and users are restricted to plain characters: nothing that a shell could interpret.
+_NAME_RE = re.compile(r"^[A-Za-z0-9_]([A-Za-z0-9._-]*[A-Za-z0-9_])?$")
+_USER_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9._-]*$")
+_IFACE_RE = re.compile(r"^[A-Za-z0-9_.:@-]{1,15}$")
+_DOCKER_HOST_RE = re.compile(r"^(unix://|tcp://|ssh://)\S+$")
+PATH_KEYS = ("data_dir", "ckpt_dir", "log_dir")
+KNOWN_KEYS = ("slots", "docker_host", "iface", *PATH_KEYS)
+
+
+@dataclass(frozen=True)
+class Host:
+    """One node, as the hosts file names it and the ssh config resolves it."""
+
+    name: str  # as written in the hosts file (without user/port); what messages show
+    hostname: str  # to connect to (HostName from ssh config, or name)
+    port: int
+    user: str | None
+    key_filenames: tuple[str, ...] = ()
+    known_hosts_files: tuple[str, ...] = ()
+    slots: int | None = None
+    docker_host: str | None = None
+    iface: str | None = None
+    data_dir: str | None = None
+    ckpt_dir: str | None = None
+    log_dir: str | None = None
+    source: str = ""  # "FILE:LINE" for messages
+
+    @property
+    def label(self) -> str:
+        return self.name if self.port == 22 else f"{self.name}:{self.port}"
+
+
+def default_ssh_config() -> Path:
+    return Path(os.path.expanduser("~/.ssh/config"))
+
+
+def parse_hosts_file(path: str | os.PathLike[str], ssh_config: str | os.PathLike[str] | None = None) -> list[Host]:
+    """Read a hosts file; resolve each host through the ssh config (default ~/.ssh/config if present)."""
+    path = Path(path)
+    try:
+        text = path.read_text()
+    except FileNotFoundError:
+        raise HostsFileError(f"hosts file {path} does not exist; write one host a line, e.g. 'gpu1 slots=8'") from None
+    except OSError as err:
+        raise HostsFileError(f"hosts file {path} cannot be read: {err.strerror}") from None
+    config = load_ssh_config(ssh_config)
+    hosts: list[Host] = []
+    seen: dict[tuple[str, int], str] = {}
+    for number, raw in enumerate(text.splitlines(), start=1):
+        line = raw.split("#", 1)[0].strip()
+        if not line:
+            continue
+        where = f"{path}:{number}"
+        host = parse_line(line, where, config)
+        key = (host.hostname, host.port)
+        if key in seen or (host.name, host.port) in seen:
+            first = seen.get(key) or seen[(host.name, host.port)]
+            raise HostsFileError(f"{where}: duplicate host {host.label!r} (already on {first}); list each host once")
+        seen[key] = where
+        seen[(host.name, host.port)] = where
+        hosts.append(host)
+    if not hosts:
+        raise HostsFileError(f"hosts file {path} lists no hosts; write one host a line, e.g. 'gpu1 slots=8'")
+    return hosts
+
+
+def load_ssh_config(path: str | os.PathLike[str] | None) -> paramiko.SSHConfig:
+    cfg_path = Path(path) if path is not None else default_ssh_config()
+    if not cfg_path.exists():
+        if path is not None:
+            raise HostsFileError(f"ssh config {cfg_path} does not exist; give an existing file with --ssh-config")
+        return paramiko.SSHConfig()
+    try:
+        return paramiko.SSHConfig.from_path(str(cfg_path))
+    except Exception as err:  # paramiko raises plain exceptions for bad syntax
+        raise HostsFileError(f"ssh config {cfg_path} cannot be parsed: {err}") from None
+
+
+def parse_line(line: str, where: str, config: paramiko.SSHConfig) -> Host:
+    """Parse one non-empty hosts-file line (comments already stripped)."""
+    first, *pairs = line.split()
+    user, name, port = _split_target(first, where)
+    keys = _parse_pairs(pairs, where)
+    looked = config.lookup(name)
+    resolved_port = port if port is not None else _int(looked.get("port", "22"), "Port in ssh config", where)
+    return Host(
+        name=name,
+        hostname=looked.get("hostname", name),
+        port=resolved_port,
+        user=user or looked.get("user"),
+        key_filenames=tuple(os.path.expanduser(p) for p in looked.get("identityfile", [])),
+        known_hosts_files=tuple(os.path.expanduser(p) for p in looked.get("userknownhostsfile", "").split()),
+        slots=_slots(keys.get("slots"), where),
+        docker_host=_checked(keys.get("docker_host"), _DOCKER_HOST_RE, "docker_host", where,
+                             "e.g. docker_host=unix:///run/user/1000/docker.sock"),
+        iface=_checked(keys.get("iface"), _IFACE_RE, "iface", where, "give a network interface name, e.g. iface=eth0"),
+        data_dir=_abs_path(keys.get("data_dir"), "data_dir", where),
+        ckpt_dir=_abs_path(keys.get("ckpt_dir"), "ckpt_dir", where),
+        log_dir=_abs_path(keys.get("log_dir"), "log_dir", where),
+        source=where,
+    )
+
+
+def _split_target(text: str, where: str) -> tuple[str | None, str, int | None]:
+    user: str | None = None
+    if "@" in text:
+        user, text = text.split("@", 1)
+        if not _USER_RE.match(user):
+            raise HostsFileError(f"{where}: bad user name {user!r}; write [user@]host[:port]")
+    port: int | None = None
+    if text.count(":") == 1:
+        text, port_text = text.split(":")
+        port = _int(port_text, "port", where)
+        if not 1 <= port <= 65535:
+            raise HostsFileError(f"{where}: port {port} out of range; use 1-65535")
+    if not _NAME_RE.match(text):
+        raise HostsFileError(f"{where}: bad host name {text!r}; write [user@]host[:port] [slots=N] [key=value ...]")
+    return user, text, port
+
+
+def _parse_pairs(pairs: list[str], where: str) -> dict[str, str]:
+    keys: dict[str, str] = {}
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        if not sep or not value:
+            raise HostsFileError(f"{where}: expected key=value, got {pair!r}")
+        if key not in KNOWN_KEYS:
+            raise HostsFileError(f"{where}: unknown key {key!r}; known keys: {', '.join(KNOWN_KEYS)}")
+        if key in keys:
+            raise HostsFileError(f"{where}: key {key!r} given twice")
+        keys[key] = value
+    return keys
+
+
+def _int(text: str, what: str, where: str) -> int:
+    try:
+        return int(text)
+    except ValueError:
+        raise HostsFileError(f"{where}: {what} must be a whole number, got {text!r}") from None
+
+
+def _slots(text: str | None, where: str) -> int | None:
+    if text is None:
+        return None
+    slots = _int(text, "slots", where)
+    if slots < 1:
+        raise HostsFileError(f"{where}: slots={slots} must be at least 1 (the processes or GPUs to use on the host)")
+    return slots
+
+
+def _checked(text: str | None, pattern: re.Pattern[str], key: str, where: str, hint: str) -> str | None:
+    if text is not None and not pattern.match(text):
+        raise HostsFileError(f"{where}: bad {key} value {text!r}; {hint}")
+    return text
+
+
+def _abs_path(text: str | None, key: str, where: str) -> str | None:
+    if text is None:
+        return None
+    if not text.startswith("/") or "\x00" in text:
+        raise HostsFileError(f"{where}: {key} must be an absolute path on the host, got {text!r}")
+    return os.path.normpath(text)

@@ -1,0 +1,186 @@
+"""kill / status / logs: find the job's containers by label on every host; never touch anything else."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from typing import Any
+
+from rich.console import Console
+from rich.table import Table
+
+from .checkpoints import newest_manifest
+from .config import mask_text
+from .docker import JOB_LABEL, RANK_LABEL, job_containers
+from .errors import JobError, MultiHostError
+from .nodes import Nodes
+from .plan import CKPT_MOUNT
+from .ssh import fan_out
+
+PREFETCH_LABEL = "ddp-cifar.prefetch"
+
+
+@dataclass(frozen=True)
+class KillResult:
+    label: str
+    stopped: list[str]
+    exit_codes: dict[str, int]
+
+
+def _rank_of(container: Any) -> int:
+    try:
+        return int(container.labels.get(RANK_LABEL, "-1"))
+    except ValueError:
+        return -1
+
+
+def kill_on_host(client: Any, job: str, grace: float, label: str) -> KillResult:
+    """SIGTERM every container of the job here, force-kill after `grace` s, then remove them. Idempotent."""
+    containers = job_containers(client, job)
+    containers += [c for c in client.containers.list(all=True, filters={"label": f"{PREFETCH_LABEL}={job}"})
+                   if c.labels.get(PREFETCH_LABEL) == job]
+    for c in containers:
+        assert c.labels.get(JOB_LABEL) == job or c.labels.get(PREFETCH_LABEL) == job  # never anyone else's
+    running = [c for c in containers if c.status in ("running", "restarting", "paused", "created")]
+    # docker stop = SIGTERM (the trainer checkpoints), then SIGKILL once the grace period is over.
+    fan_out("stop", running, lambda c: c.stop(timeout=int(grace)), lambda c: c.name)
+    codes: dict[str, int] = {}
+    for c in containers:
+        c.reload()
+        codes[c.name] = int(c.attrs.get("State", {}).get("ExitCode", -1))
+        c.remove(force=True)
+    return KillResult(label, [c.name for c in running], codes)
+
+
+def kill_job(nodes: Nodes, job: str, grace: float, console: Console,
+             unreachable: dict[str, str] | None = None) -> list[KillResult]:
+    """Kill on every reachable host in parallel; report unreachable hosts and failures (non-zero exit)."""
+    ranks = nodes.reachable()
+    failures: dict[str, BaseException | str] = dict(unreachable or {})
+    results: list[KillResult] = []
+
+    def one(rank: int) -> KillResult:
+        return kill_on_host(nodes.docker(rank), job, grace, nodes.hosts[rank].label)
+
+    try:
+        results = fan_out("kill", ranks, one, lambda r: nodes.hosts[r].label)
+    except MultiHostError as err:
+        failures.update(err.failures)
+        results = []
+    for res in results:
+        if res.exit_codes:
+            codes = ", ".join(f"{n} exit {c}" for n, c in sorted(res.exit_codes.items()))
+            console.print(f"{res.label}: stopped and removed {codes}", markup=False, highlight=False)
+        else:
+            console.print(f"{res.label}: no container of job {job!r}", markup=False, highlight=False)
+    if failures:
+        raise MultiHostError(f"kill of job {job!r}", failures)
+    return results
+
+
+def _uptime(started: str, running: bool) -> str:
+    if not running or not started or started.startswith("0001"):
+        return "-"
+    try:
+        start = datetime.fromisoformat(started[:26].rstrip("Z") + "+00:00")
+    except ValueError:
+        return "?"
+    seconds = int((datetime.now(timezone.utc) - start).total_seconds())
+    return f"{seconds // 3600}h{seconds % 3600 // 60:02d}m{seconds % 60:02d}s"
+
+
+def _ckpt_dir_of(container: Any) -> str | None:
+    for mount in container.attrs.get("Mounts", []):
+        if mount.get("Destination") == CKPT_MOUNT:
+            return str(mount.get("Source"))
+    return None
+
+
+def _secrets_of(container: Any) -> list[str]:
+    from .config import is_secret
+
+    pairs = [e.split("=", 1) for e in container.attrs.get("Config", {}).get("Env", []) if "=" in e]
+    return [v for k, v in pairs if is_secret(k) and v]
+
+
+def status_rows(nodes: Nodes, job: str, unreachable: dict[str, str]) -> list[list[str]]:
+    rows: list[list[str]] = []
+
+    def one(rank: int) -> list[list[str]]:
+        client, label = nodes.docker(rank), nodes.hosts[rank].label
+        found = job_containers(client, job)
+        if not found:
+            return [[str(rank), label, "-", "no container", "-", "-", "-", "-"]]
+        out = []
+        for c in sorted(found, key=_rank_of):
+            state = c.attrs.get("State", {})
+            last = c.logs(tail=1).decode(errors="replace").strip()
+            last = mask_text(last, _secrets_of(c))[:80]
+            folder = _ckpt_dir_of(c)
+            manifest = newest_manifest(nodes.conn(rank), folder) if folder else None
+            ckpt = f"{folder}/{manifest['file']} (epoch {manifest.get('epoch')})" if manifest else "-"
+            running = state.get("Status") == "running"
+            out.append([str(_rank_of(c)), label, c.name, str(state.get("Status")),
+                        "-" if running else str(state.get("ExitCode")), _uptime(state.get("StartedAt", ""), running),
+                        last, ckpt])
+        return out
+
+    per_host = fan_out("status", nodes.reachable(), one, lambda r: nodes.hosts[r].label)
+    for chunk in per_host:
+        rows.extend(chunk)
+    for label, why in unreachable.items():
+        rows.append(["?", label, "-", "UNREACHABLE", "-", "-", why[:80], "-"])
+    return rows
+
+
+def print_status(nodes: Nodes, job: str, console: Console, unreachable: dict[str, str]) -> bool:
+    """Print one row per node; return False if some host could not be reached."""
+    table = Table(title=f"job {job}")
+    for col in ("node", "host", "container", "state", "exit", "uptime", "last log line", "newest checkpoint"):
+        table.add_column(col, overflow="fold")
+    for row in status_rows(nodes, job, unreachable):
+        table.add_row(*row)
+    console.print(table)
+    return not unreachable
+
+
+def stream_logs(nodes: Nodes, job: str, console: Console, follow: bool, node: int | None, tail: int) -> None:
+    """Print (or follow) the logs of the job's containers, each line prefixed with its node rank."""
+    targets: list[tuple[int, Any]] = []
+    for rank in nodes.reachable():
+        for c in job_containers(nodes.docker(rank, timeout=None if follow else 60), job):  # type: ignore[arg-type]
+            if node is None or _rank_of(c) == node:
+                targets.append((_rank_of(c), c))
+    if not targets:
+        raise JobError(f"no container of job {job!r} found" + (f" for node {node}" if node is not None else "")
+                       + "; check the job name (--job) and hosts")
+    targets.sort(key=lambda t: t[0])
+    if not follow:
+        for rank, c in targets:
+            print_lines(console, rank, c.logs(tail=tail or "all").decode(errors="replace"), _secrets_of(c))
+        return
+    threads = [threading.Thread(target=_follow, args=(console, rank, c), daemon=True) for rank, c in targets]
+    for t in threads:
+        t.start()
+    while any(t.is_alive() for t in threads):
+        time.sleep(0.5)
+
+
+def _follow(console: Console, rank: int, container: Any) -> None:
+    secrets = _secrets_of(container)
+    pending = ""
+    for chunk in container.logs(stream=True, follow=True, tail=100):
+        pending += chunk.decode(errors="replace")
+        *lines, pending = pending.split("\n")
+        print_lines(console, rank, "\n".join(lines), secrets)
+    if pending:
+        print_lines(console, rank, pending, secrets)
+
+
+def print_lines(console: Console, rank: int, text: str, secrets: Sequence[str]) -> None:
+    for line in text.splitlines():
+        console.print(f"[node {rank}] {mask_text(line, list(secrets))}", markup=False, highlight=False,
+                      soft_wrap=True)

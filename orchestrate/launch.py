@@ -1,0 +1,288 @@
+"""Apply a plan: move the image, start one container per node, stream the logs, watch, stop on failure."""
+
+from __future__ import annotations
+
+import os
+import tempfile
+import threading
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from rich.console import Console
+from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TransferSpeedColumn
+
+from .checkpoints import Checkpoint, copy_checkpoint, last_metrics, newest_valid, validate
+from .config import UpConfig, secret_values
+from .docker import client_over_ssh, gzip_stream, image_id
+from .errors import JobError, SSHError
+from .jobs import kill_job, kill_on_host, print_lines
+from .nodes import Nodes
+from .plan import NodeSpec
+from .ssh import fan_out
+
+POLL_S = 2.0
+UNREACHABLE_S = 20.0  # a host that answers no poll for this long counts as down
+LAST_LINES = 20
+
+
+# ---- image -------------------------------------------------------------------------------------------
+
+
+def ensure_images(nodes: Nodes, config: UpConfig, local: Any, local_id: str | None,
+                  console: Console) -> dict[str, str]:
+    """Give every node the image: nothing for nodes that have the same ID; pull or send to the others."""
+    ranks = list(range(len(nodes.hosts)))
+    remote_ids = fan_out("image check", ranks, lambda r: image_id(nodes.docker(r), config.image),
+                         lambda r: nodes.hosts[r].label)
+    if config.pull:
+        need = [r for r in ranks if remote_ids[r] is None or (local_id and remote_ids[r] != local_id)]
+        fan_out("image pull", need, lambda r: nodes.docker(r, timeout=3600).images.pull(config.image),
+                lambda r: nodes.hosts[r].label)
+        actions = {nodes.hosts[r].label: ("pulled" if r in need else "present") for r in ranks}
+    else:
+        need = [r for r in ranks if remote_ids[r] != local_id] if local_id else []
+        if need:
+            _send_image(nodes, need, config.image, local, console)
+        actions = {nodes.hosts[r].label: ("sent" if r in need else "present") for r in ranks}
+    for r in need:  # whatever happened, the node must now hold the image by name
+        got = image_id(nodes.docker(r), config.image)
+        if got is None or (local_id and not config.pull and got != local_id):
+            raise SSHError(f"{nodes.hosts[r].label}: image {config.image} still missing after transfer")
+    for label, action in actions.items():
+        what = "already there, nothing sent" if action == "present" else action
+        console.print(f"image {config.image} on {label}: {what}", markup=False, highlight=False)
+    return actions
+
+
+def _send_image(nodes: Nodes, ranks: Sequence[int], name: str, local: Any, console: Console) -> None:
+    """docker save (named=True: keeps the tags) compressed once into a temp file, then streamed to each node."""
+    image = local.images.get(name)
+    size = int(image.attrs.get("Size", 0))
+    with tempfile.TemporaryDirectory(prefix="ddp-cifar-image-") as tmp, Progress(
+            TextColumn("{task.description}"), BarColumn(), DownloadColumn(), TransferSpeedColumn(),
+            console=console, transient=True) as bars:
+        archive = os.path.join(tmp, "image.tar.gz")
+        task = bars.add_task(f"save+compress {name}", total=size or None)
+        with open(archive, "wb") as out:
+            for block in gzip_stream(image.save(named=True, chunk_size=1 << 20),
+                                     lambda n: bars.advance(task, n)):
+                out.write(block)
+        total = os.path.getsize(archive)
+        tasks = {r: bars.add_task(f"image -> {nodes.hosts[r].label}", total=total) for r in ranks}
+
+        def send(rank: int) -> None:
+            def chunks() -> Any:
+                with open(archive, "rb") as fh:
+                    while block := fh.read(1 << 20):
+                        bars.advance(tasks[rank], len(block))
+                        yield block
+            client = nodes.docker(rank, timeout=3600)
+            for event in client.api.load_image(chunks()):
+                if isinstance(event, dict) and event.get("error"):
+                    raise SSHError(f"docker load failed: {event['error']}")
+
+        fan_out("image transfer", list(ranks), send, lambda r: nodes.hosts[r].label)
+    console.print(f"image {name}: {total / 1e6:.0f} MB compressed, sent to {len(ranks)} node(s)",
+                  markup=False, highlight=False)
+
+
+# ---- resume ------------------------------------------------------------------------------------------
+
+
+def find_resume_checkpoint(nodes: Nodes, specs: Sequence[NodeSpec], console: Console) -> Checkpoint:
+    """The newest valid checkpoint on any node; copied to nodes that lack it so every rank can load it."""
+    found = fan_out("checkpoint search", list(range(len(specs))),
+                    lambda r: newest_valid(nodes.conn(r), specs[r].dirs["ckpt"]), lambda r: nodes.hosts[r].label)
+    valid = [c for c in found if c is not None]
+    if not valid:
+        dirs = ", ".join(f"{s.host.label}:{s.dirs['ckpt']}" for s in specs)
+        raise JobError(f"--resume: no valid checkpoint of this job in {dirs}; start it without --resume")
+    best = max(valid, key=lambda c: c.step)
+    src = next(r for r, c in enumerate(found) if c is not None and c.step == best.step)
+    console.print(f"resuming from {best.host}:{best.path} (epoch {best.epoch}, step {best.step}, "
+                  f"sha256 verified)", markup=False, highlight=False)
+    for rank, spec in enumerate(specs):
+        have = found[rank]
+        if rank != src and (have is None or have.step != best.step):
+            if validate(nodes.conn(rank), spec.dirs["ckpt"], os.path.basename(best.manifest)) is None:
+                copy_checkpoint(nodes.conn(src), best, nodes.conn(rank), spec.dirs["ckpt"])
+    return best
+
+
+# ---- start -------------------------------------------------------------------------------------------
+
+
+def remove_leftovers(nodes: Nodes, config: UpConfig, grace: float) -> None:
+    """Exited containers of the job (or, with --replace, running ones) are removed before the new start."""
+    ranks = list(range(len(nodes.hosts)))
+    fan_out("cleanup", ranks, lambda r: kill_on_host(nodes.docker(r), config.job, grace, nodes.hosts[r].label),
+            lambda r: nodes.hosts[r].label)
+
+
+def start_containers(nodes: Nodes, specs: Sequence[NodeSpec]) -> list[Any]:
+    """Create every container first, then start them all: a create failure starts nothing."""
+    created = fan_out("create", list(range(len(specs))),
+                      lambda r: _create(nodes.docker(r), specs[r]), lambda r: specs[r].host.label)
+    try:
+        fan_out("start", list(range(len(specs))), lambda r: created[r].start(), lambda r: specs[r].host.label)
+    except Exception:
+        for c in created:
+            try:
+                c.remove(force=True)
+            except Exception:  # best effort; the failure itself is raised below
+                pass
+        raise
+    return created
+
+
+def _create(client: Any, spec: NodeSpec) -> Any:
+    kwargs = spec.sdk_kwargs()
+    kwargs.pop("detach")
+    return client.containers.create(**kwargs)
+
+
+# ---- watch -------------------------------------------------------------------------------------------
+
+
+@dataclass
+class Outcome:
+    ok: bool
+    failed_rank: int | None = None
+    reason: str = ""
+
+
+class Watcher:
+    """Streams every node's log with a `[node R]` prefix and polls each container's state with a timeout."""
+
+    def __init__(self, nodes: Nodes, specs: Sequence[NodeSpec], containers: Sequence[Any], console: Console,
+                 secrets: list[str]) -> None:
+        self.nodes, self.specs, self.console, self.secrets = nodes, specs, console, secrets
+        self.ids = [c.id for c in containers]
+        self.last_seen = [time.monotonic()] * len(specs)
+        self.stop_event = threading.Event()
+
+    def start_streams(self) -> None:
+        for rank in range(len(self.specs)):
+            threading.Thread(target=self._stream, args=(rank,), daemon=True).start()
+
+    def _stream(self, rank: int) -> None:
+        try:
+            # A client without a read timeout: logs may be quiet for long; liveness is the poller's job.
+            client = client_over_ssh(self.nodes.conn(rank), timeout=None)  # type: ignore[arg-type]
+            pending = ""
+            for chunk in client.api.logs(self.ids[rank], stream=True, follow=True):
+                if self.stop_event.is_set():
+                    return
+                pending += chunk.decode(errors="replace")
+                *lines, pending = pending.split("\n")
+                print_lines(self.console, rank, "\n".join(lines), self.secrets)
+            if pending:
+                print_lines(self.console, rank, pending, self.secrets)
+        except Exception:  # the stream is best effort; the poller decides what happened
+            return
+
+    def _state(self, rank: int) -> dict[str, Any]:
+        return dict(self.nodes.docker(rank, timeout=10).api.inspect_container(self.ids[rank])["State"])
+
+    def poll(self) -> Outcome | None:
+        """One round: None while running; an Outcome once the job succeeded or a node failed."""
+        results: list[dict[str, Any] | None] = [None] * len(self.specs)
+        threads = [threading.Thread(target=self._poll_one, args=(r, results), daemon=True)
+                   for r in range(len(self.specs))]
+        for t in threads:
+            t.start()
+        deadline = time.monotonic() + 12
+        for t in threads:
+            t.join(max(0.0, deadline - time.monotonic()))
+        now = time.monotonic()
+        done = 0
+        for rank, state in enumerate(results):
+            if state is None:
+                if now - self.last_seen[rank] > UNREACHABLE_S:
+                    return Outcome(False, rank, f"host unreachable for {UNREACHABLE_S:.0f} s")
+                continue
+            self.last_seen[rank] = now
+            status, code = state.get("Status"), int(state.get("ExitCode", 0))
+            if status in ("exited", "dead"):
+                if code != 0:
+                    why = "killed (OOM)" if state.get("OOMKilled") else f"exited with code {code}"
+                    return Outcome(False, rank, why)
+                done += 1
+        return Outcome(True) if done == len(self.specs) else None
+
+    def _poll_one(self, rank: int, results: list[dict[str, Any] | None]) -> None:
+        try:
+            results[rank] = self._state(rank)
+        except Exception:  # unreachable or slow: counted by last_seen
+            results[rank] = None
+
+    def last_lines(self, rank: int) -> str:
+        try:
+            return self.nodes.docker(rank, timeout=10).api.logs(self.ids[rank], tail=LAST_LINES).decode(
+                errors="replace")
+        except Exception as err:
+            return f"(logs unavailable: {err})"
+
+
+def watch(nodes: Nodes, specs: Sequence[NodeSpec], containers: Sequence[Any], config: UpConfig,
+          console: Console) -> Outcome:
+    """Stay attached until the job succeeds or a node fails; on failure stop the job everywhere."""
+    watcher = Watcher(nodes, specs, containers, console, secret_values(config.env_dict))
+    watcher.start_streams()
+    try:
+        while True:
+            outcome = watcher.poll()
+            if outcome is not None:
+                break
+            time.sleep(POLL_S)
+    except KeyboardInterrupt:
+        watcher.stop_event.set()
+        return _interrupted(nodes, config, console)
+    time.sleep(1.0)  # let the log streams print the last lines
+    watcher.stop_event.set()
+    if not outcome.ok:
+        rank = outcome.failed_rank if outcome.failed_rank is not None else 0
+        host = specs[rank].host.label
+        console.print(f"[bold red]node {rank} ({host}) failed: {outcome.reason}[/]")
+        if "unreachable" not in outcome.reason:
+            console.print(f"last lines of node {rank}:", markup=False)
+            print_lines(console, rank, watcher.last_lines(rank), watcher.secrets)
+        console.print(f"stopping job {config.job!r} on all nodes", markup=False)
+        try:
+            kill_job(nodes, config.job, min(config.grace, 30.0), console)
+        except Exception as err:  # reported; the job failure is what matters
+            console.print(f"while stopping: {err}", markup=False, highlight=False)
+    return outcome
+
+
+def _interrupted(nodes: Nodes, config: UpConfig, console: Console) -> Outcome:
+    stop = config.stop_on_interrupt
+    if not stop:
+        try:
+            answer = console.input(f"\nStop job {config.job!r} on all nodes? [y/N] ")
+        except (EOFError, KeyboardInterrupt):
+            answer = "y"
+        stop = answer.strip().lower() in ("y", "yes")
+    if stop:
+        kill_job(nodes, config.job, config.grace, console)
+        return Outcome(False, None, "stopped by Ctrl-C")
+    console.print(f"job {config.job!r} keeps running; see it with 'status --job {config.job}', "
+                  f"stop it with 'kill --job {config.job}'", markup=False)
+    return Outcome(True, None, "detached")
+
+
+def summary(nodes: Nodes, specs: Sequence[NodeSpec], console: Console) -> None:
+    """Epochs, final accuracy (metrics.jsonl over SFTP) and where the checkpoints are."""
+    folder = specs[0].dirs["ckpt"]
+    metrics = last_metrics(nodes.conn(0), folder)
+    newest = newest_valid(nodes.conn(0), folder)
+    if metrics:
+        console.print(f"finished: epochs={metrics.get('epoch')} step={metrics.get('step')} "
+                      f"test_acc={metrics.get('test_acc')} world_size={metrics.get('world_size')}",
+                      markup=False, highlight=False)
+    else:
+        console.print("finished (no metrics.jsonl found on node 0)", markup=False)
+    where = f"{specs[0].host.label}:{newest.path}" if newest else f"{specs[0].host.label}:{folder} (none valid)"
+    console.print(f"checkpoint: {where}", markup=False, highlight=False)

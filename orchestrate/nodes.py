@@ -1,0 +1,71 @@
+"""The open connections of one command: one SSH connection and one tunnelled Docker client per host."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from .docker import client_over_ssh
+from .errors import MultiHostError, SSHError
+from .hosts import Host
+from .ssh import Connection, connect_all, fan_out
+
+
+class Nodes:
+    """Hosts in node-rank order with their connections (None where a host could not be reached)."""
+
+    def __init__(self, hosts: Sequence[Host], conns: Sequence[Connection | None]) -> None:
+        self.hosts = list(hosts)
+        self.conns = list(conns)
+        self._clients: dict[tuple[int, float | None], Any] = {}
+
+    @classmethod
+    def connect(cls, hosts: Sequence[Host], accept_new_host_keys: bool) -> Nodes:
+        """All or nothing: every failing host is reported (for `up`)."""
+        return cls(hosts, connect_all(hosts, accept_new_host_keys))
+
+    @classmethod
+    def connect_reachable(cls, hosts: Sequence[Host], accept_new_host_keys: bool) -> tuple[Nodes, dict[str, str]]:
+        """Connect what can be reached (for kill/status/logs); return the failures by host label."""
+        conns: list[Connection | None] = [None] * len(hosts)
+        failures: dict[str, str] = {}
+
+        def one(i: int) -> None:
+            try:
+                conns[i] = Connection.open(hosts[i], accept_new_host_keys)
+            except SSHError as err:
+                failures[hosts[i].label] = str(err)
+
+        fan_out("ssh", list(range(len(hosts))), one, lambda i: hosts[i].label)
+        return cls(hosts, conns), failures
+
+    def conn(self, rank: int) -> Connection:
+        conn = self.conns[rank]
+        if conn is None:
+            raise SSHError(f"{self.hosts[rank].label} is not connected")
+        return conn
+
+    def docker(self, rank: int, timeout: float | None = 60.0) -> Any:
+        """A Docker client for the node, one per read timeout (long for transfers, short for polls)."""
+        key = (rank, timeout)
+        if key not in self._clients:
+            self._clients[key] = client_over_ssh(self.conn(rank), timeout=timeout)
+        return self._clients[key]
+
+    def reachable(self) -> list[int]:
+        return [i for i, c in enumerate(self.conns) if c is not None]
+
+    def close(self) -> None:
+        for client in self._clients.values():
+            try:
+                client.close()
+            except Exception:  # closing is best effort
+                pass
+        for conn in self.conns:
+            if conn is not None:
+                conn.close()
+
+
+def raise_failures(what: str, failures: dict[str, str]) -> None:
+    if failures:
+        raise MultiHostError(what, failures)

@@ -1,0 +1,162 @@
+"""PURE planning: job config + hosts + preflight facts → one NodeSpec per node. No I/O here.
+
+The plan is what `--dry-run` prints and what unit tests assert; launch only applies it.
+"""
+
+from __future__ import annotations
+
+import shlex
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from . import __version__
+from .config import GPUS_ALL, UpConfig, masked_env
+from .docker import JOB_LABEL, NNODES_LABEL, RANK_LABEL, VERSION_LABEL
+from .hosts import Host
+
+DATA_MOUNT = "/data"
+CKPT_MOUNT = "/checkpoints"
+LOG_MOUNT = "/logs"
+UNKNOWN = "<detected at launch>"
+# NGC's recommended limits for GPU containers: unlimited locked memory (pinned buffers for NCCL/RDMA) and a
+# 64 MB stack. CPU mode needs no pinned memory, and a daemon whose own memlock limit is capped (rootless or
+# sandboxed Docker) refuses memlock=-1 outright, so CPU mode sets the stack only.
+GPU_ULIMITS = (("memlock", -1, -1), ("stack", 67108864, 67108864))
+CPU_ULIMITS = (("stack", 67108864, 67108864),)
+
+
+@dataclass(frozen=True)
+class NodeFacts:
+    """What preflight learned about a node and the plan needs."""
+
+    iface: str | None = None  # interface carrying the master address on this node
+    gpus: int | None = None  # GPUs visible on the node (None: not queried)
+
+
+@dataclass(frozen=True)
+class Mount:
+    source: str
+    target: str
+    read_only: bool = False
+
+
+@dataclass(frozen=True)
+class NodeSpec:
+    """One container to start on one host."""
+
+    rank: int
+    host: Host
+    name: str
+    image: str
+    command: tuple[str, ...]
+    env: dict[str, str]
+    mounts: tuple[Mount, ...]
+    labels: dict[str, str]
+    gpus: int  # 0: none; GPUS_ALL: every GPU; N: that many
+    ipc_mode: str | None
+    shm_size: str | None
+    ulimits: tuple[tuple[str, int, int], ...] = ()
+    init: bool = True
+    network_mode: str = "host"
+    dirs: dict[str, str] = field(default_factory=dict)  # data/ckpt/log dirs on the host
+
+    def docker_run_argv(self, mask: bool = True) -> list[str]:
+        """The equivalent `docker run` command line (what --dry-run prints)."""
+        argv = ["docker", "run", "--detach", "--name", self.name, f"--network={self.network_mode}"]
+        argv += ["--init"] if self.init else []
+        argv += [f"--ipc={self.ipc_mode}"] if self.ipc_mode else []
+        argv += [f"--shm-size={self.shm_size}"] if self.shm_size else []
+        if self.gpus:
+            argv.append("--gpus=all" if self.gpus == GPUS_ALL else f"--gpus={self.gpus}")
+        argv += [f"--ulimit={n}={soft}:{hard}" for n, soft, hard in self.ulimits]
+        argv += [f"--label={k}={v}" for k, v in self.labels.items()]
+        env = masked_env(self.env) if mask else self.env
+        argv += [f"--env={k}={v}" for k, v in env.items()]
+        argv += [f"--volume={m.source}:{m.target}{':ro' if m.read_only else ''}" for m in self.mounts]
+        return argv + [self.image, *self.command]
+
+    def sdk_kwargs(self) -> dict[str, Any]:
+        """Keyword arguments for docker-py's containers.run / create."""
+        import docker.types  # the SDK types are plain data; imported here to keep the plan import light
+
+        requests = []
+        if self.gpus:
+            requests.append(docker.types.DeviceRequest(count=self.gpus, capabilities=[["gpu"]]))
+        return dict(
+            image=self.image, command=list(self.command), name=self.name, detach=True,
+            environment=dict(self.env), labels=dict(self.labels), network_mode=self.network_mode,
+            init=self.init, ipc_mode=self.ipc_mode, shm_size=self.shm_size, device_requests=requests or None,
+            ulimits=[docker.types.Ulimit(name=n, soft=s, hard=h) for n, s, h in self.ulimits],
+            mounts=[docker.types.Mount(m.target, m.source, type="bind", read_only=m.read_only)
+                    for m in self.mounts],
+            privileged=False, stop_signal="SIGTERM",
+        )
+
+
+def host_dirs(config: UpConfig, host: Host) -> dict[str, str]:
+    """The data/checkpoint/log dirs on a host: hosts-file keys win over the command line; {job} expands."""
+    chosen = {"data": host.data_dir or config.data_dir, "ckpt": host.ckpt_dir or config.ckpt_dir,
+              "log": host.log_dir or config.log_dir}
+    return {k: v.replace("{job}", config.job) for k, v in chosen.items()}
+
+
+def nproc_for(config: UpConfig, host: Host, facts: NodeFacts) -> int | str:
+    if config.nproc_per_node is not None:
+        return config.nproc_per_node
+    if config.cpu_mode:
+        return host.slots or 1
+    if config.gpus > 0:
+        return min(config.gpus, host.slots) if host.slots else config.gpus
+    if facts.gpus is not None:
+        return min(facts.gpus, host.slots) if host.slots else facts.gpus
+    return host.slots or UNKNOWN
+
+
+def build_plan(config: UpConfig, hosts: Sequence[Host], master_addr: str,
+               facts: Sequence[NodeFacts] | None = None) -> list[NodeSpec]:
+    """One NodeSpec per host, node 0 first. `facts` come from preflight (None for an offline dry run)."""
+    facts = list(facts) if facts is not None else [NodeFacts() for _ in hosts]
+    nnodes = len(hosts)
+    return [_node(config, host, rank, nnodes, master_addr, facts[rank]) for rank, host in enumerate(hosts)]
+
+
+def _node(config: UpConfig, host: Host, rank: int, nnodes: int, master_addr: str, facts: NodeFacts) -> NodeSpec:
+    nproc = nproc_for(config, host, facts)
+    iface = host.iface or facts.iface or UNKNOWN
+    dirs = host_dirs(config, host)
+    command = [
+        "torchrun", "--nnodes", str(nnodes), "--node_rank", str(rank), "--master_addr", master_addr,
+        "--master_port", str(config.master_port), "--nproc_per_node", str(nproc),
+        "-m", "trainer", "--data-dir", DATA_MOUNT, "--ckpt-dir", CKPT_MOUNT, *config.trainer_args,
+    ]
+    if config.resume:
+        command.append("--resume")
+    env = {
+        "MASTER_ADDR": master_addr, "MASTER_PORT": str(config.master_port), "NODE_RANK": str(rank),
+        "NNODES": str(nnodes), "NPROC_PER_NODE": str(nproc), "GLOO_SOCKET_IFNAME": iface,
+        "DDP_CIFAR_JOB": config.job,
+    }
+    if not config.cpu_mode:
+        env["NCCL_SOCKET_IFNAME"] = iface
+        env["TORCH_NCCL_ASYNC_ERROR_HANDLING"] = "1"
+    env.update(config.env_dict)  # the user's --env last: it may override the defaults on purpose
+    gpus = 0 if config.cpu_mode else config.gpus if config.gpus > 0 else host.slots or GPUS_ALL
+    return NodeSpec(
+        rank=rank, host=host, name=f"{config.job}-node{rank}", image=config.image, command=tuple(command),
+        env=env,
+        mounts=(Mount(dirs["data"], DATA_MOUNT, read_only=True), Mount(dirs["ckpt"], CKPT_MOUNT),
+                Mount(dirs["log"], LOG_MOUNT)),
+        labels={JOB_LABEL: config.job, RANK_LABEL: str(rank), NNODES_LABEL: str(nnodes), VERSION_LABEL: __version__},
+        gpus=gpus, ipc_mode=None if config.shm_size else "host", shm_size=config.shm_size, dirs=dirs,
+        ulimits=CPU_ULIMITS if config.cpu_mode else GPU_ULIMITS,
+    )
+
+
+def render_plan(specs: Sequence[NodeSpec]) -> str:
+    """Human-readable plan, secrets masked: per node, the container and its full arguments."""
+    lines: list[str] = []
+    for spec in specs:
+        lines.append(f"# node {spec.rank} on {spec.host.label} ({spec.host.source}): container {spec.name}")
+        lines.append(shlex.join(spec.docker_run_argv(mask=True)))
+    return "\n".join(lines)

@@ -1,0 +1,270 @@
+"""SSH with paramiko: one connection per host, host keys verified, commands quoted, parallel fan-out.
+
+Every argument sent to a host is shlex-quoted (sshd always hands the command to the user's shell, so quoting
+is what keeps host names, paths and values from running anything). Fan-out runs a function on every host in
+a thread pool and collects every host's failure into one MultiHostError.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import logging
+import os
+import shlex
+import socket
+import threading
+import time
+from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import TypeVar
+
+import paramiko
+
+from .errors import HostKeyError, MultiHostError, SSHError
+from .hosts import Host
+
+log = logging.getLogger(__name__)
+T = TypeVar("T")
+R = TypeVar("R")
+
+CONNECT_TIMEOUT = 10.0
+KEEPALIVE_S = 5
+_known_hosts_lock = threading.Lock()
+
+
+@dataclass(frozen=True)
+class Result:
+    rc: int
+    out: str
+    err: str
+
+
+def quote_command(argv: Sequence[str], env: Mapping[str, str] | None = None) -> str:
+    """One command line for the remote shell: every word quoted, env assignments as a quoted prefix."""
+    words = [f"{k}={shlex.quote(v)}" for k, v in (env or {}).items()]
+    words += [shlex.quote(str(a)) for a in argv]
+    return " ".join(words)
+
+
+def known_hosts_files(host: Host) -> list[str]:
+    return list(host.known_hosts_files) or [os.path.expanduser("~/.ssh/known_hosts")]
+
+
+def host_key_name(host: Host) -> str:
+    return host.hostname if host.port == 22 else f"[{host.hostname}]:{host.port}"
+
+
+def fingerprint(key: paramiko.PKey) -> str:
+    digest = hashlib.sha256(key.asbytes()).digest()
+    return "SHA256:" + base64.b64encode(digest).decode().rstrip("=")
+
+
+def find_known_host_line(files: Sequence[str], name: str) -> tuple[str, int] | None:
+    """The known_hosts file and line number that hold a key for `name` (plain or hashed entries)."""
+    for path in files:
+        try:
+            lines = open(path).read().splitlines()  # noqa: SIM115 - small file read at once
+        except OSError:
+            continue
+        for number, line in enumerate(lines, start=1):
+            entry = paramiko.hostkeys.HostKeyEntry.from_line(line, number) if line.strip() else None
+            if entry is None:
+                continue
+            for pattern in entry.hostnames:
+                if pattern == name or (
+                    pattern.startswith("|1|") and paramiko.HostKeys.hash_host(name, pattern) == pattern
+                ):
+                    return path, number
+    return None
+
+
+class _RejectUnknown(paramiko.MissingHostKeyPolicy):
+    """Refuse an unknown key with a message that says how to trust it."""
+
+    def __init__(self, host: Host) -> None:
+        self.host = host
+
+    def missing_host_key(self, client: paramiko.SSHClient, hostname: str, key: paramiko.PKey) -> None:
+        target = known_hosts_files(self.host)[0]
+        port = f"-p {self.host.port} " if self.host.port != 22 else ""
+        raise HostKeyError(
+            f"host key of {self.host.label} ({key.get_name()} {fingerprint(key)}) is unknown: not in {target}; "
+            f"check it and trust it with 'ssh-keyscan {port}{self.host.hostname} >> {target}' "
+            "or pass --accept-new-host-keys"
+        )
+
+
+class _AcceptNew(paramiko.MissingHostKeyPolicy):
+    """Trust on first use: add the new key to the user's known_hosts file (a changed key is still refused)."""
+
+    def __init__(self, host: Host) -> None:
+        self.host = host
+
+    def missing_host_key(self, client: paramiko.SSHClient, hostname: str, key: paramiko.PKey) -> None:
+        target = known_hosts_files(self.host)[0]
+        line = f"{host_key_name(self.host)} {key.get_name()} {key.get_base64()}\n"
+        with _known_hosts_lock:
+            os.makedirs(os.path.dirname(target) or ".", exist_ok=True)
+            with open(target, "a") as fh:
+                fh.write(line)
+        log.warning("added host key of %s (%s) to %s", self.host.label, fingerprint(key), target)
+
+
+class Connection:
+    """One SSH connection to one host, reused for every phase (commands, SFTP, the Docker tunnel)."""
+
+    def __init__(self, host: Host, client: paramiko.SSHClient) -> None:
+        self.host = host
+        self.client = client
+        self._sftp: paramiko.SFTPClient | None = None
+        self._sftp_lock = threading.Lock()
+
+    @classmethod
+    def open(cls, host: Host, accept_new_host_keys: bool = False, timeout: float = CONNECT_TIMEOUT) -> Connection:
+        client = paramiko.SSHClient()
+        for path in known_hosts_files(host):
+            if os.path.exists(path):
+                client.load_host_keys(path)
+        client.set_missing_host_key_policy(_AcceptNew(host) if accept_new_host_keys else _RejectUnknown(host))
+        try:
+            client.connect(
+                host.hostname, port=host.port, username=host.user, key_filename=list(host.key_filenames) or None,
+                timeout=timeout, banner_timeout=timeout, auth_timeout=timeout, channel_timeout=timeout,
+            )
+        except HostKeyError:
+            raise
+        except paramiko.BadHostKeyException as err:
+            where = find_known_host_line(known_hosts_files(host), host_key_name(host))
+            at = f"{where[0]}:{where[1]}" if where else " or ".join(known_hosts_files(host))
+            raise HostKeyError(
+                f"host key of {host.label} CHANGED (now {err.key.get_name()} {fingerprint(err.key)}), refusing to "
+                f"connect; if the host was really reinstalled, remove the old key at {at} "
+                f"(ssh-keygen -R {shlex.quote(host_key_name(host))}) and connect again"
+            ) from None
+        except paramiko.AuthenticationException:
+            keys = ", ".join(host.key_filenames) or "the default keys and agent"
+            raise SSHError(f"cannot log in to {host.label} as {host.user or os.environ.get('USER', '?')} with "
+                           f"{keys}: authentication failed; check User/IdentityFile in the ssh config") from None
+        except socket.gaierror:
+            raise SSHError(f"host name {host.hostname!r} of {host.label} does not resolve; check the hosts file "
+                           "and HostName in the ssh config") from None
+        except TimeoutError:
+            raise SSHError(f"connecting to {host.label} ({host.hostname}:{host.port}) timed out after "
+                           f"{timeout:.0f} s; is the host up and the port right?") from None
+        except ConnectionRefusedError:
+            raise SSHError(f"connection to {host.label} ({host.hostname}:{host.port}) refused; is sshd running "
+                           "on that port?") from None
+        except (OSError, paramiko.SSHException) as err:
+            raise SSHError(f"cannot connect to {host.label} ({host.hostname}:{host.port}): {err}") from None
+        transport = client.get_transport()
+        assert transport is not None
+        # Keepalives keep NAT/firewall state fresh; dead links are caught by the timeouts on every channel.
+        transport.set_keepalive(KEEPALIVE_S)
+        return cls(host, client)
+
+    @property
+    def transport(self) -> paramiko.Transport:
+        transport = self.client.get_transport()
+        if transport is None or not transport.is_active():
+            raise SSHError(f"connection to {self.host.label} is closed")
+        return transport
+
+    @property
+    def peer_address(self) -> str:
+        return str(self.transport.getpeername()[0])
+
+    def open_channel(self, timeout: float = CONNECT_TIMEOUT) -> paramiko.Channel:
+        try:
+            return self.transport.open_session(timeout=timeout)
+        except (paramiko.SSHException, OSError, EOFError) as err:
+            raise SSHError(f"{self.host.label} unreachable: cannot open an SSH channel ({err or 'timeout'})") from None
+
+    def run(self, argv: Sequence[str], env: Mapping[str, str] | None = None, timeout: float = 60.0,
+            check: bool = False, stdin: bytes | None = None) -> Result:
+        """Run one command (every word quoted); return its exit code and output. Bounded by `timeout`."""
+        command = quote_command(argv, env)
+        chan = self.open_channel()
+        try:
+            chan.settimeout(timeout)
+            chan.exec_command(command)
+            if stdin is not None:
+                chan.sendall(stdin)
+            chan.shutdown_write()
+            out, err = _drain(chan, time.monotonic() + timeout, self.host.label, argv[0])
+            rc = chan.recv_exit_status()
+        except TimeoutError:
+            raise SSHError(f"{self.host.label}: {argv[0]} did not finish within {timeout:.0f} s "
+                           "(host unreachable or overloaded?)") from None
+        finally:
+            chan.close()
+        result = Result(rc, out.decode(errors="replace"), err.decode(errors="replace"))
+        if check and rc != 0:
+            last = (result.err.strip() or result.out.strip()).splitlines()[-1:] or ["no output"]
+            raise SSHError(f"{self.host.label}: {' '.join(argv[:2])} failed (exit {rc}): {last[0]}")
+        return result
+
+    def sftp(self) -> paramiko.SFTPClient:
+        with self._sftp_lock:
+            if self._sftp is None:
+                self._sftp = self.client.open_sftp()
+                self._sftp.get_channel().settimeout(60)
+            return self._sftp
+
+    def close(self) -> None:
+        self.client.close()
+
+
+def _drain(chan: paramiko.Channel, deadline: float, label: str, what: str) -> tuple[bytes, bytes]:
+    out, err = bytearray(), bytearray()
+    while True:
+        got = False
+        if chan.recv_ready():
+            out += chan.recv(65536)
+            got = True
+        if chan.recv_stderr_ready():
+            err += chan.recv_stderr(65536)
+            got = True
+        if not got:
+            if chan.exit_status_ready() and not chan.recv_ready() and not chan.recv_stderr_ready():
+                return bytes(out), bytes(err)
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"{label}: {what}")
+            time.sleep(0.01)
+
+
+def fan_out(what: str, items: Sequence[T], fn: Callable[[T], R], label: Callable[[T], str],
+            max_workers: int = 32) -> list[R]:
+    """Run fn on every item in parallel; return results in order, or raise one error naming every failure."""
+    if not items:
+        return []
+    with ThreadPoolExecutor(max_workers=min(max_workers, len(items))) as pool:
+        futures = [pool.submit(fn, item) for item in items]
+        results: list[R] = []
+        failures: dict[str, BaseException] = {}
+        for item, future in zip(items, futures, strict=True):
+            try:
+                results.append(future.result())
+            except Exception as err:  # collected and reported per host, never lost
+                failures[label(item)] = err
+    if failures:
+        raise MultiHostError(what, failures)
+    return results
+
+
+def connect_all(hosts: Sequence[Host], accept_new_host_keys: bool = False) -> list[Connection]:
+    """One connection per host, opened in parallel; every failing host is reported."""
+    conns: list[Connection | None] = [None] * len(hosts)
+
+    def one(index: int) -> Connection:
+        conns[index] = Connection.open(hosts[index], accept_new_host_keys)
+        return conns[index]  # type: ignore[return-value]
+
+    try:
+        return fan_out("ssh", list(range(len(hosts))), one, lambda i: hosts[i].label)
+    except MultiHostError:
+        for conn in conns:
+            if conn is not None:
+                conn.close()
+        raise

@@ -1,0 +1,92 @@
+"""`up`: hosts → preflight → plan → image → data → start → watch. Nothing starts unless preflight passes."""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+
+from . import state
+from .config import UpConfig
+from .errors import JobError
+from .hosts import Host, parse_hosts_file
+from .launch import ensure_images, find_resume_checkpoint, remove_leftovers, start_containers, summary, watch
+from .nodes import Nodes
+from .plan import NodeFacts, build_plan, render_plan
+from .prefetch import prefetch_all
+from .preflight import run_preflight
+
+
+def load_hosts(config: UpConfig) -> list[Host]:
+    assert config.ssh.hosts_file is not None
+    return parse_hosts_file(config.ssh.hosts_file, config.ssh.ssh_config)
+
+
+def local_image(name: str) -> tuple[Any, str | None]:
+    """The local daemon's client and image ID (None, None when there is no local daemon)."""
+    import docker.errors
+
+    import docker
+
+    try:
+        client = docker.from_env(timeout=600)
+        client.ping()
+    except Exception:
+        return None, None
+    try:
+        return client, str(client.images.get(name).id)
+    except docker.errors.ImageNotFound:
+        return client, None
+
+
+def up(config: UpConfig, console: Console) -> int:
+    hosts = load_hosts(config)
+    if config.dry_run:
+        # Offline: nothing is contacted; interfaces and GPU counts are shown as detected at launch.
+        specs = build_plan(config, hosts, config.master_addr or hosts[0].hostname)
+        console.print(render_plan(specs), markup=False, highlight=False, soft_wrap=True)
+        return 0
+    local, local_id = local_image(config.image)
+    nodes = Nodes.connect(hosts, config.ssh.accept_new_host_keys)
+    try:
+        master = config.master_addr or nodes.conn(0).peer_address
+        reports = run_preflight(nodes.conns, config, master, local_id, console)  # type: ignore[arg-type]
+        facts = [NodeFacts(iface=r.iface, gpus=r.gpus) for r in reports]
+        specs = build_plan(config, hosts, master, facts)
+        if config.resume:
+            find_resume_checkpoint(nodes, specs, console)
+        ensure_images(nodes, config, local, local_id, console)
+        for res in prefetch_all(nodes.conns, [nodes.docker(r, timeout=3600) for r in range(len(hosts))],  # type: ignore[arg-type]
+                                config, console):
+            what = {"present": "verified copy present, nothing moved", "downloaded": f"downloaded {res.bytes_moved} bytes",
+                    "sent": f"sent {res.bytes_moved} bytes"}[res.action]
+            console.print(f"data on {res.label}: {what}", markup=False, highlight=False)
+        remove_leftovers(nodes, config, config.grace)
+        remember(config)
+        containers = start_containers(nodes, specs)
+        console.print(f"job {config.job!r} started: {len(specs)} node(s), master {master}:{config.master_port}",
+                      markup=False, highlight=False)
+        if config.detach:
+            console.print(f"detached; follow with 'logs -f --job {config.job}', stop with 'kill --job {config.job}'",
+                          markup=False)
+            return 0
+        outcome = watch(nodes, specs, containers, config, console)
+        if not outcome.ok:
+            where = f"node {outcome.failed_rank} ({specs[outcome.failed_rank].host.label}) " \
+                if outcome.failed_rank is not None else ""
+            raise JobError(f"job {config.job!r} failed: {where}{outcome.reason}; the job was stopped on all nodes")
+        if outcome.reason != "detached":
+            summary(nodes, specs, console)
+        return 0
+    finally:
+        nodes.close()
+
+
+def remember(config: UpConfig) -> Path:
+    options = {k: (str(v) if isinstance(v, Path) else v) for k, v in dataclasses.asdict(config).items()
+               if k not in ("ssh", "env")}
+    options["env_names"] = [k for k, _ in config.env]  # values are not stored: they may be secrets
+    return state.save(state.JobState(config.job, str(Path(config.ssh.hosts_file or "").resolve()),
+                                     str(config.ssh.ssh_config) if config.ssh.ssh_config else None, options))

@@ -1,0 +1,57 @@
+"""Config validation and the one-line command-line errors (unit, no torch work)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from trainer.config import Config, parse
+from trainer.errors import ConfigError
+
+BASE = ["--data-dir", "/d", "--ckpt-dir", "/c"]
+
+
+def test_defaults_parse_and_round_trip_to_plain_dict() -> None:
+    cfg, legacy = parse(BASE)
+    assert legacy is None
+    assert cfg.model == "resnet18" and cfg.precision == "fp32" and cfg.data_dir == Path("/d")
+    assert cfg.to_dict()["ckpt_dir"] == "/c"  # plain str: loads with torch.load(weights_only=True)
+
+
+@pytest.mark.parametrize("flag", ["--local_rank=3", "--local-rank=3"])
+def test_legacy_local_rank_is_accepted(flag: str) -> None:
+    assert parse([*BASE, flag])[1] == 3
+
+
+@pytest.mark.parametrize(("args", "needle"), [
+    (["--batch-size", "0"], "--batch-size must be a positive integer"),
+    (["--epochs", "-1"], "--epochs must be a positive integer"),
+    (["--lr", "0"], "--lr must be > 0"),
+    (["--keep-checkpoints", "0"], "--keep-checkpoints"),
+    (["--dist-timeout", "0"], "--dist-timeout"),
+    (["--max-steps", "-5"], "--max-steps"),
+])
+def test_bad_values_raise_config_error_saying_how_to_fix(args: list[str], needle: str) -> None:
+    with pytest.raises(ConfigError, match=needle):
+        parse([*BASE, *args])
+
+
+def test_config_is_frozen() -> None:
+    cfg, _ = parse(BASE)
+    with pytest.raises(AttributeError):
+        cfg.epochs = 3  # type: ignore[misc]
+
+
+@pytest.mark.parametrize("args", [["--no-such-option"], ["--precision", "fp8"], [], ["--epochs", "x", *BASE]])
+def test_bad_command_line_is_one_error_line_and_exit_2(args: list[str], capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exc:
+        parse(args if args and args[0] == "--epochs" else [*BASE, *args] if args else [])
+    assert exc.value.code == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("error: "), err
+
+
+def test_direct_construction_validates_too() -> None:
+    with pytest.raises(ConfigError, match="--grad-compression"):
+        Config(data_dir=Path("/d"), ckpt_dir=Path("/c"), grad_compression="int8")

@@ -1,0 +1,57 @@
+"""Helpers for the trainer tests: free ports, child environment, running the real trainer under torchrun."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import torch
+
+from trainer import checkpoint
+
+REPO = Path(__file__).resolve().parents[2]
+N_TRAIN, N_TEST = 512, 255  # an odd test size: uneven evaluation shards across 2 ranks
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def child_env() -> dict[str, str]:
+    env = dict(os.environ)
+    env.update({
+        "OMP_NUM_THREADS": "1", "GLOO_SOCKET_IFNAME": "lo", "MASTER_ADDR": "127.0.0.1",
+        "PYTHONPATH": str(REPO) + os.pathsep + env.get("PYTHONPATH", ""),
+    })
+    return env
+
+
+def base_args(data_dir: Path, ckpt_dir: Path, *extra: str) -> list[str]:
+    return ["--data-dir", str(data_dir), "--ckpt-dir", str(ckpt_dir), "--allow-unverified-data",
+            "--model", "tiny", "--device", "cpu", "--log-every", "1", *extra]
+
+
+def torchrun_cmd(nproc: int, args: list[str]) -> list[str]:
+    return [sys.executable, "-m", "torch.distributed.run", "--nnodes", "1", "--nproc_per_node", str(nproc),
+            "--master_addr", "127.0.0.1", "--master_port", str(free_port()), "-m", "trainer", *args]
+
+
+def run_torchrun(nproc: int, args: list[str], timeout: float = 180) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(torchrun_cmd(nproc, args), cwd=REPO, env=child_env(), capture_output=True,
+                          text=True, timeout=timeout)
+
+
+def newest_state(ckpt_dir: Path) -> dict:
+    info = checkpoint.newest_valid(ckpt_dir)
+    assert info is not None, f"no valid checkpoint in {ckpt_dir}"
+    return checkpoint.load(info, torch.device("cpu"))
+
+
+def metrics_lines(ckpt_dir: Path) -> list[dict]:
+    return [json.loads(line) for line in (ckpt_dir / "metrics.jsonl").read_text().splitlines()]

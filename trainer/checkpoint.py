@@ -1,0 +1,190 @@
+"""Atomic checkpoints with a manifest (docs/DESIGN.md section 2); newest valid one; keep the last K.
+
+A checkpoint counts only when its manifest exists and the .pt's size and sha256 match it.  The .pt is
+written to a temporary name, fsynced and renamed; the manifest is written the same way *after* it, so a
+kill at any moment leaves either the previous set of valid checkpoints or that set plus the new one.
+"""
+
+from __future__ import annotations
+
+import datetime
+import errno
+import hashlib
+import io
+import json
+import logging
+import os
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from .errors import CheckpointError
+
+log = logging.getLogger(__name__)
+
+FORMAT = 1
+_NAME = re.compile(r"^ckpt-(\d{8})\.(pt|json)$")
+_TMP_MARK = ".tmp-"
+
+
+@dataclass(frozen=True)
+class CheckpointInfo:
+    path: Path
+    manifest: dict[str, Any]
+
+    @property
+    def step(self) -> int:
+        return int(self.manifest["step"])
+
+
+def pt_name(step: int) -> str:
+    return f"ckpt-{step:08d}.pt"
+
+
+def manifest_name(step: int) -> str:
+    return f"ckpt-{step:08d}.json"
+
+
+def _fsync_dir(folder: Path) -> None:
+    fd = os.open(folder, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _write_atomic(target: Path, blob: bytes | memoryview) -> None:
+    """Write to a temp name in the same folder, fsync, rename over target, fsync the folder."""
+    tmp = target.with_name(f".{target.name}{_TMP_MARK}{os.getpid()}")
+    try:
+        with tmp.open("wb") as f:
+            f.write(blob)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, target)
+        _fsync_dir(target.parent)
+    except OSError as e:
+        tmp.unlink(missing_ok=True)
+        if e.errno == errno.ENOSPC:
+            raise CheckpointError(
+                f"checkpoint dir {target.parent} is full (no space left writing {target.name}); free space "
+                f"or point --ckpt-dir elsewhere; the previous checkpoints are intact"
+            ) from e
+        raise CheckpointError(f"cannot write checkpoint {target}: {e.strerror or e}") from e
+
+
+def check_writable(folder: Path) -> None:
+    """Create the folder and prove a file can be written there (call on global rank 0 only)."""
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        probe = folder / f".write-test{_TMP_MARK}{os.getpid()}"
+        probe.write_bytes(b"ok")
+        probe.unlink()
+    except OSError as e:
+        raise CheckpointError(
+            f"checkpoint dir {folder} is not writable ({e.strerror or e}); fix its permissions or choose another --ckpt-dir"
+        ) from e
+
+
+def save(folder: Path, state: dict[str, Any], *, step: int, epoch: int, epoch_complete: bool,
+         world_size: int, keep: int) -> Path:
+    """Write ckpt-<step>.pt then its manifest, both atomically; prune beyond ``keep``. Global rank 0 only."""
+    target = folder / pt_name(step)
+    existing = _validate(folder / manifest_name(step), warn=False)
+    if existing is not None:
+        return existing.path  # the same step is already safely on disk (e.g. SIGTERM right after a save)
+    buf = io.BytesIO()
+    torch.save(state, buf)
+    blob = buf.getbuffer()
+    _write_atomic(target, blob)
+    manifest = {
+        "format": FORMAT, "file": target.name, "sha256": hashlib.sha256(blob).hexdigest(), "bytes": len(blob),
+        "epoch": epoch, "step": step, "epoch_complete": epoch_complete, "world_size": world_size,
+        "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+    }
+    _write_atomic(folder / manifest_name(step), json.dumps(manifest, indent=1).encode())
+    prune(folder, keep)
+    return target
+
+
+def _sha256_file(path: Path) -> str:
+    h = hashlib.sha256()
+    with path.open("rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def _validate(manifest_path: Path, warn: bool = True) -> CheckpointInfo | None:
+    """The checkpoint described by this manifest, or None (with a warning naming it) if it is not valid."""
+    if not manifest_path.is_file():
+        return None
+    why = None
+    try:
+        m = json.loads(manifest_path.read_text())
+        pt = manifest_path.with_name(m["file"])
+        if m.get("format") != FORMAT or _NAME.match(pt.name) is None:
+            why = "unknown manifest format"
+        elif not pt.is_file():
+            why = f"{pt.name} is missing"
+        elif pt.stat().st_size != m["bytes"]:
+            why = f"{pt.name} has {pt.stat().st_size} bytes, manifest says {m['bytes']} (cut short?)"
+        elif _sha256_file(pt) != m["sha256"]:
+            why = f"{pt.name} does not match its sha256 (corrupt)"
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        why = f"unreadable manifest ({e})"
+    if why is not None:
+        if warn:
+            log.warning("skipping invalid checkpoint %s: %s", manifest_path, why)
+        return None
+    return CheckpointInfo(pt, m)
+
+
+def _steps(folder: Path, suffix: str) -> list[int]:
+    steps = []
+    for p in folder.iterdir() if folder.is_dir() else []:
+        match = _NAME.match(p.name)
+        if match and match.group(2) == suffix:
+            steps.append(int(match.group(1)))
+    return sorted(steps, reverse=True)
+
+
+def newest_valid(folder: Path) -> CheckpointInfo | None:
+    """The valid checkpoint with the highest step; newer invalid or incomplete ones are skipped with a warning."""
+    with_manifest = _steps(folder, "json")  # newest first
+    newest: CheckpointInfo | None = None
+    for step in with_manifest:
+        info = _validate(folder / manifest_name(step))
+        if info is not None and (newest is None or info.step > newest.step):
+            newest = info
+            break
+    for step in _steps(folder, "pt"):
+        if step not in with_manifest and (newest is None or step > newest.step):
+            log.warning("skipping incomplete checkpoint %s: it has no manifest (save cut short?)", folder / pt_name(step))
+    return newest
+
+
+def prune(folder: Path, keep: int) -> None:
+    """Delete all but the newest ``keep`` checkpoints (manifest first, then the .pt) and stale temp files."""
+    for step in _steps(folder, "json")[keep:]:
+        (folder / manifest_name(step)).unlink(missing_ok=True)
+        (folder / pt_name(step)).unlink(missing_ok=True)
+    kept = set(_steps(folder, "json"))
+    for step in _steps(folder, "pt"):
+        if step not in kept:
+            (folder / pt_name(step)).unlink(missing_ok=True)  # orphan of an interrupted save
+    for p in folder.iterdir():
+        # Temp files of dead writers (only global rank 0 of one job writes here, so none is live).
+        if p.name.startswith(".") and _TMP_MARK in p.name and not p.name.endswith(f"{_TMP_MARK}{os.getpid()}"):
+            p.unlink(missing_ok=True)
+
+
+def load(info: CheckpointInfo, device: torch.device) -> dict[str, Any]:
+    """Load onto this process's own device; plain tensors and containers only (weights_only)."""
+    try:
+        return torch.load(info.path, map_location=device, weights_only=True)
+    except Exception as e:  # a file that passed its sha256 but fails to unpickle: report, do not guess
+        raise CheckpointError(f"cannot load checkpoint {info.path}: {e}") from e

@@ -1,0 +1,141 @@
+"""The trainer's one configuration object: built once from the command line, validated, saved in checkpoints."""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, NoReturn
+
+from .errors import ConfigError
+
+PRECISIONS = ("fp32", "bf16", "fp16")
+COMPRESSIONS = ("none", "fp16", "bf16")
+DEVICES = ("auto", "cpu", "cuda")
+OPTIMIZERS = ("sgd", "apex-fused-sgd")
+
+
+@dataclass(frozen=True)
+class Config:
+    """Every setting of one training run. Frozen: nothing changes it after the command line is parsed."""
+
+    data_dir: Path
+    """Folder holding ``cifar-10-batches-py/`` (or ``cifar-10-python.tar.gz``, extracted on first use)."""
+    ckpt_dir: Path
+    """Checkpoints and metrics.jsonl go here (written by global rank 0 only)."""
+    epochs: int = 30
+    batch_size: int = 128
+    """Per process; the global batch is batch_size x world size."""
+    lr: float = 0.1
+    """Peak learning rate, reached after the warmup, then decayed with a cosine to 0 at the last epoch."""
+    warmup_epochs: float = 1.0
+    momentum: float = 0.9
+    weight_decay: float = 5e-4
+    model: str = "resnet18"
+    precision: str = "fp32"
+    sync_bn: bool = False
+    grad_compression: str = "none"
+    optimizer: str = "sgd"
+    eval_every: int = 1
+    """Evaluate every N epochs (and always after the last one)."""
+    ckpt_every: int = 1
+    """Write a checkpoint every N epochs (and always at the end, at --max-steps and on SIGTERM)."""
+    keep_checkpoints: int = 3
+    resume: bool = False
+    seed: int = 0
+    max_steps: int = 0
+    """Stop after this many global steps (0: no limit)."""
+    allow_unverified_data: bool = False
+    dist_timeout: float = 300.0
+    """Seconds a collective may wait for a peer before the job fails instead of hanging."""
+    device: str = "auto"
+    log_every: int = 50
+    eval_batch_size: int = 500
+
+    def __post_init__(self) -> None:
+        _positive("--epochs", self.epochs, "the number of passes over the training set")
+        _positive("--batch-size", self.batch_size, "images per process and step")
+        _positive("--eval-every", self.eval_every, "epochs between evaluations")
+        _positive("--ckpt-every", self.ckpt_every, "epochs between checkpoints")
+        _positive("--keep-checkpoints", self.keep_checkpoints, "how many checkpoints to keep")
+        _positive("--log-every", self.log_every, "steps between progress lines")
+        _positive("--eval-batch-size", self.eval_batch_size, "images per evaluation batch")
+        if not self.lr > 0:
+            raise ConfigError(f"--lr must be > 0, got {self.lr}; a usual value is 0.1 for batch 128")
+        if self.warmup_epochs < 0:
+            raise ConfigError(f"--warmup-epochs must be >= 0, got {self.warmup_epochs}")
+        if self.max_steps < 0:
+            raise ConfigError(f"--max-steps must be >= 0 (0 means no limit), got {self.max_steps}")
+        if not self.dist_timeout > 0:
+            raise ConfigError(f"--dist-timeout must be > 0 seconds, got {self.dist_timeout}")
+        if self.momentum < 0 or self.weight_decay < 0:
+            raise ConfigError("--momentum and --weight-decay must be >= 0")
+        _choice("--precision", self.precision, PRECISIONS)
+        _choice("--grad-compression", self.grad_compression, COMPRESSIONS)
+        _choice("--device", self.device, DEVICES)
+        _choice("--optimizer", self.optimizer, OPTIMIZERS)
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain types only, so a checkpoint loads with ``torch.load(weights_only=True)``."""
+        return {k: str(v) if isinstance(v, Path) else v for k, v in dataclasses.asdict(self).items()}
+
+
+def _positive(option: str, value: int, meaning: str) -> None:
+    if value < 1:
+        raise ConfigError(f"{option} must be a positive integer ({meaning}), got {value}")
+
+
+def _choice(option: str, value: str, choices: tuple[str, ...]) -> None:
+    if value not in choices:
+        raise ConfigError(f"{option} must be one of {', '.join(choices)}, got {value!r}")
+
+
+class _OneLineParser(argparse.ArgumentParser):
+    """argparse that reports a bad command line as one ``error: ...`` line (exit 2), not usage + error."""
+
+    def error(self, message: str) -> NoReturn:
+        sys.stderr.write(f"error: {message} (see python -m trainer --help)\n")
+        raise SystemExit(2)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = _OneLineParser(prog="python -m trainer", description="DDP CIFAR-10 trainer (run under torchrun for N processes).")
+    d = Config.__dataclass_fields__
+    p.add_argument("--data-dir", type=Path, required=True, help="folder holding cifar-10-batches-py/")
+    p.add_argument("--ckpt-dir", type=Path, required=True, help="checkpoints and metrics.jsonl go here")
+    p.add_argument("--epochs", type=int, default=d["epochs"].default)
+    p.add_argument("--batch-size", type=int, default=d["batch_size"].default, help="per process")
+    p.add_argument("--lr", type=float, default=d["lr"].default, help="peak learning rate")
+    p.add_argument("--warmup-epochs", type=float, default=d["warmup_epochs"].default)
+    p.add_argument("--momentum", type=float, default=d["momentum"].default)
+    p.add_argument("--weight-decay", type=float, default=d["weight_decay"].default)
+    p.add_argument("--model", default=d["model"].default,
+                   help="resnet18 (CIFAR variant), resnet20, resnet18-gn, resnet20-gn, tiny, or a torchvision name")
+    p.add_argument("--precision", default="fp32", choices=PRECISIONS)
+    p.add_argument("--sync-bn", action="store_true", help="SyncBatchNorm across processes (CUDA only)")
+    p.add_argument("--grad-compression", default="none", choices=COMPRESSIONS, help="DDP communication hook")
+    p.add_argument("--optimizer", default="sgd", choices=OPTIMIZERS,
+                   help="apex-fused-sgd needs NVIDIA apex built from source (never the PyPI 'apex')")
+    p.add_argument("--eval-every", type=int, default=d["eval_every"].default, help="epochs")
+    p.add_argument("--ckpt-every", type=int, default=d["ckpt_every"].default, help="epochs")
+    p.add_argument("--keep-checkpoints", type=int, default=d["keep_checkpoints"].default)
+    p.add_argument("--resume", action="store_true", help="continue from the newest valid checkpoint")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--max-steps", type=int, default=0, help="stop after this many global steps (0: no limit)")
+    p.add_argument("--allow-unverified-data", action="store_true", help="accept data whose md5 is not official")
+    p.add_argument("--dist-timeout", type=float, default=d["dist_timeout"].default, help="seconds")
+    p.add_argument("--device", default="auto", choices=DEVICES)
+    p.add_argument("--log-every", type=int, default=d["log_every"].default, help="steps")
+    p.add_argument("--eval-batch-size", type=int, default=d["eval_batch_size"].default)
+    # torch.distributed.launch (legacy) passes this; torchrun's LOCAL_RANK environment variable wins.
+    p.add_argument("--local_rank", "--local-rank", dest="local_rank", type=int, default=None, help=argparse.SUPPRESS)
+    return p
+
+
+def parse(argv: list[str] | None = None) -> tuple[Config, int | None]:
+    """Parse the command line into a validated Config and the legacy --local-rank value (if given)."""
+    ns = vars(build_parser().parse_args(argv))
+    legacy_local_rank = ns.pop("local_rank")
+    return Config(**ns), legacy_local_rank

@@ -1,0 +1,108 @@
+"""The distributed context, read from torchrun's environment; the same code runs for 1 and N processes."""
+
+from __future__ import annotations
+
+import datetime
+import logging
+import os
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+
+from .errors import DeviceError
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class DistContext:
+    rank: int
+    local_rank: int
+    world_size: int
+    device: torch.device
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+    @property
+    def backend(self) -> str:
+        return "nccl" if self.device.type == "cuda" else "gloo"
+
+    @property
+    def distributed(self) -> bool:
+        return self.world_size > 1
+
+
+def _env_int(name: str, default: int) -> int:
+    raw = os.environ.get(name)
+    if raw is None or raw == "":
+        return default
+    try:
+        return int(raw)
+    except ValueError as e:
+        raise DeviceError(f"environment variable {name}={raw!r} is not an integer (set by torchrun?)") from e
+
+
+def context_from_env(device_pref: str, legacy_local_rank: int | None = None) -> DistContext:
+    """Rank, local rank and world size from torchrun's variables (defaults: one process); pick the device."""
+    rank = _env_int("RANK", 0)
+    world = _env_int("WORLD_SIZE", 1)
+    local_rank = _env_int("LOCAL_RANK", legacy_local_rank if legacy_local_rank is not None else 0)
+    if not 0 <= rank < world:
+        raise DeviceError(f"RANK={rank} is outside WORLD_SIZE={world}: check the launcher's --nnodes/--node_rank")
+    return DistContext(rank, local_rank, world, _pick_device(device_pref, local_rank))
+
+
+def _pick_device(pref: str, local_rank: int) -> torch.device:
+    has_cuda = torch.cuda.is_available()
+    if pref == "cpu" or (pref == "auto" and not has_cuda):
+        return torch.device("cpu")
+    if not has_cuda:
+        raise DeviceError("--device cuda was requested but CUDA is not available here; use --device cpu or auto")
+    count = torch.cuda.device_count()
+    if local_rank >= count:
+        raise DeviceError(
+            f"local rank {local_rank} needs GPU {local_rank} but only {count} are visible: "
+            f"lower --nproc_per_node to {count}"
+        )
+    return torch.device("cuda", local_rank)
+
+
+def init(ctx: DistContext, timeout_s: float) -> None:
+    """Join the process group (env:// rendezvous from torchrun) when there is more than one process."""
+    if ctx.device.type == "cuda":
+        torch.cuda.set_device(ctx.device)
+    if not ctx.distributed:
+        return
+    kwargs: dict = {"backend": ctx.backend, "timeout": datetime.timedelta(seconds=timeout_s)}
+    if ctx.device.type == "cuda":
+        kwargs["device_id"] = ctx.device  # binds NCCL to our GPU: no stray context on cuda:0
+    dist.init_process_group(**kwargs)
+    log.info("process group up: backend=%s world_size=%d timeout=%ss", ctx.backend, ctx.world_size, timeout_s)
+
+
+def shutdown() -> None:
+    if dist.is_available() and dist.is_initialized():
+        dist.destroy_process_group()
+
+
+def barrier(ctx: DistContext) -> None:
+    if ctx.distributed:
+        dist.barrier()
+
+
+def any_rank(ctx: DistContext, flag: bool) -> bool:
+    """True on every rank if it is True on any rank (all_reduce MAX): all ranks take the same branch."""
+    if not ctx.distributed:
+        return flag
+    t = torch.tensor([1 if flag else 0], dtype=torch.int32, device=ctx.device)
+    dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    return bool(t.item())
+
+
+def sum_tensor(ctx: DistContext, t: torch.Tensor) -> torch.Tensor:
+    if ctx.distributed:
+        dist.all_reduce(t, op=dist.ReduceOp.SUM)
+    return t

@@ -1,0 +1,23 @@
+"""Typed exceptions for expected failures; ``__main__`` prints them as one ``error: ...`` line, exit 2."""
+
+from __future__ import annotations
+
+
+class TrainerError(Exception):
+    """An expected failure caused by the input or the environment, not a bug."""
+
+
+class ConfigError(TrainerError):
+    """Options that cannot work together or values out of range."""
+
+
+class DataError(TrainerError):
+    """The data set is missing, corrupt or not the official one."""
+
+
+class CheckpointError(TrainerError):
+    """A checkpoint cannot be written or there is none to resume from."""
+
+
+class DeviceError(TrainerError):
+    """The requested device or precision is not available here."""

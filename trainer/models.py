@@ -1,0 +1,124 @@
+"""Models for 32x32 inputs: CIFAR ResNet-18 (3x3 stem, no max-pool), ResNet-20, GroupNorm variants, a tiny CNN.
+
+torchvision models are available by name when torchvision is installed (they expect larger inputs: the
+ImageNet stem downsamples 32x32 images 4x at once, which costs accuracy; resnet18 here is the CIFAR variant).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+from torch import nn
+
+from .errors import ConfigError
+
+Norm = Callable[[int], nn.Module]
+
+
+def batch_norm(ch: int) -> nn.Module:
+    return nn.BatchNorm2d(ch)
+
+
+def group_norm(ch: int) -> nn.Module:
+    # Statistics per sample: the result does not depend on how the batch is split over ranks.
+    return nn.GroupNorm(min(8, ch), ch)
+
+
+class BasicBlock(nn.Module):
+    def __init__(self, cin: int, cout: int, stride: int, norm: Norm) -> None:
+        super().__init__()
+        self.conv1 = nn.Conv2d(cin, cout, 3, stride, 1, bias=False)
+        self.bn1 = norm(cout)
+        self.conv2 = nn.Conv2d(cout, cout, 3, 1, 1, bias=False)
+        self.bn2 = norm(cout)
+        self.shortcut: nn.Module = nn.Identity()
+        if stride != 1 or cin != cout:
+            self.shortcut = nn.Sequential(nn.Conv2d(cin, cout, 1, stride, bias=False), norm(cout))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out = torch.relu(self.bn1(self.conv1(x)))
+        out = self.bn2(self.conv2(out))
+        return torch.relu(out + self.shortcut(x))
+
+
+class CifarResNet(nn.Module):
+    """ResNet with a 3x3 stride-1 stem and no max-pool, so 32x32 inputs keep their resolution early on."""
+
+    def __init__(self, widths: list[int], blocks: list[int], norm: Norm, num_classes: int = 10) -> None:
+        super().__init__()
+        self.stem = nn.Sequential(nn.Conv2d(3, widths[0], 3, 1, 1, bias=False), norm(widths[0]), nn.ReLU())
+        layers: list[nn.Module] = []
+        cin = widths[0]
+        for i, (w, n) in enumerate(zip(widths, blocks, strict=True)):
+            for j in range(n):
+                layers.append(BasicBlock(cin, w, 2 if (i > 0 and j == 0) else 1, norm))
+                cin = w
+        self.layers = nn.Sequential(*layers)
+        self.fc = nn.Linear(cin, num_classes)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.layers(self.stem(x))
+        return self.fc(torch.flatten(nn.functional.adaptive_avg_pool2d(x, 1), 1))
+
+
+class TinyCNN(nn.Module):
+    """A few thousand parameters with GroupNorm: for tests and smoke runs on CPU."""
+
+    def __init__(self, num_classes: int = 10) -> None:
+        super().__init__()
+        self.body = nn.Sequential(
+            nn.Conv2d(3, 16, 3, 1, 1), group_norm(16), nn.ReLU(), nn.MaxPool2d(2),
+            nn.Conv2d(16, 32, 3, 1, 1), group_norm(32), nn.ReLU(), nn.MaxPool2d(2),
+            nn.Conv2d(32, 32, 3, 1, 1), group_norm(32), nn.ReLU(), nn.AdaptiveAvgPool2d(1),
+        )
+        self.fc = nn.Linear(32, num_classes)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fc(torch.flatten(self.body(x), 1))
+
+
+_R18 = ([64, 128, 256, 512], [2, 2, 2, 2])
+_R20 = ([16, 32, 64], [3, 3, 3])
+OWN_MODELS: dict[str, Callable[[], nn.Module]] = {
+    "resnet18": lambda: CifarResNet(*_R18, batch_norm),
+    "resnet18-gn": lambda: CifarResNet(*_R18, group_norm),
+    "resnet20": lambda: CifarResNet(*_R20, batch_norm),
+    "resnet20-gn": lambda: CifarResNet(*_R20, group_norm),
+    "tiny": TinyCNN,
+}
+
+
+def _torchvision_names() -> list[str] | None:
+    try:
+        import torchvision.models as tvm
+    except ImportError:
+        return None
+    return sorted(tvm.list_models(module=tvm))
+
+
+def check_name(name: str) -> None:
+    """Refuse an unknown model before any data is read."""
+    if name in OWN_MODELS:
+        return
+    tv = _torchvision_names()
+    if tv is None:
+        raise ConfigError(
+            f"unknown model {name!r}: choose one of {', '.join(OWN_MODELS)} "
+            f"(other names need torchvision installed)"
+        )
+    if name not in tv:
+        raise ConfigError(f"unknown model {name!r}: choose one of {', '.join(OWN_MODELS)} or a torchvision classification model")
+
+
+def build(name: str, num_classes: int = 10) -> nn.Module:
+    check_name(name)
+    if name in OWN_MODELS:
+        return OWN_MODELS[name]()
+    import torchvision.models as tvm
+
+    return tvm.get_model(name, weights=None, num_classes=num_classes)
+
+
+def has_batch_norm(model: nn.Module) -> bool:
+    return any(isinstance(m, nn.modules.batchnorm._BatchNorm) for m in model.modules())

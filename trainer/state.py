@@ -1,0 +1,158 @@
+"""What training carries from step to step: model (plain and DDP-wrapped), optimizer, scaler, position.
+
+It is built here, saved into a checkpoint dict, and restored from one. Restoring goes through global
+rank 0: only rank 0 reads the checkpoint dir (other nodes may not have it), loads to the CPU and broadcasts;
+every rank then copies into its own device's tensors, so nothing ever lands on another rank's GPU.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.distributed as tdist
+from torch import nn
+
+from . import checkpoint, models
+from .config import Config
+from .dist import DistContext
+from .errors import CheckpointError, ConfigError, DeviceError
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class Position:
+    """Where training stands: completed epochs, samples consumed in the current epoch, global steps."""
+
+    epoch: int = 0
+    sample: int = 0
+    step: int = 0
+
+
+@dataclass
+class TrainState:
+    model: nn.Module  # unwrapped: what checkpoints hold and evaluation runs
+    ddp: nn.Module  # what the training step calls (the model itself for one process)
+    optimizer: torch.optim.Optimizer
+    scaler: torch.amp.GradScaler
+    pos: Position
+
+
+def check_device(cfg: Config, ctx: DistContext) -> None:
+    """Refuse combinations the device cannot run, before anything is loaded."""
+    cuda = ctx.device.type == "cuda"
+    if cfg.precision == "fp16" and not cuda:
+        raise DeviceError("--precision fp16 needs a CUDA device; on CPU use --precision bf16 or fp32")
+    if cfg.sync_bn and not cuda:
+        raise DeviceError("--sync-bn needs CUDA (SyncBatchNorm does not run on CPU tensors); drop --sync-bn on CPU")
+    if cfg.grad_compression == "bf16" and not cuda:
+        raise DeviceError("--grad-compression bf16 needs CUDA and NCCL (gloo cannot run the hook); use fp16 on CPU")
+    if cfg.optimizer == "apex-fused-sgd" and not cuda:
+        raise DeviceError("--optimizer apex-fused-sgd needs CUDA; use --optimizer sgd on CPU")
+
+
+def _optimizer(cfg: Config, params: Any) -> torch.optim.Optimizer:
+    kwargs = {"lr": cfg.lr, "momentum": cfg.momentum, "weight_decay": cfg.weight_decay, "nesterov": cfg.momentum > 0}
+    if cfg.optimizer == "sgd":
+        return torch.optim.SGD(params, **kwargs)
+    try:
+        from apex.optimizers import FusedSGD  # NVIDIA apex, built from source; never the PyPI "apex"
+    except ImportError as e:
+        raise ConfigError(
+            "--optimizer apex-fused-sgd needs NVIDIA apex (github.com/NVIDIA/apex, built with its CUDA "
+            "extensions); it is not importable here: use --optimizer sgd"
+        ) from e
+    return FusedSGD(params, **kwargs)
+
+
+def _wrap_ddp(cfg: Config, ctx: DistContext, model: nn.Module) -> nn.Module:
+    if not ctx.distributed:
+        return model
+    from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+    from torch.nn.parallel import DistributedDataParallel
+
+    ids = [ctx.device.index] if ctx.device.type == "cuda" else None
+    ddp = DistributedDataParallel(model, device_ids=ids)  # buffers (BN stats) follow rank 0 each forward
+    hooks = {"fp16": default_hooks.fp16_compress_hook, "bf16": default_hooks.bf16_compress_hook}
+    if cfg.grad_compression in hooks:
+        ddp.register_comm_hook(None, hooks[cfg.grad_compression])
+    return ddp
+
+
+def build(cfg: Config, ctx: DistContext) -> TrainState:
+    """Model, optimizer and scaler on this rank's device; same initial weights on every rank (seeded)."""
+    torch.manual_seed(cfg.seed)
+    model = models.build(cfg.model)
+    if cfg.sync_bn:
+        if not models.has_batch_norm(model):
+            log.warning("--sync-bn: model %s has no BatchNorm layers; nothing to synchronise", cfg.model)
+        model = nn.SyncBatchNorm.convert_sync_batchnorm(model)
+    model = model.to(ctx.device)
+    if ctx.device.type == "cuda":
+        model = model.to(memory_format=torch.channels_last)
+    optimizer = _optimizer(cfg, model.parameters())
+    scaler = torch.amp.GradScaler(ctx.device.type, enabled=cfg.precision == "fp16")
+    return TrainState(model, model, optimizer, scaler, Position())
+
+
+def wrap(cfg: Config, ctx: DistContext, st: TrainState) -> None:
+    """Wrap in DDP after a restore: DDP's constructor broadcasts rank 0's weights to every rank."""
+    st.ddp = _wrap_ddp(cfg, ctx, st.model)
+
+
+def to_checkpoint(cfg: Config, ctx: DistContext, st: TrainState, global_batch: int) -> dict[str, Any]:
+    rng: dict[str, Any] = {"torch": torch.get_rng_state()}
+    if ctx.device.type == "cuda":
+        rng["cuda"] = torch.cuda.get_rng_state(ctx.device)
+    return {
+        "model": st.model.state_dict(),
+        "optimizer": st.optimizer.state_dict(),
+        "scaler": st.scaler.state_dict(),
+        # The learning rate is a pure function of the position (see loop.lr_at); this records its inputs.
+        "scheduler": {"kind": "warmup-cosine", "lr": cfg.lr, "warmup_epochs": cfg.warmup_epochs, "epochs": cfg.epochs},
+        "epoch": st.pos.epoch, "samples_in_epoch": st.pos.sample, "step": st.pos.step,
+        "world_size": ctx.world_size, "global_batch": global_batch,
+        "rng": rng, "config": cfg.to_dict(),
+    }
+
+
+def _load_on_main(cfg: Config, ctx: DistContext) -> tuple[dict[str, Any] | None, str | None]:
+    """On global rank 0: the newest valid checkpoint (CPU tensors), or an error message."""
+    info = checkpoint.newest_valid(cfg.ckpt_dir)
+    if info is None:
+        return None, (f"--resume: no valid checkpoint in {cfg.ckpt_dir}; run without --resume to start fresh, "
+                      f"or point --ckpt-dir at the run to continue")
+    try:
+        state = checkpoint.load(info, torch.device("cpu"))
+    except CheckpointError as e:
+        return None, str(e)
+    saved_model = state.get("config", {}).get("model")
+    if saved_model != cfg.model:
+        return None, f"checkpoint {info.path} was trained with --model {saved_model}, not {cfg.model}; pass --model {saved_model}"
+    log.info("resuming from %s (epoch %d, step %d, world size %d)", info.path, state["epoch"], state["step"], state["world_size"])
+    return state, None
+
+
+def restore(cfg: Config, ctx: DistContext, st: TrainState) -> None:
+    """Load the newest valid checkpoint on rank 0, share it with every rank, continue from its position."""
+    payload: list[Any] = [None, None]
+    if ctx.is_main:
+        payload = list(_load_on_main(cfg, ctx))
+    if ctx.distributed:
+        tdist.broadcast_object_list(payload, src=0, device=ctx.device if ctx.backend == "nccl" else None)
+    state, err = payload
+    if err is not None:
+        raise CheckpointError(err)
+    st.model.load_state_dict(state["model"])  # copies into this rank's device tensors
+    st.optimizer.load_state_dict(state["optimizer"])  # casts the state to the parameters' device
+    st.scaler.load_state_dict(state["scaler"])
+    torch.set_rng_state(state["rng"]["torch"])
+    if "cuda" in state["rng"] and ctx.device.type == "cuda":
+        torch.cuda.set_rng_state(state["rng"]["cuda"], ctx.device)
+    st.pos = Position(int(state["epoch"]), int(state["samples_in_epoch"]), int(state["step"]))
+    if state["world_size"] != ctx.world_size:
+        log.warning("checkpoint was written with world size %d, continuing with %d at sample %d of epoch %d",
+                    state["world_size"], ctx.world_size, st.pos.sample, st.pos.epoch + 1)
