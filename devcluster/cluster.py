@@ -27,7 +27,7 @@ from .teardown import teardown, traces
 
 log = logging.getLogger(__name__)
 
-TOOLS = ("ip", "nsenter", "iptables", "ssh-keygen", "dockerd", "containerd", "umount", sshd.SSHD)
+TOOLS = ("ip", "nsenter", "unshare", "iptables", "ssh-keygen", "dockerd", "containerd", "runc", "umount", sshd.SSHD)
 
 
 class Host:
@@ -82,7 +82,8 @@ class Host:
         except subprocess.TimeoutExpired as e:
             raise DevclusterError(f"{self.name}: `{' '.join(cmd)}` ran past {timeout:.0f} s") from e
         if check and res.returncode != 0:
-            raise DevclusterError(f"{self.name}: `{' '.join(cmd)}` exited {res.returncode}: {res.stderr.strip()}")
+            last = (res.stderr.strip().splitlines() or [""])[-1]
+            raise DevclusterError(f"{self.name}: `{' '.join(cmd)}` exited {res.returncode}: {last}")
         return res
 
     def link_down(self) -> None:
@@ -101,6 +102,7 @@ class Host:
         dockerd.wait_containerd(self.layout, pid)
         pid = dockerd.spawn_dockerd(self.layout)
         dockerd.wait_dockerd(self.layout, pid)
+        sshd.rebind_docker_sock(self.layout)
 
     def __repr__(self) -> str:
         return f"Host({self.name}, {self.addr})"
@@ -192,6 +194,11 @@ class Cluster:
     def subnet(self) -> str:
         return self.state.subnet
 
+    @property
+    def gateway(self) -> str:
+        """The machine's own address on the bridge: hosts reach a server of the machine here."""
+        return self.state.gateway
+
     def client_env(self) -> dict[str, str]:
         """Environment for a client process (the orchestrator, a docker-py script): this process's
         environment with HOME=cluster.home, so ~/.ssh/config and known_hosts are the cluster's."""
@@ -230,7 +237,8 @@ def _claim(n_hosts: int, name: str | None, owner: int | None) -> ClusterState:
     gc can always find what follows."""
     with state_lock():
         states = known_states()
-        taken = {s.name for s in states} | {n.split("-")[1] for n in net.netns_names() if n.startswith("dc-")}
+        taken = ({s.name for s in states} | {d.name for d in state_root().iterdir()}
+                 | {n.split("-")[1] for n in net.netns_names() if n.startswith("dc-")})
         if name is None:
             name = next(n for n in (secrets.token_hex(3) for _ in range(100)) if n not in taken)
         elif check_name(name) in taken:
@@ -245,7 +253,7 @@ def _claim(n_hosts: int, name: str | None, owner: int | None) -> ClusterState:
 
 
 def _bring_up(state: ClusterState) -> None:
-    """Network first, then all containerds, all dockerds and sshds started together (waits overlap)."""
+    """Network first, then all containerds, then all dockerds (their start-up waits overlap), sshds."""
     t0 = time.monotonic()
     user_pub = sshd.keygen(state.dir / "id_ed25519", f"devcluster-{state.name}")
     (state.dir / "authorized_keys").write_text(user_pub + "\n")
@@ -261,9 +269,10 @@ def _bring_up(state: ClusterState) -> None:
     for h in hosts:
         dockerd.wait_containerd(h, ctrd[h.index])
     dkd = {h.index: dockerd.spawn_dockerd(h) for h in hosts}
-    host_keys = {h.index: sshd.start_sshd(h, state.dir / "authorized_keys") for h in hosts}
     for h in hosts:
         dockerd.wait_dockerd(h, dkd[h.index])
+    # after the daemons: sshd binds each host's docker socket over the default path
+    host_keys = {h.index: sshd.start_sshd(h, state.dir / "authorized_keys") for h in hosts}
     sshd.write_client_files(state, host_keys)
     log.info("cluster %s: %d hosts up in %.1f s", state.name, len(hosts), time.monotonic() - t0)
 

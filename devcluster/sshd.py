@@ -15,6 +15,7 @@ from .proc import alive, cmdline, in_netns, read_pidfile, run, stop_pids, wait_u
 
 SSHD = "/usr/sbin/sshd"  # sshd must be started by absolute path (it re-executes itself)
 SFTP_SERVER = "/usr/lib/openssh/sftp-server"
+DEFAULT_DOCKER_SOCK = Path("/var/run/docker.sock").resolve()
 
 
 def keygen(path: Path, comment: str) -> str:
@@ -48,16 +49,34 @@ def sshd_config(host: HostLayout, authorized_keys: Path) -> str:
 
 def start_sshd(host: HostLayout, authorized_keys: Path) -> str:
     """Write the host's key and config, start sshd in the netns (it daemonizes once its socket is
-    bound, so a zero exit means it listens). Returns the host's public key line."""
+    bound, so a zero exit means it listens). Returns the host's public key line.
+
+    sshd runs in a mount namespace of its own where the default Docker socket path is the host's own
+    socket (a bind mount): the machine's filesystem is shared, and a client that reaches
+    /var/run/docker.sock over SSH (e.g. by streamlocal forwarding) must not find the root daemon."""
     d = host.ssh_dir
     d.mkdir(mode=0o700, parents=True, exist_ok=True)
     pub = keygen(d / "ssh_host_ed25519_key", host.alias)
     (d / "sshd_config").write_text(sshd_config(host, authorized_keys))
     Path("/run/sshd").mkdir(mode=0o755, exist_ok=True)  # sshd's privilege separation dir (Debian)
-    run(in_netns(host.netns, [SSHD, "-f", str(d / "sshd_config"), "-E", str(host.log_dir / "sshd.log")]),
-        timeout=15)
+    sshd_argv = [SSHD, "-f", str(d / "sshd_config"), "-E", str(host.log_dir / "sshd.log")]
+    if DEFAULT_DOCKER_SOCK.exists():
+        script = 'mount --bind "$0" "$1" && shift && exec "$@"'
+        sshd_argv = ["unshare", "--mount", "--propagation", "slave", "--", "sh", "-c", script,
+                     str(host.docker_sock), str(DEFAULT_DOCKER_SOCK), *sshd_argv]
+    run(in_netns(host.netns, sshd_argv), timeout=15)
     wait_until(lambda: read_pidfile(d / "sshd.pid") is not None, 10, f"sshd of {host.alias}")
     return pub
+
+
+def rebind_docker_sock(host: HostLayout) -> None:
+    """After dockerd made a new socket (start_docker), point sshd's default socket path at it."""
+    pid = read_pidfile(host.ssh_dir / "sshd.pid")
+    if not (pid and alive(pid) and DEFAULT_DOCKER_SOCK.exists()):
+        return
+    script = 'umount -l "$1"; mount --bind "$0" "$1"'
+    run(["nsenter", f"--mount=/proc/{pid}/ns/mnt", "--", "sh", "-c", script,
+         str(host.docker_sock), str(DEFAULT_DOCKER_SOCK)], timeout=10)
 
 
 def stop_sshd(host: HostLayout) -> None:

@@ -11,6 +11,7 @@ from typing import Any
 
 from rich.console import Console
 from rich.table import Table
+from rich.text import Text
 
 from .checkpoints import newest_manifest
 from .config import mask_text
@@ -142,7 +143,7 @@ def print_status(nodes: Nodes, job: str, console: Console, unreachable: dict[str
     for col in ("node", "host", "container", "state", "exit", "uptime", "last log line", "newest checkpoint"):
         table.add_column(col, overflow="fold")
     for row in status_rows(nodes, job, unreachable):
-        table.add_row(*row)
+        table.add_row(*(Text(cell) for cell in row))  # Text: log lines like "[rank 0]" are not markup
     console.print(table)
     return not unreachable
 

@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from .config import UpConfig
@@ -230,6 +231,6 @@ def render_table(reports: Sequence[HostReport]) -> Table:
         cells = []
         for col in COLUMNS:
             check = report.checks.get(col)
-            cells.append("-" if check is None else f"[{'green' if check.ok else 'red'}]{check.text}[/]")
+            cells.append("-" if check is None else f"[{'green' if check.ok else 'red'}]{escape(check.text)}[/]")
         table.add_row(str(rank), report.label, *cells)
     return table

@@ -182,8 +182,9 @@ def run(cfg: Config, ctx: DistContext, st: TrainState, loader: TrainLoader, test
             break
         stats = _train_epoch(cfg, ctx, st, loader, stop)
         if stop.requested:
-            save(cfg, ctx, st, loader)
-            log.warning("stopped by SIGTERM at epoch %d step %d after writing the checkpoint", st.pos.epoch, st.pos.step)
+            path = save(cfg, ctx, st, loader)
+            log.warning("stopped by SIGTERM at step %d (epoch %d, sample %d); checkpoint %s",
+                        st.pos.step, st.pos.epoch + 1, st.pos.sample, path)
             dist.barrier(ctx)
             return EXIT_SIGTERM
         if stats.complete:

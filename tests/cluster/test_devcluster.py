@@ -15,14 +15,14 @@ import sys
 import time
 from pathlib import Path
 
+import docker
 import paramiko
 import pytest
 
-import docker
 from devcluster import Cluster, Host
 from devcluster.gc import gc
 from devcluster.layout import LINK_RE, MAX_HOSTS, NETNS_RE, ClusterState, check_name, state_root
-from devcluster.proc import alive
+from devcluster.proc import alive, cmdline, pids_in_netns
 from devcluster.teardown import traces
 from devcluster.tinyimage import TINY_IMAGE, load_tiny_image
 
@@ -147,6 +147,11 @@ def test_docker_cli_over_ssh_shows_each_host_its_own_daemon(cluster: Cluster) ->
         seen[h.name] = res.stdout.split()
         assert seen[h.name] == [h.docker_client().info()["ID"], str(h.dir / "docker")]
     assert len({v[0] for v in seen.values()}) == len(cluster.hosts)
+    # the default socket path seen over SSH is the host's own daemon too, never the machine's root one
+    root_id = docker.from_env().info()["ID"]
+    for h in cluster.hosts:
+        res = ssh(cluster, h, "docker", "-H", "unix:///var/run/docker.sock", "info", "--format", "{{.ID}}")
+        assert res.stdout.strip() == seen[h.name][0] != root_id
 
 
 @pytest.mark.cluster
@@ -191,7 +196,17 @@ def test_stop_docker_leaves_a_host_without_docker(cluster: Cluster) -> None:
         assert ssh(cluster, h, "true").returncode == 0  # sshd is still there
     finally:
         h.start_docker()
-    assert ssh(cluster, h, "docker", "info", "--format", "{{.ID}}").returncode == 0
+    own_id = h.docker_client().info()["ID"]
+    for sock in ([], ["-H", "unix:///var/run/docker.sock"]):  # the new socket, by both paths
+        assert ssh(cluster, h, "docker", *sock, "info", "--format", "{{.ID}}").stdout.strip() == own_id
+
+
+@pytest.mark.cluster
+def test_four_hosts_reach_host_zero(cluster_factory) -> None:
+    c = cluster_factory(4)
+    assert len({h.addr for h in c.hosts}) == 4
+    for h in c.hosts[1:]:
+        assert tcp_banner(h, c.hosts[0]).stdout == "SSH-2.0", h.name
 
 
 # --- fresh clusters -------------------------------------------------------------------------------
@@ -214,7 +229,7 @@ def _busy_host(c: Cluster) -> subprocess.Popen[bytes]:
     session = subprocess.Popen(c.ssh_argv(h, "sleep", "1000"), stdin=subprocess.DEVNULL,
                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     deadline = time.monotonic() + 10
-    while "sleep 1000" not in " ".join(h.run(["ps", "-eo", "args"]).stdout.split("\n")):
+    while "sleep 1000 " not in [cmdline(p) for p in pids_in_netns(h.netns)]:
         assert time.monotonic() < deadline, "the ssh session did not start"
         time.sleep(0.2)
     return session

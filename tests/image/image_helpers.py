@@ -9,10 +9,11 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-import docker
 import docker.errors
 import requests.exceptions
 from docker.models.containers import Container
+
+import docker
 
 TEST_LABEL = "ddp-cifar.test"
 # The synthetic set every training test uses: small, so one epoch is a few steps.
@@ -42,8 +43,8 @@ def mounts(**binds: Path) -> dict[str, dict[str, str]]:
     return {str(host): {"bind": f"/{name}", "mode": "rw"} for name, host in binds.items()}
 
 
-def start(client: docker.DockerClient, image: str, command: list[str], **kwargs: object) -> Container:
-    """Start a labelled container under Docker's init (as the orchestrator and compose do)."""
+def start(client: docker.DockerClient, image: str, command: list[str] | None, **kwargs: object) -> Container:
+    """Start a labelled container under Docker's init (as the orchestrator and compose do); None: the CMD."""
     return client.containers.run(
         image, command, detach=True, init=True, name=unique("ddp-cifar-test"),
         labels={TEST_LABEL: "image"}, **kwargs,
@@ -73,7 +74,7 @@ def remove(container: Container) -> None:
         pass
 
 
-def run(client: docker.DockerClient, image: str, command: list[str], timeout: float = 120,
+def run(client: docker.DockerClient, image: str, command: list[str] | None, timeout: float = 120,
         **kwargs: object) -> Finished:
     """Run a container to its end and remove it, whatever happened."""
     container = start(client, image, command, **kwargs)

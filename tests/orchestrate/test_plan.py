@@ -1,0 +1,109 @@
+"""Plans are plain data: the containers `up` would start, asserted for GPU and CPU modes, and --dry-run."""
+
+from __future__ import annotations
+
+import shlex
+from pathlib import Path
+
+import pytest
+from rich.console import Console
+
+from orchestrate import cli
+from orchestrate.config import GPUS_ALL, SSHOptions, UpConfig
+from orchestrate.hosts import Host
+from orchestrate.plan import NodeFacts, build_plan
+
+HOSTS = [Host(name="gpu1", hostname="10.0.0.11", port=22, user="u", slots=None),
+         Host(name="gpu2", hostname="10.0.0.12", port=22, user="u", slots=None, iface="ib0",
+              ckpt_dir="/scratch/{job}/ck")]
+SSH = SSHOptions(Path("hosts"), None, False)
+
+
+def config(**kw: object) -> UpConfig:
+    return UpConfig(ssh=SSH, job="exp1", image="ddp-cifar:latest", **kw)  # type: ignore[arg-type]
+
+
+def test_gpu_plan_all_gpus() -> None:
+    facts = [NodeFacts(iface="eth0", gpus=8), NodeFacts(iface="eth9", gpus=4)]
+    specs = build_plan(config(gpus=GPUS_ALL, trainer_args=("--epochs", "3")), HOSTS, "10.0.0.11", facts)
+    n0, n1 = specs
+    assert n0.name == "exp1-node0" and n1.name == "exp1-node1"
+    assert n0.command == ("torchrun", "--nnodes", "2", "--node_rank", "0", "--master_addr", "10.0.0.11",
+                          "--master_port", "29500", "--nproc_per_node", "8", "-m", "trainer",
+                          "--data-dir", "/data", "--ckpt-dir", "/checkpoints", "--epochs", "3")
+    assert n1.command[n1.command.index("--nproc_per_node") + 1] == "4"
+    assert n1.command[n1.command.index("--node_rank") + 1] == "1"
+    assert n0.env["NCCL_SOCKET_IFNAME"] == n0.env["GLOO_SOCKET_IFNAME"] == "eth0"
+    assert n1.env["NCCL_SOCKET_IFNAME"] == "ib0"  # the hosts file's iface= wins over detection
+    assert (n1.env["MASTER_ADDR"], n1.env["MASTER_PORT"], n1.env["NODE_RANK"], n1.env["NNODES"]) == \
+        ("10.0.0.11", "29500", "1", "2")
+    assert n0.labels == {"ddp-cifar.job": "exp1", "ddp-cifar.node-rank": "0", "ddp-cifar.nnodes": "2",
+                         "ddp-cifar.version": "0.1.0"}
+    assert n0.gpus == GPUS_ALL and ("memlock", -1, -1) in n0.ulimits and ("stack", 67108864, 67108864) in n0.ulimits
+    assert n0.ipc_mode == "host" and n0.init and n0.network_mode == "host"
+    assert [(m.source, m.target) for m in n1.mounts] == [
+        ("/var/tmp/ddp-cifar/data", "/data"), ("/scratch/exp1/ck", "/checkpoints"),
+        ("/var/tmp/ddp-cifar/jobs/exp1/logs", "/logs")]
+    kwargs = n0.sdk_kwargs()
+    assert kwargs["privileged"] is False and kwargs["init"] is True and kwargs["network_mode"] == "host"
+    assert kwargs["device_requests"][0]["Count"] == -1 and kwargs["device_requests"][0]["Capabilities"] == [["gpu"]]
+    assert all("docker.sock" not in m["Source"] for m in kwargs["mounts"])  # never the Docker socket
+    assert {u["Name"] for u in kwargs["ulimits"]} == {"memlock", "stack"}
+
+
+def test_gpu_plan_n_gpus_and_resume() -> None:
+    specs = build_plan(config(gpus=2, resume=True), HOSTS, "10.0.0.11", [NodeFacts("eth0", 8)] * 2)
+    assert specs[0].gpus == 2 and specs[0].command[-1] == "--resume"
+    assert specs[0].command[specs[0].command.index("--nproc_per_node") + 1] == "2"
+    assert specs[0].sdk_kwargs()["device_requests"][0]["Count"] == 2
+
+
+def test_cpu_plan() -> None:
+    specs = build_plan(config(gpus=0, nproc_per_node=2, shm_size="2g"), HOSTS, "10.0.0.11",
+                       [NodeFacts("eth0"), NodeFacts("eth1")])
+    n0 = specs[0]
+    assert n0.gpus == 0 and n0.sdk_kwargs()["device_requests"] is None
+    assert "NCCL_SOCKET_IFNAME" not in n0.env and n0.env["GLOO_SOCKET_IFNAME"] == "eth0"
+    assert n0.env["NPROC_PER_NODE"] == "2" and "--nproc_per_node" in n0.command
+    assert n0.ipc_mode is None and n0.shm_size == "2g"
+    assert n0.ulimits == (("stack", 67108864, 67108864),)  # no memlock: capped daemons refuse it
+
+
+def test_cpu_plan_slots_default_to_processes() -> None:
+    hosts = [Host(name="a", hostname="a", port=22, user=None, slots=3)]
+    (spec,) = build_plan(config(gpus=0), hosts, "a", [NodeFacts("eth0")])
+    assert spec.command[spec.command.index("--nproc_per_node") + 1] == "3"
+
+
+def test_user_env_and_secret_masking() -> None:
+    env = (("WANDB_API_KEY", "s3cr3t"), ("NCCL_DEBUG", "INFO"), ("X", "$(touch /tmp/owned); `id`\nls"))
+    (spec, _) = build_plan(config(gpus=0, env=env), HOSTS, "10.0.0.11", [NodeFacts("eth0")] * 2)
+    assert spec.env["WANDB_API_KEY"] == "s3cr3t"  # the container gets the value ...
+    shown = spec.docker_run_argv(mask=True)
+    assert "--env=WANDB_API_KEY=****" in shown and "s3cr3t" not in " ".join(shown)  # ... the output does not
+    assert "--env=NCCL_DEBUG=INFO" in shown
+
+
+def test_dry_run_prints_every_node_masked_and_quoted(tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    hosts = tmp_path / "hosts"
+    hosts.write_text("node-a slots=1\nnode-b slots=1\n")
+    monkeypatch.setenv("HOME", str(tmp_path))  # no ~/.ssh/config
+    import orchestrate.ssh as ssh
+
+    monkeypatch.setattr(ssh.Connection, "open", lambda *a, **k: pytest.fail("dry run must not connect"))
+    console = Console(width=1000, highlight=False)
+    code = cli.run(["up", "--dry-run", "--hosts", str(hosts), "--gpus", "0", "--image", "ddp-cifar:cpu", "--job", "j1",
+                    "--env", "MY_TOKEN=tok-123", "--env", "EVIL=$(touch /tmp/owned)",
+                    "--", "--epochs", "2", "--batch-size", "32"], console)
+    out = capsys.readouterr().out
+    assert code == 0
+    assert "tok-123" not in out and "MY_TOKEN=****" in out
+    lines = [ln for ln in out.splitlines() if ln.startswith("docker run")]
+    assert len(lines) == 2
+    argv = shlex.split(lines[1])  # the printed command is valid, quoted shell
+    assert "--env=EVIL=$(touch /tmp/owned)" in argv and "j1-node1" in argv
+    assert argv[argv.index("ddp-cifar:cpu"):][:12] == ["ddp-cifar:cpu", "torchrun", "--nnodes", "2", "--node_rank", "1",
+                                                        "--master_addr", "node-a", "--master_port", "29500",
+                                                        "--nproc_per_node", "1"]
+    assert argv[-4:] == ["--epochs", "2", "--batch-size", "32"]

@@ -1,0 +1,159 @@
+"""Several real processes under torchrun (CPU, gloo): DDP equivalence, distributed evaluation, resume with
+another world size, gradient compression, SIGTERM. Needs: torch with gloo, the loopback interface."""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from trainer_helpers import (
+    N_TEST,
+    N_TRAIN,
+    REPO,
+    base_args,
+    child_env,
+    metrics_lines,
+    newest_state,
+    run_torchrun,
+    torchrun_cmd,
+)
+
+from trainer import checkpoint, data, models
+from trainer.__main__ import main
+from trainer.dist import DistContext
+from trainer.loop import evaluate
+
+pytestmark = pytest.mark.slow
+STEPS = 20  # 16 steps per epoch at global batch 32: stop 4 steps into epoch 2
+RUN = ("--epochs", "2", "--lr", "0.05", "--max-steps", str(STEPS))
+
+
+def _done_acc(output: str) -> float:
+    match = re.search(r"\[rank 0\] INFO DONE epochs=\d+ step=\d+ test_acc=(\d\.\d{4}) checkpoint=", output)
+    assert match, output[-3000:]
+    return float(match.group(1))
+
+
+@pytest.fixture(scope="module")
+def two_procs(data_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str]:
+    ck = tmp_path_factory.mktemp("ddp2")
+    proc = run_torchrun(2, base_args(data_dir, ck, *RUN, "--batch-size", "16"))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return ck, proc.stderr + proc.stdout
+
+
+def test_two_processes_with_b_match_one_process_with_2b(two_procs: tuple[Path, str], data_dir: Path,
+                                                        tmp_path: Path, inprocess: None) -> None:
+    ck2, _ = two_procs
+    ck1 = tmp_path / "one"
+    assert main(base_args(data_dir, ck1, *RUN, "--batch-size", "32")) == 0
+    a, b = newest_state(ck1), newest_state(ck2)
+    assert a["step"] == b["step"] == STEPS and b["world_size"] == 2
+    for name, tensor in a["model"].items():
+        # Float sums in another order drift a little over 20 steps; a real mismatch (other samples, gradients
+        # summed instead of averaged) is off by tens of percent.
+        rel = float((tensor - b["model"][name]).norm() / tensor.norm().clamp_min(1e-12))
+        assert rel < 1e-3, (name, rel)
+
+
+def test_distributed_accuracy_equals_single_process_accuracy(two_procs: tuple[Path, str], data_dir: Path) -> None:
+    ck, output = two_procs
+    model = models.build("tiny")
+    model.load_state_dict(newest_state(ck)["model"])
+    _, test = data.load_cifar(data_dir, allow_unverified=True)
+    assert len(test) == N_TEST  # odd: the two ranks' evaluation shards differ in size
+    single = evaluate(model, test, DistContext(0, 0, 1, torch.device("cpu")), "fp32", 100)
+    assert abs(_done_acc(output) - single) < 5e-5, (_done_acc(output), single)
+
+
+def test_resume_with_another_world_size(two_procs: tuple[Path, str], data_dir: Path, tmp_path: Path,
+                                        inprocess: None) -> None:
+    ck = tmp_path / "ck"
+    shutil.copytree(two_procs[0], ck)
+    assert main(base_args(data_dir, ck, "--epochs", "2", "--lr", "0.05", "--batch-size", "16", "--resume")) == 0
+    state = newest_state(ck)
+    left_in_epoch_2 = (N_TRAIN - (STEPS - 16) * 32) // 16  # continues at the same sample offset
+    assert state["step"] == STEPS + left_in_epoch_2 and state["epoch"] == 2 and state["world_size"] == 1
+    assert metrics_lines(ck)[-1]["world_size"] == 1
+
+
+def test_fp16_gradient_compression_runs(data_dir: Path, tmp_path: Path) -> None:
+    proc = run_torchrun(2, base_args(data_dir, tmp_path, "--epochs", "1", "--batch-size", "16",
+                                     "--max-steps", "3", "--grad-compression", "fp16"))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert newest_state(tmp_path)["step"] == 3
+
+
+def _wait_for(log: Path, pattern: str, proc: subprocess.Popen, limit: float = 120) -> None:
+    deadline = time.monotonic() + limit
+    while time.monotonic() < deadline:
+        if re.search(pattern, log.read_text(errors="replace")):
+            return
+        if proc.poll() is not None:
+            break
+        time.sleep(0.2)
+    proc.kill()
+    pytest.fail(f"{pattern!r} not seen: {log.read_text(errors='replace')[-3000:]}")
+
+
+def _start(cmd: list[str], log: Path) -> subprocess.Popen:
+    with log.open("w") as out:
+        return subprocess.Popen(cmd, cwd=REPO, env=child_env(), stdout=out, stderr=subprocess.STDOUT,
+                                start_new_session=True)
+
+
+def test_sigterm_to_the_torchrun_process_group_leaves_a_valid_checkpoint(data_dir: Path, tmp_path: Path) -> None:
+    """What `docker stop` does: SIGTERM reaches torchrun and the workers (at different moments)."""
+    ck, log = tmp_path / "ck", tmp_path / "log"
+    proc = _start(torchrun_cmd(2, base_args(data_dir, ck, "--epochs", "1000", "--batch-size", "16")), log)
+    try:
+        _wait_for(log, r"epoch 2 step 2\d ", proc)
+        os.killpg(proc.pid, signal.SIGTERM)
+        proc.wait(timeout=60)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(timeout=10)
+    text = log.read_text()
+    assert text.count("stopped by SIGTERM at step") == 2, text[-3000:]  # both ranks, the same step
+    steps = set(re.findall(r"stopped by SIGTERM at step (\d+)", text))
+    info = checkpoint.newest_valid(ck)
+    assert info is not None and steps == {str(info.step)} and info.step > 16
+    assert checkpoint.load(info, torch.device("cpu"))["step"] == info.step
+
+
+def test_sigterm_single_process_exits_143_after_a_mid_epoch_checkpoint(data_dir: Path, tmp_path: Path) -> None:
+    ck, log = tmp_path / "ck", tmp_path / "log"
+    proc = _start([sys.executable, "-m", "trainer", *base_args(data_dir, ck, "--epochs", "1000",
+                                                              "--batch-size", "16")], log)
+    try:
+        _wait_for(log, r"epoch 1 step 5 ", proc)
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=60) == 143, log.read_text()[-3000:]
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(timeout=10)
+    info = checkpoint.newest_valid(ck)
+    assert info is not None and info.manifest["step"] >= 5
+    # Resuming from it works and keeps the step count.
+    assert "stopped by SIGTERM" in log.read_text()
+
+
+def test_resume_under_torchrun_shares_rank_0s_checkpoint(two_procs: tuple[Path, str], data_dir: Path,
+                                                         tmp_path: Path) -> None:
+    """Only rank 0 reads the checkpoint dir (other nodes may not have it) and broadcasts the state."""
+    ck = tmp_path / "ck"
+    shutil.copytree(two_procs[0], ck)
+    proc = run_torchrun(2, base_args(data_dir, ck, "--epochs", "3", "--lr", "0.05", "--batch-size", "16", "--resume"))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert newest_state(ck)["step"] == 3 * 16  # 20 done, 12 left in epoch 2, 16 in epoch 3
+    assert [r["epoch"] for r in metrics_lines(ck)] == [1, 2, 3]
