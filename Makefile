@@ -14,7 +14,12 @@ CPU_IMAGE  ?= ddp-cifar:cpu
 # The legacy builder: present with every Docker engine, needs no buildx, and uses a local base as is.
 export DOCKER_BUILDKIT ?= 0
 
-.PHONY: help setup lint image cpu-base image-cpu test bench demo clean clean-images
+# compose/docker-compose.yml reads these (see its header); compose-data writes a synthetic set there.
+DDP_DATA_DIR ?= $(CURDIR)/out/compose/data
+SYNTH_TRAIN  ?= 2000
+SYNTH_TEST   ?= 500
+
+.PHONY: help setup lint image cpu-base image-cpu test bench demo compose-data compose-cpu clean clean-images
 
 help:
 	@echo "make setup      create $(VENV) with the project and its dev dependencies"
@@ -25,7 +30,8 @@ help:
 	@echo "make test       setup + image-cpu + lint + pytest: the whole test suite"
 	@echo "make bench      run the benchmarks in bench/"
 	@echo "make demo       the end-to-end demo (scripts/demo.sh)"
-	@echo "make clean      remove build caches (docker/wheels, .cache, __pycache__); images stay"
+	@echo "make compose-cpu  two-node training on this host with compose/docker-compose.yml"
+	@echo "make clean      remove build caches (docker/wheels, .cache/cpu-base, __pycache__); images stay"
 
 # The venv is (re)installed when pyproject.toml changes; the stamp records the last install.
 setup: $(VENV)/.installed
@@ -56,8 +62,20 @@ bench: setup
 demo: setup
 	scripts/demo.sh
 
+# Synthetic CIFAR-10 written by the image's own trainer (no host Python needed).
+compose-data: image-cpu
+	@mkdir -p $(DDP_DATA_DIR)
+	docker run --rm --init -v $(DDP_DATA_DIR):/data $(CPU_IMAGE) \
+		python -m trainer.data synth --out /data --train $(SYNTH_TRAIN) --test $(SYNTH_TEST)
+
+compose-cpu: compose-data
+	@mkdir -p $(CURDIR)/out/compose/checkpoints
+	export DDP_DATA_DIR=$(DDP_DATA_DIR); rc=0; \
+	docker-compose -f compose/docker-compose.yml up || rc=$$?; \
+	docker-compose -f compose/docker-compose.yml down; exit $$rc
+
 clean:
-	rm -rf docker/wheels .cache .pytest_cache .ruff_cache
+	rm -rf docker/wheels .cache/cpu-base .pytest_cache .ruff_cache
 	find . -path ./$(VENV) -prune -o -name __pycache__ -type d -prune -exec rm -rf {} +
 
 # Not part of clean: images are slow to rebuild and may be in use by running containers.

@@ -12,14 +12,13 @@ import zlib
 from collections.abc import Callable, Iterator
 from typing import Any
 
+import docker
 import docker.errors
 import paramiko
 import urllib3
 import urllib3.connection
 import urllib3.connectionpool
 from docker.transport.sshconn import SSHHTTPAdapter
-
-import docker
 
 from .errors import SSHError
 from .ssh import Connection, quote_command

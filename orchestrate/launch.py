@@ -23,8 +23,9 @@ from .plan import NodeSpec
 from .ssh import fan_out
 
 POLL_S = 2.0
-UNREACHABLE_S = 20.0  # a host that answers no poll for this long counts as down
+UNREACHABLE_S = 15.0  # a host that answers no poll for this long counts as down
 LAST_LINES = 20
+FAILED_GRACE_S = 10.0
 
 
 # ---- image -------------------------------------------------------------------------------------------
@@ -251,7 +252,8 @@ def watch(nodes: Nodes, specs: Sequence[NodeSpec], containers: Sequence[Any], co
             print_lines(console, rank, watcher.last_lines(rank), watcher.secrets)
         console.print(f"stopping job {config.job!r} on all nodes", markup=False)
         try:
-            kill_job(nodes, config.job, min(config.grace, 30.0), console)
+            # Short grace: with a peer gone the others cannot agree on a checkpoint anyway.
+            kill_job(nodes, config.job, min(config.grace, FAILED_GRACE_S), console)
         except Exception as err:  # reported; the job failure is what matters
             console.print(f"while stopping: {err}", markup=False, highlight=False)
     return outcome

@@ -153,7 +153,7 @@ class Connection:
         except TimeoutError:
             raise SSHError(f"connecting to {host.label} ({host.hostname}:{host.port}) timed out after "
                            f"{timeout:.0f} s; is the host up and the port right?") from None
-        except ConnectionRefusedError:
+        except (ConnectionRefusedError, paramiko.ssh_exception.NoValidConnectionsError):
             raise SSHError(f"connection to {host.label} ({host.hostname}:{host.port}) refused; is sshd running "
                            "on that port?") from None
         except (OSError, paramiko.SSHException) as err:

@@ -26,9 +26,8 @@ def load_hosts(config: UpConfig) -> list[Host]:
 
 def local_image(name: str) -> tuple[Any, str | None]:
     """The local daemon's client and image ID (None, None when there is no local daemon)."""
-    import docker.errors
-
     import docker
+    import docker.errors
 
     try:
         client = docker.from_env(timeout=600)

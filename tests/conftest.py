@@ -11,10 +11,9 @@ from __future__ import annotations
 from collections.abc import Iterator
 from pathlib import Path
 
+import docker
 import docker.errors
 import pytest
-
-import docker
 
 CPU_IMAGE = "ddp-cifar:cpu"
 REPO_ROOT = Path(__file__).resolve().parent.parent

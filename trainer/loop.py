@@ -192,5 +192,8 @@ def run(cfg: Config, ctx: DistContext, st: TrainState, loader: TrainLoader, test
     if acc is None or st.pos.sample != 0:
         acc = evaluate(st.model, test, ctx, cfg.precision, cfg.eval_batch_size)
     path = save(cfg, ctx, st, loader)
+    # Every rank is past its last collective before any tears the process group down (gloo aborts a
+    # rank whose peer closes the connection under it).
+    dist.barrier(ctx)
     log.info("DONE epochs=%d step=%d test_acc=%.4f checkpoint=%s", st.pos.epoch, st.pos.step, acc, path)
     return EXIT_OK

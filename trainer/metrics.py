@@ -28,5 +28,10 @@ def setup_logging(rank: int, is_main: bool) -> None:
 def append_metrics(ckpt_dir: Path, record: dict[str, Any]) -> None:
     """One JSON object per line; called by global rank 0 only."""
     record = {**record, "time": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")}
-    with (ckpt_dir / METRICS_FILE).open("a") as f:
-        f.write(json.dumps(record) + "\n")
+    try:
+        with (ckpt_dir / METRICS_FILE).open("a") as f:
+            f.write(json.dumps(record) + "\n")
+    except OSError as e:
+        # Metrics are not worth a crash of rank 0 (which would leave the others waiting); a full disk is
+        # reported clearly by the next checkpoint save.
+        logging.getLogger(__name__).warning("cannot append to %s: %s", ckpt_dir / METRICS_FILE, e)

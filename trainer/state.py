@@ -93,6 +93,7 @@ def build(cfg: Config, ctx: DistContext) -> TrainState:
     model = model.to(ctx.device)
     if ctx.device.type == "cuda":
         model = model.to(memory_format=torch.channels_last)
+        torch.backends.cudnn.benchmark = True  # fixed 32x32 shapes: let cuDNN pick its fastest kernels
     optimizer = _optimizer(cfg, model.parameters())
     scaler = torch.amp.GradScaler(ctx.device.type, enabled=cfg.precision == "fp16")
     return TrainState(model, model, optimizer, scaler, Position())

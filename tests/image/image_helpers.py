@@ -9,11 +9,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+import docker
 import docker.errors
 import requests.exceptions
 from docker.models.containers import Container
-
-import docker
 
 TEST_LABEL = "ddp-cifar.test"
 # The synthetic set every training test uses: small, so one epoch is a few steps.

@@ -7,11 +7,10 @@ import re
 import subprocess
 from pathlib import Path
 
+import docker
 import docker.errors
 import pytest
 from image_helpers import run, unique
-
-import docker
 
 pytestmark = pytest.mark.docker
 

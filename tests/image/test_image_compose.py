@@ -8,10 +8,9 @@ import shutil
 import subprocess
 from pathlib import Path
 
+import docker
 import pytest
 from image_helpers import SYNTH_TRAIN, free_port, synth_data, unique
-
-import docker
 
 pytestmark = [pytest.mark.docker, pytest.mark.slow]
 

@@ -11,10 +11,9 @@ import shutil
 import subprocess
 from pathlib import Path
 
+import docker
 import pytest
 from image_helpers import run
-
-import docker
 
 REPO = Path(__file__).resolve().parents[2]
 ENTRYPOINT = REPO / "docker" / "entrypoint.sh"

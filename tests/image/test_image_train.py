@@ -11,11 +11,10 @@ import json
 import re
 from pathlib import Path
 
+import docker
 import pytest
 from docker.models.containers import Container
 from image_helpers import SYNTH_TRAIN, logs_of, manifests, mounts, poll, remove, run, start, synth_data, wait
-
-import docker
 
 pytestmark = pytest.mark.docker
 

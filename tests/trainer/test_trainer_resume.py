@@ -55,3 +55,18 @@ def test_resume_refuses_a_checkpoint_of_another_model(data_dir: Path, tmp_path: 
     assert main(base_args(data_dir, ck, "--epochs", "1", "--batch-size", "64", "--resume",
                           "--model", "resnet20")) == 2
     assert "was trained with --model tiny" in capsys.readouterr().err
+
+
+def test_resume_skips_a_cut_short_checkpoint_with_a_warning(data_dir: Path, tmp_path: Path, inprocess: None,
+                                                            capsys: pytest.CaptureFixture[str]) -> None:
+    ck = tmp_path / "ck"
+    args = base_args(data_dir, ck, "--epochs", "3", "--batch-size", "64")  # 8 steps per epoch
+    assert main([*args, "--max-steps", "16"]) == 0
+    newest = ck / "ckpt-00000016.pt"
+    newest.write_bytes(newest.read_bytes()[:1000])  # cut short, as by a crash of the disk under it
+    capsys.readouterr()
+    assert main([*args, "--resume"]) == 0
+    err = capsys.readouterr().err
+    assert "skipping invalid checkpoint" in err and "ckpt-00000016.json" in err
+    assert "resuming from" in err and "ckpt-00000008.pt" in err
+    assert newest_state(ck)["step"] == 24

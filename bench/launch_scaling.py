@@ -1,0 +1,94 @@
+"""Launch scaling: time for `up --detach` to have every container running on 1, 2 and 4 test hosts,
+against the same work done one host after another (a 1-node `up --detach` per host, in turn).
+
+    sudo .venv/bin/python bench/launch_scaling.py [--repeats 3]
+
+Needs root, the local dockerd and `make image-cpu`. One 4-host devcluster is made (and removed); a warm-up
+`up` moves the image and the data first, so the timings are launch only: SSH, preflight, image/data checks
+(nothing moved), container start. Prints a table (median seconds) and the ratio 4 hosts / 1 host.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import http.server
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from functools import partial
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from devcluster import Cluster  # noqa: E402
+
+IMAGE = "ddp-cifar:cpu"
+TRAIN = ["--model", "tiny", "--epochs", "1000", "--batch-size", "16", "--allow-unverified-data"]
+
+
+def orchestrate(env: dict[str, str], *args: str) -> float:
+    t0 = time.monotonic()
+    res = subprocess.run([sys.executable, "-m", "orchestrate", *args], env=env, cwd=REPO, capture_output=True,
+                         text=True, timeout=900)
+    took = time.monotonic() - t0
+    if res.returncode != 0:
+        raise SystemExit(f"orchestrate {' '.join(args[:1])} failed:\n{res.stdout}\n{res.stderr}")
+    return took
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--repeats", type=int, default=3)
+    args = parser.parse_args()
+    work = Path(tempfile.mkdtemp(prefix="launch-scaling-"))
+    subprocess.run([sys.executable, "-m", "trainer.data", "synth", "--out", str(work / "synth"), "--train", "256",
+                    "--test", "128", "--archive", str(work / "c.tar.gz")], check=True, cwd=REPO, timeout=120,
+                   capture_output=True)
+    md5 = hashlib.md5((work / "c.tar.gz").read_bytes()).hexdigest()
+    with Cluster.create(4) as cluster:
+        server = http.server.ThreadingHTTPServer(
+            (cluster.gateway, 0), partial(http.server.SimpleHTTPRequestHandler, directory=str(work)))
+        threading.Thread(target=server.serve_forever, daemon=True).start()
+        url = f"http://{cluster.gateway}:{server.server_address[1]}/c.tar.gz"
+        env = {**cluster.client_env(), "PYTHONPATH": str(REPO), "XDG_STATE_HOME": str(work / "state")}
+        keys = {i: {"data_dir": str(work / f"n{i}" / "data"), "ckpt_dir": str(work / f"n{i}" / "ck" / "{job}")}
+                for i in range(4)}
+
+        def hosts_file(name: str, hosts: list) -> Path:  # type: ignore[type-arg]
+            return cluster.write_hosts_file(work / f"{name}.txt", keys=keys, hosts=hosts)
+
+        def up(hosts: Path, job: str) -> float:
+            took = orchestrate(env, "up", "--detach", "--hosts", str(hosts), "--job", job, "--gpus", "0",
+                               "--image", IMAGE, "--data-url", url, "--data-md5", md5, "--", *TRAIN)
+            orchestrate(env, "kill", "--hosts", str(hosts), "--job", job, "--grace", "2")
+            return took
+
+        warm = up(hosts_file("all", cluster.hosts), "warmup")  # moves the image and the data once
+        print(f"warm-up (image + data to 4 hosts): {warm:.1f} s", flush=True)
+        rows = []
+        for n in (1, 2, 4):
+            chosen = cluster.hosts[:n]
+            parallel = [up(hosts_file(f"p{n}", chosen), f"par{n}") for _ in range(args.repeats)]
+            serial = [sum(up(hosts_file(f"s{n}-{h.index}", [h]), f"ser{n}-{h.index}") for h in chosen)
+                      for _ in range(args.repeats)]
+            rows.append((n, statistics.median(parallel), statistics.median(serial)))
+            print(f"{n} host(s): parallel {rows[-1][1]:.2f} s, one after another {rows[-1][2]:.2f} s", flush=True)
+        server.shutdown()
+    print("\n| hosts | `up --detach` (parallel fan-out) | same work, one host after another |")
+    print("|------:|---------------------------------:|----------------------------------:|")
+    for n, par, ser in rows:
+        print(f"| {n} | {par:.2f} s | {ser:.2f} s |")
+    ratio = rows[-1][1] / rows[0][1]
+    print(f"\n4 hosts / 1 host (parallel): {ratio:.2f}x (target <= 1.5x); median of {args.repeats}; "
+          f"{os.cpu_count()} CPU cores shared by all hosts")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

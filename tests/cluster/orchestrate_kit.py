@@ -1,0 +1,122 @@
+"""Helpers for the orchestrator's tests on real test hosts (tests/cluster/test_orchestrate_*.py).
+
+The orchestrator runs as a subprocess (`python -m orchestrate`), exactly as a user runs it, with
+HOME=cluster.home (the cluster's ssh config and known_hosts) and a private XDG_STATE_HOME.
+Training uses tiny synthetic data (served over HTTP from the machine's bridge address) and a tiny model.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import http.server
+import json
+import os
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from functools import partial
+from pathlib import Path
+
+from devcluster import Cluster
+
+REPO = Path(__file__).resolve().parents[2]
+IMAGE = "ddp-cifar:cpu"
+# Tiny and quick: 256 training images, the "tiny" CNN, a checkpoint every epoch.
+TRAIN = ["--model", "tiny", "--batch-size", "16", "--allow-unverified-data", "--log-every", "4"]
+
+
+@dataclass(frozen=True)
+class Data:
+    archive: Path
+    md5: str
+    url: str
+
+
+@contextmanager
+def serve_data(tmp: Path, bind: str) -> Iterator[Data]:
+    """Write a synthetic CIFAR archive and serve it over HTTP on `bind` (the bridge address)."""
+    archive = tmp / "cifar-synth.tar.gz"
+    subprocess.run([sys.executable, "-m", "trainer.data", "synth", "--out", str(tmp / "synth"), "--train", "256",
+                    "--test", "128", "--archive", str(archive)], check=True, cwd=REPO, timeout=120,
+                   capture_output=True)
+    md5 = hashlib.md5(archive.read_bytes()).hexdigest()
+    handler = partial(http.server.SimpleHTTPRequestHandler, directory=str(tmp))
+    server = http.server.ThreadingHTTPServer((bind, 0), handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield Data(archive, md5, f"http://{bind}:{server.server_address[1]}/{archive.name}")
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def orch_env(cluster: Cluster, state: Path) -> dict[str, str]:
+    return {**cluster.client_env(), "XDG_STATE_HOME": str(state), "PYTHONPATH": str(REPO)}
+
+
+def orchestrate(cluster: Cluster, state: Path, *args: str, timeout: float = 400) -> subprocess.CompletedProcess[str]:
+    """Run `python -m orchestrate ARGS`; output is kept (and printed when a test fails)."""
+    res = subprocess.run([sys.executable, "-m", "orchestrate", *args], env=orch_env(cluster, state), cwd=REPO,
+                         capture_output=True, text=True, timeout=timeout)
+    print(f"$ orchestrate {' '.join(args)}\n--- rc={res.returncode}\n{res.stdout}\n{res.stderr}")
+    return res
+
+
+def start(cluster: Cluster, state: Path, *args: str) -> subprocess.Popen[str]:
+    """Start `python -m orchestrate ARGS` in the background (its own process group)."""
+    return subprocess.Popen([sys.executable, "-m", "orchestrate", *args], env=orch_env(cluster, state), cwd=REPO,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
+
+
+def up_args(hosts: Path, data: Data, job: str, *extra: str, trainer: tuple[str, ...] = ()) -> list[str]:
+    return ["up", "--hosts", str(hosts), "--job", job, "--gpus", "0", "--image", IMAGE, "--data-url", data.url,
+            "--data-md5", data.md5, "--grace", "30", *extra, "--", *TRAIN, *trainer]
+
+
+def job_containers(cluster: Cluster, job: str) -> list[tuple[str, object]]:
+    """(host name, container) of the job on every host, seen through each host's local socket."""
+    found = []
+    for host in cluster.hosts:
+        client = host.docker_client()
+        try:
+            found += [(host.name, c) for c in client.containers.list(all=True, filters={"label": f"ddp-cifar.job={job}"})]
+        finally:
+            client.close()
+    return found
+
+
+def manifests(folder: Path) -> list[dict[str, object]]:
+    out = []
+    for path in sorted(folder.glob("ckpt-*.json")):
+        try:
+            out.append(json.loads(path.read_text()) | {"_mtime": path.stat().st_mtime})
+        except (OSError, ValueError):
+            continue
+    return out
+
+
+def wait_for(predicate, timeout: float, what: str, every: float = 1.0) -> None:  # type: ignore[no-untyped-def]
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return
+        time.sleep(every)
+    raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}")
+
+
+def host_dirs(base: Path, n: int) -> dict[int, dict[str, str]]:
+    """Per-host data/checkpoint/log dirs: the test hosts share this machine's filesystem."""
+    return {i: {"data_dir": str(base / f"n{i}" / "data"), "ckpt_dir": str(base / f"n{i}" / "ckpt" / "{job}"),
+                "log_dir": str(base / f"n{i}" / "logs" / "{job}")} for i in range(n)}
+
+
+def kill_process_group(proc: subprocess.Popen[str], sig: int) -> None:
+    try:
+        os.killpg(proc.pid, sig)
+    except ProcessLookupError:
+        pass

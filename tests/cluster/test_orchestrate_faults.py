@@ -1,0 +1,153 @@
+"""Faults on real test hosts: a node's container is SIGKILLed, a host's link goes down; plus hostile input.
+
+`up` stays attached and watches every container: the failing node is named with its last lines, the job is
+stopped on every other node (well within 60 s, instead of hanging until a collective times out), no container
+of the job is left where the orchestrator can reach, and `up` exits non-zero. `up --resume` then finishes.
+"""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from orchestrate_kit import (
+    Data,
+    host_dirs,
+    job_containers,
+    kill_process_group,
+    manifests,
+    orchestrate,
+    serve_data,
+    start,
+    up_args,
+    wait_for,
+)
+
+from devcluster import Cluster
+
+pytestmark = [pytest.mark.cluster, pytest.mark.docker, pytest.mark.slow]
+
+
+@pytest.fixture(scope="module")
+def work(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("orch-faults")
+
+
+@pytest.fixture(scope="module")
+def data(cluster: Cluster, work: Path) -> Iterator[Data]:
+    with serve_data(work / "served", cluster.gateway) as d:
+        yield d
+
+
+@pytest.fixture(scope="module")
+def hosts(cluster: Cluster, work: Path) -> Path:
+    return cluster.write_hosts_file(work / "hosts.txt", keys=host_dirs(work, 2))
+
+
+def running(cluster: Cluster, job: str) -> int:
+    return len([c for _, c in job_containers(cluster, job) if c.status == "running"])
+
+
+def finish(proc: subprocess.Popen[str], timeout: float) -> tuple[int, str, float]:
+    """Wait for the attached `up` to exit; return its exit code, output and how long it took."""
+    t0 = time.monotonic()
+    try:
+        out, _ = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        kill_process_group(proc, signal.SIGKILL)
+        out, _ = proc.communicate(timeout=30)
+        raise AssertionError(f"up still attached after {timeout:.0f} s:\n{out}") from None
+    print(out)
+    return proc.returncode, out, time.monotonic() - t0
+
+
+def test_node_container_sigkilled_then_resume(cluster: Cluster, work: Path, data: Data, hosts: Path) -> None:
+    state, ckpt = work / "state", work / "n0" / "ckpt" / "crash"
+    proc = start(cluster, state, *up_args(hosts, data, "crash", trainer=("--epochs", "40")))
+    try:
+        wait_for(lambda: running(cluster, "crash") == 2 and len(manifests(ckpt)) >= 1, 300,
+                 "the job to run and write a checkpoint")
+        victim = cluster.hosts[1].docker_client()
+        victim.containers.get("crash-node1").kill(signal="SIGKILL")
+        victim.close()
+        code, out, took = finish(proc, 120)
+    finally:
+        kill_process_group(proc, signal.SIGKILL)
+    assert code != 0
+    assert f"node 1 ({cluster.hosts[1].name}) failed: exited with code 137" in out
+    assert "last lines of node 1:" in out
+    assert took < 60, f"others stopped only after {took:.0f} s"
+    assert job_containers(cluster, "crash") == []  # nothing of the job left anywhere
+    stopped_at = max(m["step"] for m in manifests(ckpt))
+    epoch_at = max(m["epoch"] for m in manifests(ckpt))
+    resumed = orchestrate(cluster, state, *up_args(hosts, data, "crash", "--resume",
+                                                   trainer=("--epochs", str(int(epoch_at) + 1))), timeout=600)
+    assert resumed.returncode == 0 and "resuming from" in resumed.stdout
+    assert max(m["step"] for m in manifests(ckpt)) > stopped_at
+
+
+def test_link_down_mid_run(cluster: Cluster, work: Path, data: Data, hosts: Path) -> None:
+    state = work / "state"
+    h1 = cluster.hosts[1]
+    proc = start(cluster, state, *up_args(hosts, data, "cut", trainer=("--epochs", "40")))
+    try:
+        wait_for(lambda: running(cluster, "cut") == 2, 300, "the job to run")
+        time.sleep(3)
+        h1.link_down()
+        try:
+            code, out, took = finish(proc, 150)
+            assert code != 0
+            assert f"node 1 ({h1.name}) failed: host unreachable" in out
+            assert not [c for h, c in job_containers(cluster, "cut") if h == cluster.hosts[0].name]
+            # kill with the host still down: stops what it reaches, names the unreachable host, non-zero.
+            killed = orchestrate(cluster, state, "kill", "--job", "cut", "--grace", "5")
+            assert killed.returncode != 0
+            assert any(ln.strip().startswith(f"{h1.name}:") for ln in killed.stderr.splitlines())
+        finally:
+            h1.link_up()
+    finally:
+        kill_process_group(proc, signal.SIGKILL)
+    cleaned = orchestrate(cluster, state, "kill", "--job", "cut", "--grace", "5")
+    assert cleaned.returncode == 0 and job_containers(cluster, "cut") == []
+
+
+def test_hostile_values_run_nothing_and_secrets_are_masked(cluster: Cluster, work: Path, data: Data,
+                                                           hosts: Path, tmp_path: Path) -> None:
+    """Paths and --env values with shell metacharacters reach the hosts as plain data; secrets never show."""
+    marker = tmp_path / "owned"
+    evil = f"$(touch {marker}); `touch {marker}`\ntouch {marker} & touch {marker}"
+    ckpt_dir = str(tmp_path / f"ck $(touch {marker});`touch {marker}`" / "{job}")
+    secret = "s3cr3t-model"
+    state = work / "state"
+    common = ["--ckpt-dir", ckpt_dir, "--env", f"EVIL={evil}", "--env", f"API_TOKEN={secret}"]
+    # The hosts file sets the dirs per host; drop ckpt_dir so the hostile --ckpt-dir is used.
+    keys = host_dirs(work, 2)
+    for k in keys.values():
+        del k["ckpt_dir"]
+    hostile_hosts = cluster.write_hosts_file(tmp_path / "hosts.txt", keys=keys)
+    # The model name is the secret, so the trainer's own error line carries it: it must be masked.
+    trainer = ("--epochs", "1", "--model", secret)
+    attached = orchestrate(cluster, state, *up_args(hostile_hosts, data, "hostile", *common, trainer=trainer))
+    assert attached.returncode != 0 and "failed: exited with code" in attached.stderr + attached.stdout
+    assert secret not in attached.stdout + attached.stderr and "****" in attached.stdout
+    assert job_containers(cluster, "hostile") == []
+
+    detached = orchestrate(cluster, state, *up_args(hostile_hosts, data, "hostile", "--detach", *common,
+                                                    trainer=trainer))
+    assert detached.returncode == 0
+    wait_for(lambda: running(cluster, "hostile") == 0, 120, "the trainer to refuse the model")
+    status = orchestrate(cluster, state, "status", "--job", "hostile")
+    logs = orchestrate(cluster, state, "logs", "--job", "hostile")
+    dry = orchestrate(cluster, state, *up_args(hostile_hosts, data, "hostile", "--dry-run", *common, trainer=trainer))
+    for res in (status, logs, dry):
+        assert res.returncode == 0 and secret not in res.stdout and "****" in res.stdout
+    for _, c in job_containers(cluster, "hostile"):
+        env = dict(e.split("=", 1) for e in c.attrs["Config"]["Env"])
+        assert env["EVIL"] == evil and env["API_TOKEN"] == secret  # the container got the values, verbatim
+    orchestrate(cluster, state, "kill", "--job", "hostile", "--grace", "5")
+    assert not marker.exists()
+    assert Path(ckpt_dir.replace("{job}", "hostile")).is_dir()  # created under its literal name

@@ -1,0 +1,170 @@
+"""`up`, `status`, `logs`, `kill` and `up --resume` on two real test hosts (sshd + dockerd + torchrun, CPU image).
+
+Needs root, the local dockerd and `make image-cpu`. Each host gets its own data/checkpoint dirs.
+"""
+
+from __future__ import annotations
+
+import signal
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from orchestrate_kit import (
+    Data,
+    host_dirs,
+    job_containers,
+    manifests,
+    orchestrate,
+    serve_data,
+    up_args,
+    wait_for,
+)
+
+from devcluster import Cluster
+
+pytestmark = [pytest.mark.cluster, pytest.mark.docker, pytest.mark.slow]
+
+
+@pytest.fixture(scope="module")
+def fresh(cluster_factory, cpu_image: str) -> Iterator[Cluster]:  # type: ignore[no-untyped-def]
+    """A cluster of our own: its daemons start without the image, so the first `up` must send it."""
+    c = cluster_factory(2, fresh=True)
+    yield c
+    c.close()
+
+
+@pytest.fixture(scope="module")
+def work(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("orch-up")
+
+
+@pytest.fixture(scope="module")
+def data(fresh: Cluster, work: Path) -> Iterator[Data]:
+    with serve_data(work / "served", fresh.gateway) as d:
+        yield d
+
+
+@pytest.fixture(scope="module")
+def hosts(fresh: Cluster, work: Path) -> Path:
+    return fresh.write_hosts_file(work / "hosts.txt", keys=host_dirs(work, 2))
+
+
+def test_first_up_moves_image_and_data_and_trains_one_proc_per_node(
+        fresh: Cluster, work: Path, data: Data, hosts: Path) -> None:
+    res = orchestrate(fresh, work / "state", *up_args(hosts, data, "one", trainer=("--epochs", "2")))
+    assert res.returncode == 0
+    out = res.stdout
+    for h in fresh.hosts:
+        assert f"image ddp-cifar:cpu on {h.name}: sent" in out
+        assert f"data on {h.name}: downloaded" in out
+    assert "finished: epochs=2" in out and "world_size=2" in out and "test_acc=" in out
+    # Each node runs its own rank (one process per node), the trainer sees world size 2.
+    assert "[node 0] " in out and any(ln.startswith("[node 1] ") and "[rank 1]" in ln for ln in out.splitlines())
+    assert "process group up: backend=gloo world_size=2" in out
+    # What the containers were given: ranks, master address, world size.
+    for host_name, c in job_containers(fresh, "one"):
+        env = dict(e.split("=", 1) for e in c.attrs["Config"]["Env"])
+        rank = c.labels["ddp-cifar.node-rank"]
+        assert c.name == f"one-node{rank}" and host_name == fresh.hosts[int(rank)].name
+        assert env["MASTER_ADDR"] == fresh.hosts[0].addr and env["NODE_RANK"] == rank and env["NNODES"] == "2"
+        assert env["GLOO_SOCKET_IFNAME"] == "eth0"
+        cmd = c.attrs["Config"]["Cmd"]
+        assert cmd[cmd.index("--node_rank") + 1] == rank and cmd[cmd.index("--nnodes") + 1] == "2"
+        assert not c.attrs["HostConfig"]["Privileged"]
+        assert all("docker.sock" not in (m.get("Source") or "") for m in c.attrs["Mounts"])
+    assert manifests(work / "n0" / "ckpt" / "one")
+
+
+def test_second_up_moves_nothing_and_trains_two_procs_per_node(
+        fresh: Cluster, work: Path, data: Data, hosts: Path) -> None:
+    res = orchestrate(fresh, work / "state", *up_args(hosts, data, "two", "--nproc-per-node", "2",
+                                                      trainer=("--epochs", "1")))
+    assert res.returncode == 0
+    out = res.stdout
+    for h in fresh.hosts:
+        assert f"image ddp-cifar:cpu on {h.name}: already there, nothing sent" in out
+        assert f"data on {h.name}: verified copy present, nothing moved" in out
+    assert "MB compressed" not in out and "downloaded" not in out
+    assert "finished: epochs=1" in out and "world_size=4" in out
+    lines = out.splitlines()
+    # Node 1 holds global ranks 2 and 3 with two processes per node.
+    for rank in (2, 3):
+        assert any(ln.startswith("[node 1] ") and f"[rank {rank}]" in ln for ln in lines)
+
+
+def test_kill_status_logs_then_resume(fresh: Cluster, work: Path, data: Data, hosts: Path) -> None:
+    state = work / "state"
+    long = ("--epochs", "40")
+    res_a = orchestrate(fresh, state, *up_args(hosts, data, "victim", "--detach", trainer=long))
+    res_b = orchestrate(fresh, state, *up_args(hosts, data, "bystander", "--detach", "--master-port", "29611",
+                                               trainer=long))
+    assert res_a.returncode == 0 and res_b.returncode == 0
+    ckpt = work / "n0" / "ckpt" / "victim"
+    try:
+        wait_for(lambda: len(manifests(ckpt)) >= 1, 180, "a first checkpoint of job victim")
+        # A second `up` of a running job is refused (no --replace), and nothing changes.
+        again = orchestrate(fresh, state, *up_args(hosts, data, "victim", "--detach", trainer=long))
+        assert again.returncode != 0 and "already running" in again.stderr
+
+        status = orchestrate(fresh, state, "status", "--job", "victim")
+        assert status.returncode == 0
+        assert status.stdout.count("running") >= 2 and "victim-node0" in status.stdout
+        assert "ckpt-" in status.stdout  # newest checkpoint column
+
+        logs = orchestrate(fresh, state, "logs", "--job", "victim", "--node", "1", "--tail", "5")
+        assert logs.returncode == 0 and logs.stdout.strip()
+        assert all(ln.startswith("[node 1] ") for ln in logs.stdout.strip().splitlines())
+
+        before = time.time()
+        killed = orchestrate(fresh, state, "kill", "--job", "victim", "--grace", "30")  # hosts remembered
+        assert killed.returncode == 0
+        assert job_containers(fresh, "victim") == []  # nothing of the job left on any host
+        newest = max(manifests(ckpt), key=lambda m: m["step"])
+        assert newest["_mtime"] >= before - 1 or newest["epoch_complete"] is False, newest  # saved on SIGTERM
+        by = job_containers(fresh, "bystander")
+        assert len(by) == 2 and all(c.status == "running" for _, c in by)  # the other job is untouched
+
+        twice = orchestrate(fresh, state, "kill", "--job", "victim")
+        assert twice.returncode == 0 and "no container of job 'victim'" in twice.stdout
+    finally:
+        orchestrate(fresh, state, "kill", "--job", "bystander", "--grace", "5")
+
+    stopped_at = max(m["step"] for m in manifests(ckpt))
+    resumed = orchestrate(fresh, state, *up_args(hosts, data, "victim", "--resume", trainer=("--epochs", "3")),
+                          timeout=600)
+    assert resumed.returncode == 0
+    assert f"ckpt-{stopped_at:08d}.pt" in resumed.stdout.split("resuming from", 1)[1].splitlines()[0]
+    assert "finished: epochs=3" in resumed.stdout
+    assert max(m["step"] for m in manifests(ckpt)) > stopped_at
+
+
+def test_resume_without_checkpoint_is_refused(fresh: Cluster, work: Path, data: Data, hosts: Path) -> None:
+    res = orchestrate(fresh, work / "state", *up_args(hosts, data, "never-ran", "--resume", trainer=("--epochs", "1")))
+    assert res.returncode != 0
+    assert "--resume: no valid checkpoint of this job" in res.stderr and len(res.stderr.strip().splitlines()) == 1
+    assert job_containers(fresh, "never-ran") == []
+
+
+def test_orchestrator_killed_during_up_is_cleaned_by_labels(
+        fresh: Cluster, work: Path, data: Data, hosts: Path) -> None:
+    """The orchestrator dies while attached: the containers run on; `up --replace` finds them by label."""
+    from orchestrate_kit import kill_process_group, start
+
+    state = work / "state"
+    proc = start(fresh, state, *up_args(hosts, data, "orphan", trainer=("--epochs", "40")))
+    try:
+        wait_for(lambda: len([c for _, c in job_containers(fresh, "orphan") if c.status == "running"]) == 2, 240,
+                 "the job's containers to run")
+    finally:
+        kill_process_group(proc, signal.SIGKILL)
+        proc.wait(timeout=30)
+    assert len(job_containers(fresh, "orphan")) == 2  # left running: nothing cleaned them up yet
+    replaced = orchestrate(fresh, state, *up_args(hosts, data, "orphan", "--replace", "--detach",
+                                                  trainer=("--epochs", "40")))
+    assert replaced.returncode == 0
+    ids = {c.id for _, c in job_containers(fresh, "orphan")}
+    assert len(ids) == 2
+    killed = orchestrate(fresh, state, "kill", "--job", "orphan", "--grace", "5")
+    assert killed.returncode == 0 and job_containers(fresh, "orphan") == []

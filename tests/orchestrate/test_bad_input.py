@@ -1,0 +1,122 @@
+"""Bad input: one clear line naming the problem and what to do, a non-zero exit, nothing started.
+
+Every case below is refused before any host is contacted (the tests make connecting fail loudly).
+Cases that need a real host are in tests/cluster/test_orchestrate_bad_input.py (marked "cluster").
+
+| #  | input                                              | the one line says                                  |
+|----|----------------------------------------------------|----------------------------------------------------|
+| 1  | hosts file missing                                 | hosts file X does not exist; write one host a line |
+| 2  | hosts file empty / only comments                   | hosts file X lists no hosts                        |
+| 3  | hosts file: bad line (`a;touch /tmp/owned`)        | X:1: bad host name ...                             |
+| 4  | hosts file: duplicate host                         | X:2: duplicate host 'a' (already on X:1)           |
+| 5  | hosts file: `slots=0`                              | X:1: slots=0 must be at least 1                    |
+| 6  | hosts file: unknown key                            | X:1: unknown key 'gpus'; known keys: ...           |
+| 7  | hosts file: port out of range                      | X:1: port 70000 out of range                       |
+| 8  | hosts file: relative data_dir                      | X:1: data_dir must be an absolute path             |
+| 9  | --ssh-config that does not exist                   | ssh config X does not exist                        |
+| 10 | --gpus negative                                    | --gpus -2 is negative                              |
+| 11 | --gpus not a number                                | --gpus 'many': give a number ...                   |
+| 12 | unknown trainer option after --                    | unknown trainer option '--epoch' ...               |
+| 13 | batch size 0                                       | trainer option --batch-size 0 must be > 0          |
+| 14 | epochs negative                                    | trainer option --epochs -1 must be > 0             |
+| 15 | trainer option without its value                   | trainer option --lr needs a value                  |
+| 16 | trainer option the orchestrator sets (--data-dir)  | ... is set by the orchestrator; use --data-dir ... |
+| 17 | master port out of range                           | --master-port 80 out of range                      |
+| 18 | image name malformed                               | --image 'Bad Image!' is not a valid image name     |
+| 19 | job name with shell metacharacters                 | job name '$(id)' is not allowed                    |
+| 20 | --env without '='                                  | --env 'FOO': write --env NAME=VALUE                |
+| 21 | --env with a bad name                              | --env '1X': not a valid variable name              |
+| 22 | --data-from a missing file                         | --data-from X is not a file                        |
+| 23 | --data-md5 not an md5                              | --data-md5 'xyz' is not an md5                     |
+| 24 | --nproc-per-node 0                                 | --nproc-per-node 0 must be at least 1              |
+| 25 | relative --data-dir                                | --data-dir 'data' must be an absolute path         |
+| 26 | --resume together with --replace                   | kill the job first, then 'up --resume'             |
+| 27 | unknown option of up                               | unrecognized arguments ... (see ... --help)        |
+| 28 | kill --grace negative                              | --grace -1.0 must not be negative                  |
+| 29 | kill of a job never started here, without --hosts  | no record of job 'ghost' ...; give --hosts FILE    |
+| 30 | logs --node negative                               | --node -1 must be a node rank                      |
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from orchestrate import cli
+
+
+@pytest.fixture
+def hosts(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    monkeypatch.setenv("HOME", str(tmp_path))
+    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "state"))
+    import orchestrate.ssh as ssh
+
+    monkeypatch.setattr(ssh.Connection, "open", lambda *a, **k: pytest.fail("bad input must not connect"))
+    path = tmp_path / "hosts"
+    path.write_text("node-a\nnode-b\n")
+    return path
+
+
+def hosts_with(tmp_path: Path, text: str) -> str:
+    path = tmp_path / "bad_hosts"
+    path.write_text(text)
+    return str(path)
+
+
+CASES: list[tuple[str, list[str], str]] = [
+    ("missing hosts file", ["up", "--hosts", "{tmp}/nope"], "does not exist; write one host a line"),
+    ("empty hosts file", ["up", "--hosts", "@# nothing\n\n"], "lists no hosts"),
+    ("bad line", ["up", "--hosts", "@a;touch /tmp/owned\n"], ":1: bad host name"),
+    ("duplicate", ["up", "--hosts", "@a\na\n"], ":2: duplicate host 'a'"),
+    ("slots=0", ["up", "--hosts", "@a slots=0\n"], ":1: slots=0 must be at least 1"),
+    ("unknown key", ["up", "--hosts", "@a gpus=1\n"], ":1: unknown key 'gpus'"),
+    ("bad port", ["up", "--hosts", "@a:70000\n"], ":1: port 70000 out of range"),
+    ("relative dir", ["up", "--hosts", "@a data_dir=data\n"], "data_dir must be an absolute path"),
+    ("ssh config", ["up", "--ssh-config", "{tmp}/none"], "ssh config"),
+    ("gpus negative", ["up", "--gpus", "-2"], "--gpus -2 is negative"),
+    ("gpus word", ["up", "--gpus", "many"], "--gpus 'many': give a number"),
+    ("unknown trainer option", ["up", "--", "--epoch", "3"], "unknown trainer option '--epoch'"),
+    ("batch size 0", ["up", "--", "--batch-size", "0"], "--batch-size 0 must be greater than 0"),
+    ("epochs negative", ["up", "--", "--epochs=-1"], "--epochs -1 must be greater than 0"),
+    ("missing value", ["up", "--", "--lr"], "--lr needs a value"),
+    ("reserved option", ["up", "--", "--data-dir", "/x"], "set by the orchestrator"),
+    ("master port", ["up", "--master-port", "80"], "--master-port 80 out of range"),
+    ("image name", ["up", "--image", "Bad Image!"], "is not a valid image name"),
+    ("job name", ["up", "--job", "$(id)"], "job name '$(id)' is not allowed"),
+    ("env no =", ["up", "--env", "FOO"], "write --env NAME=VALUE"),
+    ("env bad name", ["up", "--env", "1X=2"], "not a valid variable name"),
+    ("data-from missing", ["up", "--data-from", "{tmp}/no.tar.gz"], "is not a file"),
+    ("md5", ["up", "--data-md5", "xyz"], "is not an md5"),
+    ("nproc 0", ["up", "--nproc-per-node", "0"], "--nproc-per-node 0 must be at least 1"),
+    ("relative data dir", ["up", "--data-dir", "data"], "must be an absolute path"),
+    ("resume+replace", ["up", "--resume", "--replace"], "kill the job first"),
+    ("unknown up option", ["up", "--frobnicate"], "unrecognized arguments: --frobnicate"),
+    ("kill grace", ["kill", "--grace", "-1"], "--grace -1.0 must not be negative"),
+    ("kill unknown job", ["kill", "--job", "ghost", "--no-hosts"], "no record of job 'ghost'"),
+    ("logs node", ["logs", "--node", "-1"], "--node -1 must be a node rank"),
+]
+
+
+@pytest.mark.parametrize(("argv", "message"), [c[1:] for c in CASES], ids=[c[0] for c in CASES])
+def test_refused_with_one_line(argv: list[str], message: str, hosts: Path, tmp_path: Path,
+                               capsys: pytest.CaptureFixture[str]) -> None:
+    argv = [a.replace("{tmp}", str(tmp_path)) for a in argv]
+    if "--hosts" in argv:
+        i = argv.index("--hosts") + 1
+        if argv[i].startswith("@"):
+            argv[i] = hosts_with(tmp_path, argv[i][1:])
+    elif "--no-hosts" in argv:
+        argv.remove("--no-hosts")
+    else:
+        argv[1:1] = ["--hosts", str(hosts)]
+    code = cli.main(argv)
+    err = capsys.readouterr().err
+    assert code != 0
+    lines = err.strip().splitlines()
+    assert len(lines) == 1, err
+    assert lines[0].startswith("error: ") and message in lines[0], lines[0]
+
+
+def test_at_least_twenty_distinct_cases() -> None:
+    assert len({c[0] for c in CASES}) >= 20

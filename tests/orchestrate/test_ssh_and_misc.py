@@ -1,0 +1,95 @@
+"""SSH helpers (quoting, known_hosts lookup, connection errors, fan-out) and other pure pieces."""
+
+from __future__ import annotations
+
+import gzip
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import paramiko
+import pytest
+
+from orchestrate.config import mask_text, masked_env
+from orchestrate.docker import dial_command, gzip_stream
+from orchestrate.errors import MultiHostError, SSHError
+from orchestrate.hosts import Host
+from orchestrate.ssh import Connection, fan_out, find_known_host_line, quote_command
+
+
+@pytest.mark.parametrize("evil", ["$(touch /tmp/owned)", "; touch /tmp/owned", "`touch /tmp/owned`",
+                                  "a\ntouch /tmp/owned", "' ; touch /tmp/owned ; '", "x && touch /tmp/owned"])
+def test_quoted_commands_run_nothing(evil: str, tmp_path: Path) -> None:
+    """What we send is one shell word per argument: run it through a real shell and nothing happens."""
+    marker = tmp_path / "owned"
+    evil = evil.replace("/tmp/owned", str(marker))
+    command = quote_command(["printf", "%s", evil], env={"V": evil})
+    out = subprocess.run(["sh", "-c", command], capture_output=True, text=True, timeout=10)
+    assert out.stdout == evil and not marker.exists()
+
+
+def test_dial_command_quotes_docker_host() -> None:
+    assert dial_command(None) == "docker system dial-stdio"
+    assert dial_command("unix:///run/user/1000/docker.sock;id") == \
+        "DOCKER_HOST='unix:///run/user/1000/docker.sock;id' docker system dial-stdio"
+
+
+def test_known_hosts_line_plain_and_hashed(tmp_path: Path) -> None:
+    rsa = paramiko.RSAKey.generate(1024)
+    hashed = paramiko.HostKeys.hash_host("[10.0.0.5]:2222")
+    path = tmp_path / "known_hosts"
+    path.write_text(f"# comment\nother.host ssh-rsa {rsa.get_base64()}\n{hashed} ssh-rsa {rsa.get_base64()}\n"
+                    f"10.0.0.6 ssh-rsa {rsa.get_base64()}\n")
+    assert find_known_host_line([str(path)], "[10.0.0.5]:2222") == (str(path), 3)
+    assert find_known_host_line([str(path)], "10.0.0.6") == (str(path), 4)
+    assert find_known_host_line([str(path)], "10.0.0.7") is None
+
+
+def _host(hostname: str, port: int, tmp_path: Path) -> Host:
+    return Host(name=hostname, hostname=hostname, port=port, user="u", known_hosts_files=(str(tmp_path / "kh"),))
+
+
+def test_connection_refused_is_one_clear_line(tmp_path: Path) -> None:
+    with socket.socket() as s:  # a port that was just free: nothing listens there
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    with pytest.raises(SSHError, match=r"refused; is sshd running on that port\?"):
+        Connection.open(_host("127.0.0.1", port, tmp_path), timeout=5)
+
+
+def test_unresolvable_host_is_one_clear_line(tmp_path: Path) -> None:
+    with pytest.raises(SSHError, match="does not resolve"):
+        Connection.open(_host("no-such-host.invalid", 22, tmp_path), timeout=5)
+
+
+def test_fan_out_collects_every_failure() -> None:
+    def work(n: int) -> int:
+        if n % 2:
+            raise SSHError(f"node{n} broke")
+        return n * 10
+
+    assert fan_out("x", [0, 2], work, str) == [0, 20]
+    with pytest.raises(MultiHostError) as info:
+        fan_out("preflight", [0, 1, 2, 3], work, lambda n: f"h{n}")
+    assert info.value.lines() == ["h1: node1 broke", "h3: node3 broke"]
+
+
+def test_gzip_stream_round_trip() -> None:
+    data = [b"a" * 1000, b"b" * (3 << 20), b"c"]
+    seen: list[int] = []
+    packed = b"".join(gzip_stream(iter(data), seen.append))
+    assert gzip.decompress(packed) == b"".join(data) and sum(seen) == sum(map(len, data))
+
+
+def test_secret_masking() -> None:
+    env = {"HF_TOKEN": "t0k", "AWS_SECRET_ACCESS_KEY": "abc", "DB_PASSWORD": "pw", "NCCL_DEBUG": "INFO"}
+    assert masked_env(env) == {"HF_TOKEN": "****", "AWS_SECRET_ACCESS_KEY": "****", "DB_PASSWORD": "****",
+                               "NCCL_DEBUG": "INFO"}
+    assert mask_text("login with t0k and pw", ["t0k", "pw"]) == "login with **** and ****"
+
+
+def test_cli_does_not_import_torch() -> None:
+    code = ("import sys, orchestrate.cli, orchestrate.up, orchestrate.commands, orchestrate.launch;"
+            "sys.exit(1 if 'torch' in sys.modules or 'trainer' in sys.modules else 0)")
+    assert subprocess.run([sys.executable, "-c", code], timeout=60).returncode == 0
