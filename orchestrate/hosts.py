@@ -34,6 +34,7 @@ class Host:
     user: str | None
     key_filenames: tuple[str, ...] = ()
     known_hosts_files: tuple[str, ...] = ()
+    identities_only: bool = False  # ssh config IdentitiesOnly: use only key_filenames, no agent/default keys
     slots: int | None = None
     docker_host: str | None = None
     iface: str | None = None
@@ -107,6 +108,7 @@ def parse_line(line: str, where: str, config: paramiko.SSHConfig) -> Host:
         user=user or looked.get("user"),
         key_filenames=tuple(os.path.expanduser(p) for p in looked.get("identityfile", [])),
         known_hosts_files=tuple(os.path.expanduser(p) for p in looked.get("userknownhostsfile", "").split()),
+        identities_only=looked.get("identitiesonly", "no").lower() == "yes",
         slots=_slots(keys.get("slots"), where),
         docker_host=_checked(keys.get("docker_host"), _DOCKER_HOST_RE, "docker_host", where,
                              "e.g. docker_host=unix:///run/user/1000/docker.sock"),

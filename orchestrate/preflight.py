@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import posixpath
 import re
+import stat
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -99,16 +100,16 @@ def _check_gpus(conn: Connection, report: HostReport, config: UpConfig) -> None:
     report.add("gpus", True, f"{count} GPU(s)")
 
 
-def _existing_ancestor(conn: Connection, path: str) -> str:
+def _existing_ancestor(conn: Connection, path: str) -> tuple[str, bool]:
+    """The deepest existing part of `path`, and whether it is a directory."""
     sftp = conn.sftp()
     while True:
         try:
-            sftp.stat(path)
-            return path
+            return path, stat.S_ISDIR(sftp.stat(path).st_mode or 0)
         except OSError:
             parent = posixpath.dirname(path)
             if parent == path:
-                return "/"
+                return "/", True
             path = parent
 
 
@@ -117,7 +118,11 @@ def _check_disk(conn: Connection, report: HostReport, config: UpConfig) -> None:
     for kind, path in host_dirs(config, conn.host).items():
         if kind == "log":
             continue
-        base = _existing_ancestor(conn, path)
+        base, is_dir = _existing_ancestor(conn, path)
+        if not is_dir:
+            report.add("disk", False, f"{kind} dir {path} cannot be created: {base} is not a directory; "
+                                      "choose another dir")
+            return
         if conn.run(["test", "-w", base], timeout=20).rc != 0:
             report.add("disk", False, f"{kind} dir {path} not writable ({base}); choose another dir or fix permissions")
             return
@@ -128,7 +133,7 @@ def _check_disk(conn: Connection, report: HostReport, config: UpConfig) -> None:
             report.add("disk", False, f"cannot read free space under {base}: {res.err.strip()[:80]}")
             return
         if free_gb < config.min_free_gb:
-            report.add("disk", False, f"{kind} dir {path}: {free_gb:.1f} GB free, {config.min_free_gb:g} GB needed; "
+            report.add("disk", False, f"{kind} dir {path}: {free_gb:.1f} GB free, {config.min_free_gb:.10g} GB needed; "
                                       "free space or choose another dir")
             return
         texts.append(f"{kind} {free_gb:.0f}G")

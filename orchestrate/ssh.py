@@ -132,6 +132,7 @@ class Connection:
             client.connect(
                 host.hostname, port=host.port, username=host.user, key_filename=list(host.key_filenames) or None,
                 timeout=timeout, banner_timeout=timeout, auth_timeout=timeout, channel_timeout=timeout,
+                look_for_keys=not host.identities_only, allow_agent=not host.identities_only,
             )
         except HostKeyError:
             raise

@@ -78,6 +78,14 @@ def main(argv: list[str] | None = None) -> int:
     except TrainerError as e:
         sys.stderr.write(f"error: {e}\n")
         return 2
+    except RuntimeError as e:
+        if not dist.is_communication_failure(e):
+            raise  # a bug: keep the traceback
+        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        sys.stderr.write(f"error: lost contact with another rank (it died, hangs or the network dropped), "
+                         f"after --dist-timeout {cfg.dist_timeout:g}s at most: {first}; "
+                         f"restart the job with --resume\n")
+        return 1
     finally:
         dist.shutdown()  # always, whatever happened: no lingering process group
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import datetime
 import logging
 import os
+import re
 from dataclasses import dataclass
 
 import torch
@@ -106,3 +107,13 @@ def sum_tensor(ctx: DistContext, t: torch.Tensor) -> torch.Tensor:
     if ctx.distributed:
         dist.all_reduce(t, op=dist.ReduceOp.SUM)
     return t
+
+
+_COMM_FAILURE = re.compile(r"gloo|nccl|timed out|connection (closed|reset|refused)|broken pipe", re.IGNORECASE)
+
+
+def is_communication_failure(exc: BaseException) -> bool:
+    """A collective failed because a peer is gone (timeout, closed connection), not because of a bug."""
+    if isinstance(exc, dist.DistError):
+        return True
+    return dist.is_available() and dist.is_initialized() and bool(_COMM_FAILURE.search(str(exc)))

@@ -13,8 +13,8 @@ Continues the table in tests/orchestrate/test_bad_input.py (cases 1-30 need no h
 | 37 | master port in use on node 0                            | H0: port: master port P already in use on node 0          |
 | 38 | a node without Docker                                   | H1: docker: cannot reach the Docker daemon over SSH       |
 | 39 | image missing here and on the nodes, no --pull          | H: image: X missing here and on this machine; ... --pull  |
-| 40 | data dir unwritable (read-only mount)                   | H: disk: data dir D not writable                          |
-| 41 | checkpoint dir on a full disk (tiny tmpfs)              | H: disk: ckpt dir D: 0.0 GB free, 1 GB needed             |
+| 40 | data dir that cannot be created (a file in its path)    | H: disk: data dir D cannot be created: F is not a dir...  |
+| 41 | checkpoint dir on a (too) full disk                     | H: disk: data dir D: 57 GB free, 1000000 GB needed        |
 | 42 | data archive with a wrong md5                           | H: data prefetch ... md5 of URL is X, expected Y          |
 | 43 | `up --resume` with no checkpoint                        | (tests/cluster/test_orchestrate_up.py)                    |
 """
@@ -167,30 +167,20 @@ def test_node_without_docker(cluster: Cluster, tmp_path: Path, hosts: Path, data
     assert job_containers(cluster, "nodocker") == []
 
 
-@pytest.fixture
-def tiny_mounts(tmp_path: Path) -> Iterator[tuple[Path, Path]]:
-    ro, full = tmp_path / "ro", tmp_path / "full"
-    ro.mkdir()
-    full.mkdir()
-    subprocess.run(["mount", "-t", "tmpfs", "-o", "ro,size=64k", "tmpfs", str(ro)], check=True, timeout=30)
-    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64k", "tmpfs", str(full)], check=True, timeout=30)
-    try:
-        yield ro, full
-    finally:
-        subprocess.run(["umount", str(ro)], timeout=30)
-        subprocess.run(["umount", str(full)], timeout=30)
+def test_unwritable_data_dir_and_full_checkpoint_disk(cluster: Cluster, tmp_path: Path, data: Data) -> None:
+    """A data dir that cannot be created (a file in its path), and too little free space for checkpoints.
 
-
-def test_unwritable_data_dir_and_full_checkpoint_disk(cluster: Cluster, tmp_path: Path, data: Data,
-                                                      tiny_mounts: tuple[Path, Path]) -> None:
-    ro, full = tiny_mounts
+    (A tmpfs mounted here is not seen by the test hosts' sshd, which has a mount namespace of its own, so
+    a full disk is simulated with a free-space requirement no disk meets.)
+    """
+    blocker = tmp_path / "a-file"
+    blocker.write_text("not a directory")
     keys = host_dirs(tmp_path, 2)
-    keys[0]["data_dir"] = str(ro / "data")
-    keys[1]["ckpt_dir"] = str(full / "ckpt")
+    keys[0]["data_dir"] = str(blocker / "data")
     hosts = cluster.write_hosts_file(tmp_path / "hosts.txt", keys=keys)
-    res = orchestrate(cluster, tmp_path / "state", *up_args(hosts, data, "disk"))
-    assert_refused(res, {cluster.hosts[0].name: f"data dir {ro / 'data'} not writable",
-                         cluster.hosts[1].name: "GB free, 1 GB needed"})
+    res = orchestrate(cluster, tmp_path / "state", *up_args(hosts, data, "disk", "--min-free-gb", "1000000"))
+    assert_refused(res, {cluster.hosts[0].name: f"data dir {blocker / 'data'} cannot be created",
+                         cluster.hosts[1].name: "GB free, 1000000 GB needed"})
     assert job_containers(cluster, "disk") == []
 
 

@@ -20,6 +20,7 @@ from trainer_helpers import (
     REPO,
     base_args,
     child_env,
+    free_port,
     metrics_lines,
     newest_state,
     run_torchrun,
@@ -157,3 +158,31 @@ def test_resume_under_torchrun_shares_rank_0s_checkpoint(two_procs: tuple[Path, 
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert newest_state(ck)["step"] == 3 * 16  # 20 done, 12 left in epoch 2, 16 in epoch 3
     assert [r["epoch"] for r in metrics_lines(ck)] == [1, 2, 3]
+
+
+def test_a_hung_peer_fails_the_job_within_the_dist_timeout(data_dir: Path, tmp_path: Path) -> None:
+    """Two 'nodes' started separately (as the orchestrator does, one launcher per node); rank 1 freezes
+    (SIGSTOP: no closed connection to notice). Rank 0 must give up after --dist-timeout, not hang."""
+    port, ck = free_port(), tmp_path / "ck"
+    procs, logs = [], []
+    for rank in (0, 1):
+        env = {**child_env(), "RANK": str(rank), "LOCAL_RANK": "0", "WORLD_SIZE": "2", "MASTER_PORT": str(port)}
+        logs.append(tmp_path / f"rank{rank}.log")
+        with logs[-1].open("w") as out:
+            procs.append(subprocess.Popen(
+                [sys.executable, "-m", "trainer", *base_args(data_dir, ck, "--epochs", "1000", "--batch-size", "16",
+                                                             "--dist-timeout", "6")],
+                cwd=REPO, env=env, stdout=out, stderr=subprocess.STDOUT))
+    try:
+        _wait_for(logs[0], r"epoch 1 step 3 ", procs[0])
+        procs[1].send_signal(signal.SIGSTOP)
+        t0 = time.monotonic()
+        assert procs[0].wait(timeout=60) == 1
+        assert time.monotonic() - t0 < 30
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait(timeout=10)
+    last = logs[0].read_text().strip().splitlines()[-1]
+    assert last.startswith("error: lost contact with another rank") and "--resume" in last, last
