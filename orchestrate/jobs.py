@@ -118,8 +118,10 @@ def status_rows(nodes: Nodes, job: str, unreachable: dict[str, str]) -> list[lis
         out = []
         for c in sorted(found, key=_rank_of):
             state = c.attrs.get("State", {})
-            last = c.logs(tail=1).decode(errors="replace").strip()
-            last = mask_text(last, _secrets_of(c))[:80]
+            tail = c.logs(tail=8).decode(errors="replace").splitlines()
+            # The last line that says something (torchrun ends its error report with a rule of '=').
+            last = next((ln.strip() for ln in reversed(tail) if any(ch.isalnum() for ch in ln)), "")
+            last = mask_text(last, _secrets_of(c))[:100]
             folder = _ckpt_dir_of(c)
             manifest = newest_manifest(nodes.conn(rank), folder) if folder else None
             ckpt = f"{folder}/{manifest['file']} (epoch {manifest.get('epoch')})" if manifest else "-"

@@ -152,6 +152,7 @@ class Outcome:
     ok: bool
     failed_rank: int | None = None
     reason: str = ""
+    leftovers: bool = False  # some node could not be cleaned (unreachable): `kill` later
 
 
 class Watcher:
@@ -199,6 +200,7 @@ class Watcher:
             t.join(max(0.0, deadline - time.monotonic()))
         now = time.monotonic()
         done = 0
+        failed: list[tuple[str, int, str]] = []  # (finished at, rank, why)
         for rank, state in enumerate(results):
             if state is None:
                 if now - self.last_seen[rank] > UNREACHABLE_S:
@@ -209,8 +211,12 @@ class Watcher:
             if status in ("exited", "dead"):
                 if code != 0:
                     why = "killed (OOM)" if state.get("OOMKilled") else f"exited with code {code}"
-                    return Outcome(False, rank, why)
+                    failed.append((_sortable_time(str(state.get("FinishedAt", ""))), rank, why))
                 done += 1
+        if failed:
+            # Name the node that went first: the others usually fail *because* it did (a lost peer).
+            _, rank, why = min(failed)
+            return Outcome(False, rank, why)
         return Outcome(True) if done == len(self.specs) else None
 
     def _poll_one(self, rank: int, results: list[dict[str, Any] | None]) -> None:
@@ -225,6 +231,12 @@ class Watcher:
                 errors="replace")
         except Exception as err:
             return f"(logs unavailable: {err})"
+
+
+def _sortable_time(stamp: str) -> str:
+    """Docker's RFC 3339 times have a fraction of varying length: pad it so strings sort by time."""
+    head, dot, frac = stamp.rstrip("Z").partition(".")
+    return f"{head}.{frac.ljust(9, '0')}" if dot else f"{head}.000000000"
 
 
 def watch(nodes: Nodes, specs: Sequence[NodeSpec], containers: Sequence[Any], config: UpConfig,
@@ -256,6 +268,7 @@ def watch(nodes: Nodes, specs: Sequence[NodeSpec], containers: Sequence[Any], co
             kill_job(nodes, config.job, min(config.grace, FAILED_GRACE_S), console)
         except Exception as err:  # reported; the job failure is what matters
             console.print(f"while stopping: {err}", markup=False, highlight=False)
+            outcome.leftovers = True
     return outcome
 
 

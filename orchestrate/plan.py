@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from . import __version__
-from .config import GPUS_ALL, UpConfig, masked_env
+from .config import GPUS_ALL, UpConfig, mask_text, masked_env, secret_values
 from .docker import JOB_LABEL, NNODES_LABEL, RANK_LABEL, VERSION_LABEL
 from .hosts import Host
 
@@ -74,7 +74,9 @@ class NodeSpec:
         env = masked_env(self.env) if mask else self.env
         argv += [f"--env={k}={v}" for k, v in env.items()]
         argv += [f"--volume={m.source}:{m.target}{':ro' if m.read_only else ''}" for m in self.mounts]
-        return argv + [self.image, *self.command]
+        argv += [self.image, *self.command]
+        # A secret's value is hidden wherever it appears (e.g. also passed as a trainer option).
+        return [mask_text(a, secret_values(self.env)) for a in argv] if mask else argv
 
     def sdk_kwargs(self) -> dict[str, Any]:
         """Keyword arguments for docker-py's containers.run / create."""

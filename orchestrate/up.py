@@ -75,7 +75,9 @@ def up(config: UpConfig, console: Console) -> int:
         if not outcome.ok:
             where = f"node {outcome.failed_rank} ({specs[outcome.failed_rank].host.label}) " \
                 if outcome.failed_rank is not None else ""
-            raise JobError(f"job {config.job!r} failed: {where}{outcome.reason}; the job was stopped on all nodes")
+            cleaned = (f"stopped where reachable; run 'kill --job {config.job}' once all hosts answer"
+                       if outcome.leftovers else "the job was stopped on all nodes")
+            raise JobError(f"job {config.job!r} failed: {where}{outcome.reason}; {cleaned}")
         if outcome.reason != "detached":
             summary(nodes, specs, console)
         return 0

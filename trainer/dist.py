@@ -7,6 +7,7 @@ import logging
 import os
 import re
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -29,11 +30,16 @@ class DistContext:
 
     @property
     def backend(self) -> str:
-        return "nccl" if self.device.type == "cuda" else "gloo"
+        return choose_backend(self.device)
 
     @property
     def distributed(self) -> bool:
         return self.world_size > 1
+
+
+def choose_backend(device: torch.device) -> str:
+    """NCCL for CUDA tensors (gloo cannot reduce them in place on the GPU), gloo for CPU tensors."""
+    return "nccl" if device.type == "cuda" else "gloo"
 
 
 def _env_int(name: str, default: int) -> int:
@@ -71,16 +77,25 @@ def _pick_device(pref: str, local_rank: int) -> torch.device:
     return torch.device("cuda", local_rank)
 
 
-def init(ctx: DistContext, timeout_s: float) -> None:
-    """Join the process group (env:// rendezvous from torchrun) when there is more than one process."""
+def init_kwargs(ctx: DistContext, timeout_s: float) -> dict[str, Any]:
+    """Arguments of init_process_group. The timeout bounds every collective: gloo raises, NCCL's watchdog
+    tears the process down (TORCH_NCCL_ASYNC_ERROR_HANDLING: torch's default 3, torchrun's 1 and the
+    image's 3 all do), so a lost peer ends the job instead of hanging it."""
+    kwargs: dict[str, Any] = {"backend": ctx.backend, "timeout": datetime.timedelta(seconds=timeout_s)}
     if ctx.device.type == "cuda":
-        torch.cuda.set_device(ctx.device)
+        # Binds the group to our GPU and forms the NCCL communicator now: setup errors surface here, and
+        # barrier()/object collectives use this device instead of guessing (no stray context on cuda:0).
+        kwargs["device_id"] = ctx.device
+    return kwargs
+
+
+def init(ctx: DistContext, timeout_s: float) -> None:
+    """Select this process's GPU, then join the process group (env:// rendezvous from torchrun)."""
+    if ctx.device.type == "cuda":
+        torch.cuda.set_device(ctx.device)  # before any CUDA work or NCCL init, or it all lands on cuda:0
     if not ctx.distributed:
         return
-    kwargs: dict = {"backend": ctx.backend, "timeout": datetime.timedelta(seconds=timeout_s)}
-    if ctx.device.type == "cuda":
-        kwargs["device_id"] = ctx.device  # binds NCCL to our GPU: no stray context on cuda:0
-    dist.init_process_group(**kwargs)
+    dist.init_process_group(**init_kwargs(ctx, timeout_s))
     log.info("process group up: backend=%s world_size=%d timeout=%ss", ctx.backend, ctx.world_size, timeout_s)
 
 

@@ -20,7 +20,8 @@ from .config import Config
 from .data import Split, TrainLoader, normalize
 from .dist import DistContext
 from .errors import CheckpointError
-from .state import TrainState, to_checkpoint
+from .precision import autocast
+from .state import TrainState, memory_format, to_checkpoint
 
 log = logging.getLogger(__name__)
 
@@ -43,17 +44,15 @@ def lr_at(cfg: Config, progress: float) -> float:
     return cfg.lr * 0.5 * (1.0 + math.cos(math.pi * t))
 
 
-def autocast(device: torch.device, precision: str) -> torch.autocast:
-    """The one mixed-precision path: autocast with a dtype (a no-op context for fp32)."""
-    dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(precision, torch.float32)
-    return torch.autocast(device_type=device.type, dtype=dtype, enabled=precision != "fp32")
+def _model_layout(x: torch.Tensor) -> torch.Tensor:
+    """Inputs in the model's memory format (channels_last on CUDA; a no-op for a contiguous CPU batch)."""
+    return x.contiguous(memory_format=memory_format(x.device))
 
 
 def train_step(st: TrainState, x: torch.Tensor, y: torch.Tensor, lr: float, precision: str) -> torch.Tensor:
     for group in st.optimizer.param_groups:
         group["lr"] = lr
-    if x.is_cuda:
-        x = x.contiguous(memory_format=torch.channels_last)
+    x = _model_layout(x)
     with autocast(x.device, precision):
         loss = F.cross_entropy(st.ddp(x), y)
     st.optimizer.zero_grad(set_to_none=True)
@@ -76,9 +75,7 @@ def evaluate(model: nn.Module, test: Split, ctx: DistContext, precision: str, ba
     counts = torch.zeros(2, dtype=torch.float64, device=test.images.device)
     for lo in range(0, len(idx), batch):
         part = idx[lo : lo + batch]
-        x = normalize(test.images[part])
-        if x.is_cuda:
-            x = x.contiguous(memory_format=torch.channels_last)
+        x = _model_layout(normalize(test.images[part]))
         with autocast(x.device, precision):
             pred = model(x).argmax(dim=1)
         counts[0] += (pred == test.labels[part]).sum()
@@ -153,6 +150,21 @@ def _train_epoch(cfg: Config, ctx: DistContext, st: TrainState, loader: TrainLoa
     return EpochStats(loss_mean, steps_done * loader.global_batch / max(elapsed, 1e-9), complete)
 
 
+def _record_epoch(cfg: Config, ctx: DistContext, st: TrainState, loader: TrainLoader, stats: EpochStats,
+                  acc: float | None) -> None:
+    """The epoch's log line and metrics.jsonl record (global rank 0; no collective)."""
+    if not ctx.is_main:
+        return
+    lr = lr_at(cfg, float(st.pos.epoch))
+    acc_txt = f"{acc:.4f}" if acc is not None else "-"
+    log.info("epoch %d/%d step %d train_loss %.4f test_acc %s images/s %.0f lr %.5f",
+             st.pos.epoch, cfg.epochs, st.pos.step, stats.loss, acc_txt, stats.images_per_s, lr)
+    metrics.append_metrics(cfg.ckpt_dir, {
+        "epoch": st.pos.epoch, "step": st.pos.step, "train_loss": stats.loss, "test_acc": acc,
+        "images_per_s": stats.images_per_s, "lr": lr, "world_size": ctx.world_size,
+        "global_batch": loader.global_batch})
+
+
 def _after_epoch(cfg: Config, ctx: DistContext, st: TrainState, loader: TrainLoader, test: Split,
                  stats: EpochStats) -> float | None:
     """Evaluate, log, append metrics and checkpoint when due; returns the test accuracy if evaluated."""
@@ -160,18 +172,23 @@ def _after_epoch(cfg: Config, ctx: DistContext, st: TrainState, loader: TrainLoa
     acc = None
     if last or st.pos.epoch % cfg.eval_every == 0:
         acc = evaluate(st.model, test, ctx, cfg.precision, cfg.eval_batch_size)
-    lr = lr_at(cfg, float(st.pos.epoch))
-    if ctx.is_main:
-        acc_txt = f"{acc:.4f}" if acc is not None else "-"
-        log.info("epoch %d/%d step %d train_loss %.4f test_acc %s images/s %.0f lr %.5f",
-                 st.pos.epoch, cfg.epochs, st.pos.step, stats.loss, acc_txt, stats.images_per_s, lr)
-        metrics.append_metrics(cfg.ckpt_dir, {
-            "epoch": st.pos.epoch, "step": st.pos.step, "train_loss": stats.loss, "test_acc": acc,
-            "images_per_s": stats.images_per_s, "lr": lr, "world_size": ctx.world_size,
-            "global_batch": loader.global_batch})
+    _record_epoch(cfg, ctx, st, loader, stats, acc)
     if not last and st.pos.epoch % cfg.ckpt_every == 0:
         save(cfg, ctx, st, loader)
     return acc
+
+
+def _stop(cfg: Config, ctx: DistContext, st: TrainState, loader: TrainLoader, stats: EpochStats) -> int:
+    """SIGTERM: the checkpoint first (SIGKILL follows within torchrun's 30 s, docker stop's 10 s). An epoch the
+    stop happened to complete still gets its metrics line, with test_acc null: there is no time to evaluate,
+    and the resumed run starts the next epoch (the position, not this line, is what resume relies on)."""
+    path = save(cfg, ctx, st, loader)
+    if stats.complete:
+        _record_epoch(cfg, ctx, st, loader, stats, acc=None)
+    log.warning("stopped by SIGTERM at step %d (epoch %d, sample %d); checkpoint %s",
+                st.pos.step, st.pos.epoch + 1, st.pos.sample, path)
+    dist.barrier(ctx)
+    return EXIT_SIGTERM
 
 
 def run(cfg: Config, ctx: DistContext, st: TrainState, loader: TrainLoader, test: Split, stop: StopRequest) -> int:
@@ -182,11 +199,7 @@ def run(cfg: Config, ctx: DistContext, st: TrainState, loader: TrainLoader, test
             break
         stats = _train_epoch(cfg, ctx, st, loader, stop)
         if stop.requested:
-            path = save(cfg, ctx, st, loader)
-            log.warning("stopped by SIGTERM at step %d (epoch %d, sample %d); checkpoint %s",
-                        st.pos.step, st.pos.epoch + 1, st.pos.sample, path)
-            dist.barrier(ctx)
-            return EXIT_SIGTERM
+            return _stop(cfg, ctx, st, loader, stats)
         if stats.complete:
             acc = _after_epoch(cfg, ctx, st, loader, test, stats)
     if acc is None or st.pos.sample != 0:

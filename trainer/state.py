@@ -8,14 +8,17 @@ every rank then copies into its own device's tensors, so nothing ever lands on a
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 import torch.distributed as tdist
 from torch import nn
+from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+from torch.nn.parallel import DistributedDataParallel
 
-from . import checkpoint, models
+from . import checkpoint, models, precision
 from .config import Config
 from .dist import DistContext
 from .errors import CheckpointError, ConfigError, DeviceError
@@ -50,14 +53,16 @@ def check_device(cfg: Config, ctx: DistContext) -> None:
         raise DeviceError("--sync-bn needs CUDA (SyncBatchNorm does not run on CPU tensors); drop --sync-bn on CPU")
     if cfg.grad_compression == "bf16" and not cuda:
         raise DeviceError("--grad-compression bf16 needs CUDA and NCCL (gloo cannot run the hook); use fp16 on CPU")
-    if cfg.optimizer == "apex-fused-sgd" and not cuda:
-        raise DeviceError("--optimizer apex-fused-sgd needs CUDA; use --optimizer sgd on CPU")
+    if cfg.optimizer == "apex-fused-sgd":
+        if not cuda:
+            raise DeviceError("--optimizer apex-fused-sgd needs CUDA; use --optimizer sgd on CPU")
+        _fused_sgd_class()  # not importable: say so now, before the data is read
+    if cfg.precision == "bf16" and cuda and torch.cuda.get_device_capability(ctx.device)[0] < 8:
+        log.warning("--precision bf16 on %s (compute capability < 8.0) is emulated and slow; "
+                    "--precision fp16 is the fast choice on this GPU", ctx.device)
 
 
-def _optimizer(cfg: Config, params: Any) -> torch.optim.Optimizer:
-    kwargs = {"lr": cfg.lr, "momentum": cfg.momentum, "weight_decay": cfg.weight_decay, "nesterov": cfg.momentum > 0}
-    if cfg.optimizer == "sgd":
-        return torch.optim.SGD(params, **kwargs)
+def _fused_sgd_class() -> type[torch.optim.Optimizer]:
     try:
         from apex.optimizers import FusedSGD  # NVIDIA apex, built from source; never the PyPI "apex"
     except ImportError as e:
@@ -65,38 +70,72 @@ def _optimizer(cfg: Config, params: Any) -> torch.optim.Optimizer:
             "--optimizer apex-fused-sgd needs NVIDIA apex (github.com/NVIDIA/apex, built with its CUDA "
             "extensions); it is not importable here: use --optimizer sgd"
         ) from e
-    return FusedSGD(params, **kwargs)
+    return FusedSGD
+
+
+def _optimizer(cfg: Config, params: Any) -> torch.optim.Optimizer:
+    kwargs = {"lr": cfg.lr, "momentum": cfg.momentum, "weight_decay": cfg.weight_decay, "nesterov": cfg.momentum > 0}
+    if cfg.optimizer == "sgd":
+        return torch.optim.SGD(params, **kwargs)
+    try:
+        return _fused_sgd_class()(params, **kwargs)
+    except RuntimeError as e:  # apex imports without its CUDA extensions and fails only here
+        raise ConfigError(f"--optimizer apex-fused-sgd: {e}; rebuild apex with --cuda_ext or use --optimizer sgd") from e
+
+
+def memory_format(device: torch.device) -> torch.memory_format:
+    """channels_last on CUDA (cuDNN's fast NHWC convolutions, tensor cores under autocast); NCHW elsewhere."""
+    return torch.channels_last if device.type == "cuda" else torch.contiguous_format
+
+
+def ddp_kwargs(device: torch.device) -> dict[str, Any]:
+    """One GPU per process: DDP needs its index (device_ids, output_device); CPU modules take none."""
+    if device.type == "cuda":
+        return {"device_ids": [device.index], "output_device": device.index}
+    return {}
+
+
+def comm_hook(compression: str) -> Callable[..., Any] | None:
+    """The DDP communication hook for --grad-compression: gradients travel in 16 bits, are summed, cast back."""
+    hooks = {"fp16": default_hooks.fp16_compress_hook, "bf16": default_hooks.bf16_compress_hook}
+    return hooks.get(compression)
 
 
 def _wrap_ddp(cfg: Config, ctx: DistContext, model: nn.Module) -> nn.Module:
     if not ctx.distributed:
         return model
-    from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
-    from torch.nn.parallel import DistributedDataParallel
-
-    ids = [ctx.device.index] if ctx.device.type == "cuda" else None
-    ddp = DistributedDataParallel(model, device_ids=ids)  # buffers (BN stats) follow rank 0 each forward
-    hooks = {"fp16": default_hooks.fp16_compress_hook, "bf16": default_hooks.bf16_compress_hook}
-    if cfg.grad_compression in hooks:
-        ddp.register_comm_hook(None, hooks[cfg.grad_compression])
+    # The model is already SyncBN-converted, on its device and in its memory format: DDP builds its
+    # gradient buckets from the parameters as they are now.
+    ddp = DistributedDataParallel(model, **ddp_kwargs(ctx.device))  # buffers (BN stats) follow rank 0 each forward
+    hook = comm_hook(cfg.grad_compression)
+    if hook is not None:
+        ddp.register_comm_hook(None, hook)  # before the first backward; None: the default process group
     return ddp
 
 
-def build(cfg: Config, ctx: DistContext) -> TrainState:
-    """Model, optimizer and scaler on this rank's device; same initial weights on every rank (seeded)."""
+def _make_model(cfg: Config) -> nn.Module:
+    """Same initial weights on every rank (seeded); SyncBatchNorm swapped in before the move and the DDP wrap."""
     torch.manual_seed(cfg.seed)
     model = models.build(cfg.model)
     if cfg.sync_bn:
         if not models.has_batch_norm(model):
             log.warning("--sync-bn: model %s has no BatchNorm layers; nothing to synchronise", cfg.model)
         model = nn.SyncBatchNorm.convert_sync_batchnorm(model)
-    model = model.to(ctx.device)
-    if ctx.device.type == "cuda":
-        model = model.to(memory_format=torch.channels_last)
+    return model
+
+
+def _place(model: nn.Module, device: torch.device) -> nn.Module:
+    model = model.to(device, memory_format=memory_format(device))
+    if device.type == "cuda":
         torch.backends.cudnn.benchmark = True  # fixed 32x32 shapes: let cuDNN pick its fastest kernels
-    optimizer = _optimizer(cfg, model.parameters())
-    scaler = torch.amp.GradScaler(ctx.device.type, enabled=cfg.precision == "fp16")
-    return TrainState(model, model, optimizer, scaler, Position())
+    return model
+
+
+def build(cfg: Config, ctx: DistContext) -> TrainState:
+    """Model, optimizer and scaler on this rank's device; same initial weights on every rank (seeded)."""
+    model = _place(_make_model(cfg), ctx.device)
+    optimizer = _optimizer(cfg, model.parameters())  # after the move: fused optimizers need CUDA parameters
+    return TrainState(model, model, optimizer, precision.grad_scaler(ctx.device, cfg.precision), Position())
 
 
 def wrap(cfg: Config, ctx: DistContext, st: TrainState) -> None:
@@ -137,19 +176,29 @@ def _load_on_main(cfg: Config, ctx: DistContext) -> tuple[dict[str, Any] | None,
     return state, None
 
 
+def _load_scaler(scaler: torch.amp.GradScaler, saved: dict[str, Any]) -> None:
+    """A disabled scaler saves {}; loading that into an enabled one raises, so an fp32/bf16 run resumed
+    with --precision fp16 starts from a fresh loss scale instead."""
+    if saved or not scaler.is_enabled():
+        scaler.load_state_dict(saved)
+    else:
+        log.warning("checkpoint has no loss-scaler state (not trained in fp16): starting from a fresh scale")
+
+
 def restore(cfg: Config, ctx: DistContext, st: TrainState) -> None:
     """Load the newest valid checkpoint on rank 0, share it with every rank, continue from its position."""
     payload: list[Any] = [None, None]
     if ctx.is_main:
         payload = list(_load_on_main(cfg, ctx))
     if ctx.distributed:
-        tdist.broadcast_object_list(payload, src=0, device=ctx.device if ctx.backend == "nccl" else None)
+        # Pickled through a byte tensor on this process's own device (NCCL needs it on our GPU).
+        tdist.broadcast_object_list(payload, src=0, device=ctx.device)
     state, err = payload
     if err is not None:
         raise CheckpointError(err)
     st.model.load_state_dict(state["model"])  # copies into this rank's device tensors
     st.optimizer.load_state_dict(state["optimizer"])  # casts the state to the parameters' device
-    st.scaler.load_state_dict(state["scaler"])
+    _load_scaler(st.scaler, state["scaler"])
     torch.set_rng_state(state["rng"]["torch"])
     if "cuda" in state["rng"] and ctx.device.type == "cuda":
         torch.cuda.set_rng_state(state["rng"]["cuda"], ctx.device)

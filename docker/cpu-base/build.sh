@@ -9,7 +9,8 @@
 # Environment knobs: DEBIAN_MIRROR, TORCH_VERSION, NUMPY_VERSION, CPU_BASE_TAG, DDP_CACHE_DIR.
 set -euo pipefail
 
-readonly REPO_ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
+REPO_ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
+readonly REPO_ROOT
 readonly SUITE=bookworm
 # bookworm ships CPython 3.11: the wheels below must be cp311.
 readonly PY_TAG=311

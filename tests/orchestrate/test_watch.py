@@ -1,0 +1,70 @@
+"""The watcher's decisions, with fake daemons: which node failed, when a host counts as unreachable."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+from rich.console import Console
+
+from orchestrate import launch
+from orchestrate.config import SSHOptions, UpConfig
+from orchestrate.hosts import Host
+from orchestrate.plan import NodeFacts, build_plan
+
+
+class FakeAPI:
+    def __init__(self, state: dict[str, Any] | None) -> None:
+        self.state = state
+
+    def inspect_container(self, _id: str) -> dict[str, Any]:
+        if self.state is None:
+            raise TimeoutError("no answer")
+        return {"State": self.state}
+
+
+class FakeNodes:
+    def __init__(self, states: list[dict[str, Any] | None]) -> None:
+        self.states = states
+
+    def docker(self, rank: int, timeout: float | None = 60) -> Any:
+        return type("Client", (), {"api": FakeAPI(self.states[rank])})()
+
+
+def watcher(states: list[dict[str, Any] | None]) -> launch.Watcher:
+    hosts = [Host(name=f"h{i}", hostname=f"h{i}", port=22, user=None) for i in range(len(states))]
+    config = UpConfig(ssh=SSHOptions(Path("x"), None, False), gpus=0)
+    specs = build_plan(config, hosts, "h0", [NodeFacts("eth0")] * len(hosts))
+    containers = [type("C", (), {"id": f"c{i}"})() for i in range(len(hosts))]
+    return launch.Watcher(FakeNodes(states), specs, containers, Console(), [])  # type: ignore[arg-type]
+
+
+RUNNING = {"Status": "running", "ExitCode": 0}
+
+
+def exited(code: int, at: str) -> dict[str, Any]:
+    return {"Status": "exited", "ExitCode": code, "FinishedAt": at}
+
+
+def test_running_then_success() -> None:
+    assert watcher([RUNNING, RUNNING]).poll() is None
+    assert watcher([exited(0, "t"), RUNNING]).poll() is None
+    outcome = watcher([exited(0, "t"), exited(0, "t")]).poll()
+    assert outcome is not None and outcome.ok
+
+
+def test_names_the_node_that_failed_first() -> None:
+    # Node 1 was SIGKILLed first; node 0 then lost its peer and failed too: node 1 is the cause.
+    outcome = watcher([exited(1, "2026-01-01T00:00:05.5Z"), exited(137, "2026-01-01T00:00:05.123456789Z")]).poll()
+    assert outcome is not None and not outcome.ok
+    assert (outcome.failed_rank, outcome.reason) == (1, "exited with code 137")
+
+
+def test_unreachable_only_after_the_grace_window(monkeypatch: pytest.MonkeyPatch) -> None:
+    w = watcher([RUNNING, None])
+    assert w.poll() is None  # one missed poll is not a dead host
+    w.last_seen[1] -= launch.UNREACHABLE_S + 1
+    outcome = w.poll()
+    assert outcome is not None and (outcome.failed_rank, outcome.ok) == (1, False)
+    assert "unreachable" in outcome.reason

@@ -1,0 +1,309 @@
+"""The CUDA/NCCL decisions, pinned without a GPU (unit): torch.cuda's probes are monkeypatched so the device
+and distributed code takes its CUDA branch up to the point where real CUDA would be touched, and the pure
+plans (backend, precision, DDP arguments, memory format, comm hook) are asserted directly."""
+
+from __future__ import annotations
+
+import datetime
+import logging
+import os
+import signal
+import sys
+import types
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from torch import nn
+from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+from trainer_helpers import base_args, metrics_lines
+
+from trainer import checkpoint, dist, loop, state
+from trainer.__main__ import main
+from trainer.config import Config
+from trainer.dist import DistContext
+from trainer.errors import ConfigError, DeviceError
+from trainer.precision import grad_scaler, precision_plan
+
+CPU, GPU3 = torch.device("cpu"), torch.device("cuda", 3)
+
+
+def _cfg(**kw: Any) -> Config:
+    return Config(data_dir=Path("/d"), ckpt_dir=Path("/c"), **kw)
+
+
+def _ctx(device: torch.device, rank: int = 0, world: int = 1) -> DistContext:
+    return DistContext(rank, device.index or 0, world, device)
+
+
+@pytest.fixture
+def gpus(monkeypatch: pytest.MonkeyPatch) -> Callable[[int], None]:
+    """Pretend this machine has N visible GPUs (only the probes; nothing may really run on them)."""
+    def visible(n: int) -> None:
+        monkeypatch.setattr(torch.cuda, "is_available", lambda: n > 0)
+        monkeypatch.setattr(torch.cuda, "device_count", lambda: n)
+    return visible
+
+
+@pytest.fixture
+def torchrun_env(monkeypatch: pytest.MonkeyPatch) -> Callable[[int, int, int], None]:
+    def setenv(rank: int, local_rank: int, world: int) -> None:
+        for k, v in {"RANK": rank, "LOCAL_RANK": local_rank, "WORLD_SIZE": world}.items():
+            monkeypatch.setenv(k, str(v))
+    return setenv
+
+
+# --- device and backend ------------------------------------------------------------------------------------
+
+def test_backend_is_nccl_on_cuda_and_gloo_on_cpu() -> None:
+    assert dist.choose_backend(GPU3) == "nccl" and _ctx(GPU3).backend == "nccl"
+    assert dist.choose_backend(CPU) == "gloo" and _ctx(CPU).backend == "gloo"
+
+
+def test_local_rank_3_takes_cuda_3(gpus: Callable[[int], None], torchrun_env: Callable[[int, int, int], None]) -> None:
+    gpus(4)
+    torchrun_env(7, 3, 8)  # second node of two, fourth GPU
+    ctx = dist.context_from_env("auto")
+    assert ctx.device == GPU3 and ctx.rank == 7 and ctx.backend == "nccl"
+
+
+def test_more_local_ranks_than_gpus_is_refused(gpus: Callable[[int], None],
+                                               torchrun_env: Callable[[int, int, int], None]) -> None:
+    gpus(2)
+    torchrun_env(3, 3, 4)
+    with pytest.raises(DeviceError, match="local rank 3 needs GPU 3 but only 2 are visible.*--nproc_per_node to 2"):
+        dist.context_from_env("auto")
+
+
+def test_auto_without_cuda_is_cpu_and_forced_cuda_is_refused(gpus: Callable[[int], None]) -> None:
+    gpus(0)
+    assert dist.context_from_env("auto").device == CPU
+    with pytest.raises(DeviceError, match="CUDA is not available"):
+        dist.context_from_env("cuda")
+
+
+def test_cpu_wins_over_visible_gpus(gpus: Callable[[int], None]) -> None:
+    gpus(8)
+    assert dist.context_from_env("cpu").device == CPU
+
+
+def test_init_process_group_args_bind_nccl_to_our_gpu() -> None:
+    kw = dist.init_kwargs(_ctx(GPU3, rank=3, world=4), 42)
+    assert kw == {"backend": "nccl", "timeout": datetime.timedelta(seconds=42), "device_id": GPU3}
+    assert dist.init_kwargs(_ctx(CPU, world=2), 5) == {"backend": "gloo", "timeout": datetime.timedelta(seconds=5)}
+
+
+def test_set_device_comes_before_init_process_group(monkeypatch: pytest.MonkeyPatch) -> None:
+    calls: list[tuple[str, Any]] = []
+    monkeypatch.setattr(torch.cuda, "set_device", lambda d: calls.append(("set_device", d)))
+    monkeypatch.setattr(torch.distributed, "init_process_group", lambda **kw: calls.append(("init", kw)))
+    dist.init(_ctx(GPU3, rank=3, world=4), 30)
+    assert [c[0] for c in calls] == ["set_device", "init"] and calls[0][1] == GPU3
+    assert calls[1][1]["device_id"] == GPU3 and calls[1][1]["backend"] == "nccl"
+
+
+def test_one_cuda_process_selects_its_gpu_and_joins_no_group(monkeypatch: pytest.MonkeyPatch) -> None:
+    calls: list[str] = []
+    monkeypatch.setattr(torch.cuda, "set_device", lambda d: calls.append("set_device"))
+    monkeypatch.setattr(torch.distributed, "init_process_group", lambda **kw: calls.append("init"))
+    dist.init(_ctx(torch.device("cuda", 0)), 30)
+    dist.init(_ctx(CPU), 30)
+    assert calls == ["set_device"]
+
+
+# --- precision -----------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize(("precision", "dtype", "autocast_on", "scaler_on"), [
+    ("fp32", torch.float32, False, False),
+    ("bf16", torch.bfloat16, True, False),
+    ("fp16", torch.float16, True, True),
+])
+def test_precision_plan(precision: str, dtype: torch.dtype, autocast_on: bool, scaler_on: bool) -> None:
+    plan = precision_plan(precision)
+    assert (plan.autocast_dtype, plan.autocast_enabled, plan.scaler_enabled) == (dtype, autocast_on, scaler_on)
+
+
+def test_fp16_builds_an_enabled_cuda_grad_scaler(monkeypatch: pytest.MonkeyPatch) -> None:
+    made: list[tuple[str, bool]] = []
+    monkeypatch.setattr(torch.amp, "GradScaler", lambda device, enabled: made.append((device, enabled)))
+    for p in ("fp16", "bf16", "fp32"):
+        grad_scaler(GPU3, p)
+    assert made == [("cuda", True), ("cuda", False), ("cuda", False)]
+
+
+def test_cuda_autocast_gets_the_plans_dtype(monkeypatch: pytest.MonkeyPatch) -> None:
+    made: list[dict[str, Any]] = []
+    monkeypatch.setattr(torch, "autocast", lambda **kw: made.append(kw))
+    for p in ("fp16", "bf16", "fp32"):
+        loop.autocast(GPU3, p)
+    assert [(m["device_type"], m["dtype"], m["enabled"]) for m in made] == [
+        ("cuda", torch.float16, True), ("cuda", torch.bfloat16, True), ("cuda", torch.float32, False)]
+
+
+def test_resuming_a_checkpoint_without_scaler_state_into_fp16_starts_a_fresh_scale() -> None:
+    scaler = torch.amp.GradScaler("cpu", enabled=True)  # stands in for the fp16 CUDA scaler
+    state._load_scaler(scaler, {})  # what a disabled (fp32/bf16) scaler saved
+    assert scaler.get_scale() == 65536.0
+    state._load_scaler(torch.amp.GradScaler("cpu", enabled=False), {"scale": 8.0})  # fp16 -> fp32: ignored
+
+
+# --- which options the device accepts -------------------------------------------------------------------------
+
+@pytest.mark.parametrize("opts", [{"precision": "fp16"}, {"sync_bn": True}, {"grad_compression": "bf16"},
+                                  {"grad_compression": "fp16"}])
+def test_cuda_only_options_are_accepted_on_cuda_and_refused_on_cpu(opts: dict[str, Any]) -> None:
+    state.check_device(_cfg(**opts), _ctx(GPU3))
+    if opts != {"grad_compression": "fp16"}:  # fp16 compression also runs on gloo
+        with pytest.raises(DeviceError, match="CUDA"):
+            state.check_device(_cfg(**opts), _ctx(CPU))
+
+
+def test_bf16_on_a_pre_ampere_gpu_warns(monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda d: (7, 0))
+    with caplog.at_level(logging.WARNING):
+        state.check_device(_cfg(precision="bf16"), _ctx(GPU3))
+    assert "emulated and slow" in caplog.text
+
+
+def test_apex_missing_is_refused_before_the_data_is_read(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(sys.modules, "apex", None)  # import apex -> ImportError, whatever is installed
+    with pytest.raises(ConfigError, match="NVIDIA apex.*--optimizer sgd"):
+        state.check_device(_cfg(optimizer="apex-fused-sgd"), _ctx(GPU3))
+
+
+def _fake_apex(monkeypatch: pytest.MonkeyPatch, fused_sgd: type) -> None:
+    apex, optimizers = types.ModuleType("apex"), types.ModuleType("apex.optimizers")
+    optimizers.FusedSGD = fused_sgd  # type: ignore[attr-defined]
+    apex.optimizers = optimizers  # type: ignore[attr-defined]
+    monkeypatch.setitem(sys.modules, "apex", apex)
+    monkeypatch.setitem(sys.modules, "apex.optimizers", optimizers)
+
+
+def test_apex_without_its_cuda_extensions_is_a_clear_error(monkeypatch: pytest.MonkeyPatch) -> None:
+    class NoExtensions(torch.optim.SGD):
+        def __init__(self, *a: Any, **k: Any) -> None:
+            raise RuntimeError("apex.optimizers.FusedSGD requires cuda extensions")  # as apex says it
+    _fake_apex(monkeypatch, NoExtensions)
+    with pytest.raises(ConfigError, match="requires cuda extensions.*--optimizer sgd"):
+        state._optimizer(_cfg(optimizer="apex-fused-sgd"), [nn.Parameter(torch.zeros(1))])
+
+
+def test_apex_fused_sgd_gets_the_sgd_settings(monkeypatch: pytest.MonkeyPatch) -> None:
+    class FusedSGD(torch.optim.SGD):
+        pass
+    _fake_apex(monkeypatch, FusedSGD)
+    opt = state._optimizer(_cfg(optimizer="apex-fused-sgd", lr=0.3), [nn.Parameter(torch.zeros(1))])
+    assert isinstance(opt, FusedSGD) and opt.defaults["lr"] == 0.3 and opt.defaults["nesterov"]
+
+
+# --- model placement and the DDP wrap -----------------------------------------------------------------------------
+
+def test_channels_last_on_cuda_only() -> None:
+    assert state.memory_format(GPU3) == torch.channels_last
+    assert state.memory_format(CPU) == torch.contiguous_format
+
+
+def test_ddp_gets_the_gpu_index_and_nothing_on_cpu() -> None:
+    assert state.ddp_kwargs(GPU3) == {"device_ids": [3], "output_device": 3}
+    assert state.ddp_kwargs(CPU) == {}
+
+
+def test_comm_hooks() -> None:
+    assert state.comm_hook("fp16") is default_hooks.fp16_compress_hook
+    assert state.comm_hook("bf16") is default_hooks.bf16_compress_hook
+    assert state.comm_hook("none") is None
+
+
+class _RecordingDDP(nn.Module):
+    """Stands in for DistributedDataParallel: records what it was given."""
+
+    seen: list[tuple[nn.Module, dict[str, Any]]] = []
+    hooks: list[Any] = []
+
+    def __init__(self, module: nn.Module, **kwargs: Any) -> None:
+        super().__init__()
+        _RecordingDDP.seen.append((module, kwargs))
+
+    def register_comm_hook(self, state: object, hook: Any) -> None:
+        _RecordingDDP.hooks.append((state, hook))
+
+
+def test_sync_bn_is_converted_before_the_ddp_wrap_with_the_gpu_and_hook(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(state, "DistributedDataParallel", _RecordingDDP)
+    _RecordingDDP.seen, _RecordingDDP.hooks = [], []
+    cfg = _cfg(model="resnet20", sync_bn=True, grad_compression="bf16")
+    st = state.build(cfg, _ctx(CPU))  # the CUDA move itself needs a GPU; the order does not
+    state.wrap(cfg, _ctx(GPU3, rank=3, world=4), st)
+    (module, kwargs), = _RecordingDDP.seen
+    assert module is st.model and kwargs == {"device_ids": [3], "output_device": 3}
+    kinds = {type(m) for m in module.modules()}
+    assert nn.SyncBatchNorm in kinds and nn.BatchNorm2d not in kinds
+    assert _RecordingDDP.hooks == [(None, default_hooks.bf16_compress_hook)]
+
+
+# --- checkpoints map to the right device ------------------------------------------------------------------------
+
+def test_checkpoint_load_maps_to_the_given_device(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    seen: dict[str, Any] = {}
+    monkeypatch.setattr(torch, "load", lambda path, **kw: seen.update(kw) or {})
+    checkpoint.load(checkpoint.CheckpointInfo(tmp_path / "x.pt", {}), GPU3)
+    assert seen["map_location"] == GPU3 and seen["weights_only"] is True
+
+
+def _saved_run(tmp_path: Path) -> Config:
+    cfg = Config(data_dir=tmp_path, ckpt_dir=tmp_path / "ck", model="tiny")
+    st = state.build(cfg, _ctx(CPU))
+    checkpoint.check_writable(cfg.ckpt_dir)  # creates it, as rank 0 does before training
+    checkpoint.save(cfg.ckpt_dir, state.to_checkpoint(cfg, _ctx(CPU), st, 64), step=5, epoch=0,
+                    epoch_complete=False, world_size=1, keep=3)
+    return cfg
+
+
+def test_rank_0_of_a_cuda_job_reads_the_checkpoint_into_cpu_memory(monkeypatch: pytest.MonkeyPatch,
+                                                                    tmp_path: Path) -> None:
+    """Never onto the GPU it was saved from (cuda:0 of another process): the CPU, then each rank copies."""
+    cfg, devices = _saved_run(tmp_path), []
+    real = checkpoint.load
+    monkeypatch.setattr(checkpoint, "load", lambda info, device: devices.append(device) or real(info, device))
+    loaded, err = state._load_on_main(cfg, _ctx(GPU3, rank=0, world=4))
+    assert err is None and devices == [CPU] and loaded["step"] == 5
+    assert all(t.device == CPU for t in loaded["model"].values())
+
+
+def test_restore_broadcasts_through_this_processs_own_gpu(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    cfg, seen = _saved_run(tmp_path), {}
+    monkeypatch.setattr(torch.distributed, "broadcast_object_list",
+                        lambda objs, src, device: seen.update(src=src, device=device))
+    st = state.build(cfg, _ctx(CPU))
+    state.restore(cfg, DistContext(0, 3, 4, GPU3), st)  # rank 0 on its node's fourth GPU
+    assert seen == {"src": 0, "device": GPU3} and st.pos.step == 5
+
+
+# --- SIGTERM on the last step of an epoch -------------------------------------------------------------------------
+
+def test_sigterm_on_an_epochs_last_step_keeps_its_metrics_line_and_resumes_exactly(
+        data_dir: Path, tmp_path: Path, inprocess: None, monkeypatch: pytest.MonkeyPatch) -> None:
+    ck = tmp_path / "ck"
+    args = base_args(data_dir, ck, "--epochs", "2", "--batch-size", "64")  # 512 images: 8 steps per epoch
+    real_step, calls = loop.train_step, []
+
+    def step_then_sigterm(*a: Any, **k: Any) -> torch.Tensor:
+        out = real_step(*a, **k)
+        calls.append(1)
+        if len(calls) == 8:
+            os.kill(os.getpid(), signal.SIGTERM)  # the real signal, through the trainer's handler
+        return out
+
+    monkeypatch.setattr(loop, "train_step", step_then_sigterm)
+    assert main(args) == loop.EXIT_SIGTERM
+    info = checkpoint.newest_valid(ck)
+    assert info is not None and info.step == 8
+    assert info.manifest["epoch"] == 1 and info.manifest["epoch_complete"] is True
+    assert [(r["epoch"], r["step"], r["test_acc"]) for r in metrics_lines(ck)] == [(1, 8, None)]
+
+    monkeypatch.setattr(loop, "train_step", real_step)
+    assert main([*args, "--resume"]) == 0
+    assert [(r["epoch"], r["step"]) for r in metrics_lines(ck)] == [(1, 8), (2, 16)]
+    assert metrics_lines(ck)[-1]["test_acc"] is not None
