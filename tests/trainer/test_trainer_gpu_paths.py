@@ -255,6 +255,7 @@ def test_checkpoint_load_maps_to_the_given_device(monkeypatch: pytest.MonkeyPatc
 def _saved_run(tmp_path: Path) -> Config:
     cfg = Config(data_dir=tmp_path, ckpt_dir=tmp_path / "ck", model="tiny")
     st = state.build(cfg, _ctx(CPU))
+    st.pos.step = 5
     checkpoint.check_writable(cfg.ckpt_dir)  # creates it, as rank 0 does before training
     checkpoint.save(cfg.ckpt_dir, state.to_checkpoint(cfg, _ctx(CPU), st, 64), step=5, epoch=0,
                     epoch_complete=False, world_size=1, keep=3)
