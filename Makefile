@@ -29,7 +29,7 @@ help:
 	@echo "make image-cpu  build $(CPU_IMAGE) on $(CPU_BASE)"
 	@echo "make test       setup + image-cpu + lint + pytest: the whole test suite"
 	@echo "make bench      run the benchmarks in bench/ (input pipeline, launch scaling)"
-	@echo "make demo       the end-to-end demo (scripts/demo.sh)"
+	@echo "make demo       the end-to-end demo on 2 simulated nodes (scripts/demo.sh)"
 	@echo "make compose-cpu  two-node training on this host with compose/docker-compose.yml"
 	@echo "make clean      remove build caches (docker/wheels, .cache/cpu-base, __pycache__); images stay"
 
@@ -65,7 +65,7 @@ bench: setup image-cpu
 	$(BENCH_VENV)/bin/python bench/input_pipeline.py
 	$(PY) bench/launch_scaling.py
 
-demo: setup
+demo: setup image-cpu
 	scripts/demo.sh
 
 # Synthetic CIFAR-10 written by the image's own trainer (no host Python needed).
