@@ -111,11 +111,8 @@ def save(folder: Path, state: dict[str, Any], *, step: int, epoch: int, epoch_co
 
 
 def _sha256_file(path: Path) -> str:
-    h = hashlib.sha256()
     with path.open("rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
+        return hashlib.file_digest(f, "sha256").hexdigest()
 
 
 def _validate(manifest_path: Path, warn: bool = True) -> CheckpointInfo | None:

@@ -81,11 +81,8 @@ class _NumpyOnlyUnpickler(pickle.Unpickler):
 
 
 def md5_of(path: Path) -> str:
-    h = hashlib.md5()
     with path.open("rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
+        return hashlib.file_digest(f, "md5").hexdigest()
 
 
 def _read_pickle(path: Path) -> dict[str, Any]:
