@@ -31,12 +31,13 @@ FAILED_GRACE_S = 10.0
 # ---- image -------------------------------------------------------------------------------------------
 
 
-def ensure_images(nodes: Nodes, config: UpConfig, local: Any, local_id: str | None,
-                  console: Console) -> dict[str, str]:
-    """Give every node the image: nothing for nodes that have the same ID; pull or send to the others."""
+def ensure_images(nodes: Nodes, config: UpConfig, local: Any, local_id: str | None, console: Console,
+                  remote_ids: Sequence[str | None]) -> dict[str, str]:
+    """Give every node the image: nothing for nodes that have the same ID; pull or send to the others.
+
+    `remote_ids`: the image ID on each node as preflight found it (None: missing).
+    """
     ranks = list(range(len(nodes.hosts)))
-    remote_ids = fan_out("image check", ranks, lambda r: image_id(nodes.docker(r), config.image),
-                         lambda r: nodes.hosts[r].label)
     if config.pull:
         need = [r for r in ranks if remote_ids[r] is None or (local_id and remote_ids[r] != local_id)]
         fan_out("image pull", need, lambda r: nodes.docker(r, timeout=3600).images.pull(config.image),
@@ -115,10 +116,12 @@ def find_resume_checkpoint(nodes: Nodes, specs: Sequence[NodeSpec], console: Con
 # ---- start -------------------------------------------------------------------------------------------
 
 
-def remove_leftovers(nodes: Nodes, config: UpConfig, grace: float) -> None:
-    """Exited containers of the job (or, with --replace, running ones) are removed before the new start."""
-    ranks = list(range(len(nodes.hosts)))
-    fan_out("cleanup", ranks, lambda r: kill_on_host(nodes.docker(r), config.job, grace, nodes.hosts[r].label),
+def remove_leftovers(nodes: Nodes, config: UpConfig, grace: float, ranks: Sequence[int]) -> None:
+    """Exited containers of the job (or, with --replace, running ones) are removed before the new start.
+
+    `ranks`: the nodes where preflight found containers of the job.
+    """
+    fan_out("cleanup", list(ranks), lambda r: kill_on_host(nodes.docker(r), config.job, grace, nodes.hosts[r].label),
             lambda r: nodes.hosts[r].label)
 
 

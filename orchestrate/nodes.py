@@ -52,6 +52,10 @@ class Nodes:
             self._clients[key] = client_over_ssh(self.conn(rank), timeout=timeout)
         return self._clients[key]
 
+    def adopt_docker(self, rank: int, client: Any, timeout: float | None = 60.0) -> None:
+        """Reuse a client made elsewhere (preflight's) instead of opening another tunnel."""
+        self._clients.setdefault((rank, timeout), client)
+
     def reachable(self) -> list[int]:
         return [i for i, c in enumerate(self.conns) if c is not None]
 

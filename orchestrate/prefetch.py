@@ -47,7 +47,7 @@ def has_verified_copy(conn: Connection, data_dir: str, md5: str) -> bool:
     return marker == md5
 
 
-def prefetch_node(conn: Connection, docker_client: object, config: UpConfig,
+def prefetch_node(conn: Connection, docker_client: Callable[[], object], config: UpConfig,
                   progress: Callable[[int, int], None]) -> PrefetchResult:
     """Make the dirs and a verified CIFAR-10 copy on one node. Raises SSHError saying what went wrong."""
     dirs = make_dirs(conn, config)
@@ -59,7 +59,7 @@ def prefetch_node(conn: Connection, docker_client: object, config: UpConfig,
     if config.data_from is not None:
         sent = _send_archive(conn, config.data_from, posixpath.join(data_dir, ARCHIVE), progress)
         url = "-"
-    fetched = _run_fetch(conn, docker_client, config, url, data_dir, progress)
+    fetched = _run_fetch(conn, docker_client(), config, url, data_dir, progress)  # a client only when needed
     return PrefetchResult(conn.host.label, "sent" if sent else "downloaded", sent or fetched)
 
 
@@ -107,7 +107,7 @@ def _run_fetch(conn: Connection, docker_client: object, config: UpConfig, url: s
     return int(done.split()[1])
 
 
-def prefetch_all(conns: Sequence[Connection], clients: Sequence[object], config: UpConfig,
+def prefetch_all(conns: Sequence[Connection], client_for: Callable[[int], object], config: UpConfig,
                  console: object) -> list[PrefetchResult]:
     """Prefetch on every node in parallel with one progress bar per node; every failure is reported."""
     from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn
@@ -121,6 +121,6 @@ def prefetch_all(conns: Sequence[Connection], clients: Sequence[object], config:
         def one(i: int) -> PrefetchResult:
             def update(done: int, total: int) -> None:
                 bars.update(tasks[i], completed=done, total=total or None)
-            return prefetch_node(conns[i], clients[i], config, update)
+            return prefetch_node(conns[i], lambda: client_for(i), config, update)
 
         return fan_out("data prefetch", list(range(len(conns))), one, lambda i: conns[i].host.label)

@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-import posixpath
 import re
-import stat
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -19,9 +17,54 @@ from .errors import MultiHostError, PreflightError, SSHError
 from .plan import host_dirs
 from .ssh import Connection
 
-NVIDIA_SMI = ["nvidia-smi", "--query-gpu=index,name,memory.total", "--format=csv,noheader"]
-# A fixed script (no interpolation): the address and port arrive as positional arguments $0 and $1.
-TCP_PROBE = ["timeout", "5", "bash", "-c", 'exec 3<>"/dev/tcp/$0/$1"']
+# Every shell fact preflight needs, gathered in ONE exec per host (each exec costs a process spawn on the
+# host, which is what limits fan-out on small machines). A fixed script: the values arrive as positional
+# arguments ($1..$6), are only ever expanded inside double quotes, and never become code.
+# Output: key=value records separated by NUL (so paths with newlines cannot break the parsing).
+PROBE_SCRIPT = r"""
+out() { printf '%s=%s\0' "$1" "$2"; }
+for kind in data ckpt; do
+  if [ "$kind" = data ]; then d=$1; else d=$2; fi
+  while [ ! -e "$d" ] && [ "$d" != / ]; do d=$(dirname -- "$d"); done
+  out "${kind}_base" "$d"
+  if [ -d "$d" ]; then out "${kind}_isdir" 1; else out "${kind}_isdir" 0; fi
+  if [ -w "$d" ]; then out "${kind}_writable" 1; else out "${kind}_writable" 0; fi
+  out "${kind}_free_kb" "$(df -Pk -- "$d" 2>/dev/null | awk 'NR==2 {print $4}')"
+done
+out held "$(ip -o addr show to "$3" 2>/dev/null | awk '{print $2; exit}')"
+out route "$(ip -o route get "$3" 2>/dev/null | head -n 1)"
+if [ "$5" = 1 ]; then
+  if listening=$(ss -Htln 2>/dev/null); then out ss_ok 1; else out ss_ok 0; fi
+  out listening "$(printf '%s\n' "$listening" | awk '{print $4}' | tr '\n' ' ')"
+fi
+if [ "$4" != 0 ]; then
+  if timeout 5 bash -c 'exec 3<>"/dev/tcp/$0/$1"' "$3" "$4" 2>/dev/null; then out probe 1; else out probe 0; fi
+fi
+if [ "$6" = 1 ]; then
+  if command -v nvidia-smi >/dev/null 2>&1; then
+    if g=$(nvidia-smi --query-gpu=index,name --format=csv,noheader 2>&1); then out smi ok; else out smi "$g"; fi
+    out gpus "$(printf '%s\n' "$g" | grep -c '^[0-9]')"
+  else
+    out smi missing
+  fi
+  if command -v nvidia-container-runtime-hook >/dev/null 2>&1 || command -v nvidia-ctk >/dev/null 2>&1; then
+    out hook 1; else out hook 0; fi
+fi
+"""
+
+
+def probe_host(conn: Connection, config: UpConfig, rank: int, master_addr: str, master_ssh_port: int) -> dict[str, str]:
+    """Run PROBE_SCRIPT once on the host; return its facts."""
+    dirs = host_dirs(config, conn.host)
+    argv = ["sh", "-c", PROBE_SCRIPT, "probe", dirs["data"], dirs["ckpt"], master_addr,
+            "0" if rank == 0 else str(master_ssh_port), "1" if rank == 0 else "0", "0" if config.cpu_mode else "1"]
+    res = conn.run(argv, timeout=60)
+    facts: dict[str, str] = {}
+    for record in res.out.split("\0"):
+        key, sep, value = record.partition("=")
+        if sep:
+            facts[key.strip()] = value
+    return facts
 
 
 @dataclass
@@ -60,121 +103,105 @@ def check_host(conn: Connection, rank: int, config: UpConfig, master_addr: str, 
     report.add("ssh", True, f"{conn.host.user or ''}@{conn.peer_address}".lstrip("@"))
     try:
         report.docker = client_over_ssh(conn)
-        version = report.docker.version()
-        report.add("docker", True, f"{version.get('Version', '?')}")
+        report.add("docker", True, report.docker.server_version)
     except SSHError as err:
         report.add("docker", False, str(err).split(": ", 1)[-1])
         return report
-    _check_gpus(conn, report, config)
-    _check_disk(conn, report, config)
+    facts = probe_host(conn, config, rank, master_addr, master_ssh_port)
+    judge_gpus(facts, report, config, conn.host.slots)
+    judge_disk(facts, report, config, host_dirs(config, conn.host))
     if rank == 0:
-        _check_port(conn, report, config.master_port)
-    _check_master(conn, report, rank, master_addr, master_ssh_port)
+        judge_port(facts, report, config.master_port)
+    judge_master(facts, report, rank, master_addr, master_ssh_port, conn.host.iface)
     _check_image(report, config, local_image_id)
     _check_job(report, config)
     return report
 
 
-def _check_gpus(conn: Connection, report: HostReport, config: UpConfig) -> None:
+def judge_gpus(facts: dict[str, str], report: HostReport, config: UpConfig, slots: int | None) -> None:
+    """PURE: GPUs visible (nvidia-smi) and the NVIDIA container runtime present; skipped in CPU mode."""
     if config.cpu_mode:
         report.add("gpus", True, "CPU mode")
         return
-    res = conn.run(NVIDIA_SMI, timeout=30)
-    if res.rc == 127:
+    smi = facts.get("smi", "missing")
+    if smi == "missing":
         report.add("gpus", False, "nvidia-smi not found (no NVIDIA driver); install it, or use --gpus 0 for CPU")
         return
-    if res.rc != 0:
-        report.add("gpus", False, f"nvidia-smi failed: {(res.err or res.out).strip()[:120]}")
+    if smi != "ok":
+        report.add("gpus", False, f"nvidia-smi failed: {' '.join(smi.split())[:120]}")
         return
-    count = len([line for line in res.out.splitlines() if line.strip()])
+    count = int(facts.get("gpus") or 0)
     report.gpus = count
-    need = max(config.gpus, conn.host.slots or 0, 1)
+    need = max(config.gpus, slots or 0, 1)
     if count < need:
         report.add("gpus", False, f"{count} GPU(s) visible, {need} needed; lower --gpus or slots=")
         return
-    runtimes = report.docker.info().get("Runtimes", {})
-    hook = conn.run(["sh", "-c", "command -v nvidia-container-runtime-hook || command -v nvidia-ctk"], timeout=20)
-    if "nvidia" not in runtimes and hook.rc != 0:
+    runtimes = report.docker.info().get("Runtimes", {}) if report.docker is not None else {}
+    if "nvidia" not in runtimes and facts.get("hook") != "1":
         report.add("gpus", False, f"{count} GPU(s) but no NVIDIA container runtime; install nvidia-container-toolkit")
         return
     report.add("gpus", True, f"{count} GPU(s)")
 
 
-def _existing_ancestor(conn: Connection, path: str) -> tuple[str, bool]:
-    """The deepest existing part of `path`, and whether it is a directory."""
-    sftp = conn.sftp()
-    while True:
-        try:
-            return path, stat.S_ISDIR(sftp.stat(path).st_mode or 0)
-        except OSError:
-            parent = posixpath.dirname(path)
-            if parent == path:
-                return "/", True
-            path = parent
-
-
-def _check_disk(conn: Connection, report: HostReport, config: UpConfig) -> None:
+def judge_disk(facts: dict[str, str], report: HostReport, config: UpConfig, dirs: dict[str, str]) -> None:
+    """PURE: the data and checkpoint dirs can be created, are writable, and have the free space asked for."""
     texts = []
-    for kind, path in host_dirs(config, conn.host).items():
-        if kind == "log":
-            continue
-        base, is_dir = _existing_ancestor(conn, path)
-        if not is_dir:
+    for kind in ("data", "ckpt"):
+        path, base = dirs[kind], facts.get(f"{kind}_base", "?")
+        if facts.get(f"{kind}_isdir") != "1":
             report.add("disk", False, f"{kind} dir {path} cannot be created: {base} is not a directory; "
                                       "choose another dir")
             return
-        if conn.run(["test", "-w", base], timeout=20).rc != 0:
+        if facts.get(f"{kind}_writable") != "1":
             report.add("disk", False, f"{kind} dir {path} not writable ({base}); choose another dir or fix permissions")
             return
-        res = conn.run(["df", "-Pk", base], timeout=20)
         try:
-            free_gb = int(res.out.splitlines()[-1].split()[3]) / 1024**2
-        except (IndexError, ValueError):
-            report.add("disk", False, f"cannot read free space under {base}: {res.err.strip()[:80]}")
+            free_gb = int(facts.get(f"{kind}_free_kb", "")) / 1024**2
+        except ValueError:
+            report.add("disk", False, f"cannot read free space under {base} (df failed)")
             return
         if free_gb < config.min_free_gb:
-            report.add("disk", False, f"{kind} dir {path}: {free_gb:.1f} GB free, {config.min_free_gb:.10g} GB needed; "
-                                      "free space or choose another dir")
+            report.add("disk", False, f"{kind} dir {path}: {free_gb:.1f} GB free, {config.min_free_gb:.10g} GB "
+                                      "needed; free space or choose another dir")
             return
         texts.append(f"{kind} {free_gb:.0f}G")
     report.add("disk", True, " ".join(texts))
 
 
-def _check_port(conn: Connection, report: HostReport, port: int) -> None:
-    res = conn.run(["ss", "-Htln"], timeout=20)
-    if res.rc != 0:
+def judge_port(facts: dict[str, str], report: HostReport, port: int) -> None:
+    """PURE: the master port is not listening on node 0."""
+    if facts.get("ss_ok") != "1":
         report.add("port", False, "cannot list listening ports (ss from iproute2 missing?)")
         return
-    used = {line.split()[3].rsplit(":", 1)[-1] for line in res.out.splitlines() if len(line.split()) > 3}
+    used = {addr.rsplit(":", 1)[-1] for addr in facts.get("listening", "").split()}
     if str(port) in used:
         report.add("port", False, f"master port {port} already in use on node 0; pick another with --master-port")
     else:
         report.add("port", True, f"{port} free")
 
 
-def _check_master(conn: Connection, report: HostReport, rank: int, addr: str, ssh_port: int) -> None:
-    """Find the interface carrying the master address, and check that the address answers from here."""
-    if conn.host.iface:
-        report.iface = conn.host.iface
-    held = conn.run(["ip", "-o", "addr", "show", "to", addr], timeout=20)
-    if held.rc == 0 and held.out.strip():
-        # This node holds the address: use the interface that has it (`ip route get` would say lo).
-        report.iface = report.iface or held.out.split()[1].split("@")[0]
+def judge_master(facts: dict[str, str], report: HostReport, rank: int, addr: str, ssh_port: int,
+                 iface: str | None) -> None:
+    """PURE: the interface carrying the master address, and whether the address answers from this node.
+
+    A node that holds the address uses the interface that has it (`ip route get` would say lo, which
+    breaks gloo); the others use the route's device.
+    """
+    held = facts.get("held", "").split("@")[0]
+    match = re.search(r"\bdev (\S+)", facts.get("route", ""))
+    report.iface = iface or held or (match.group(1) if match else None)
+    if held:
         report.add("master", True, f"{addr} is local")
+    elif not match:
+        report.add("master", False, f"no route to master address {addr}; check --master-addr and the network")
+        return
+    elif rank != 0 and facts.get("probe") != "1":
+        report.add("master", False, f"master address {addr} not reachable from this node (no TCP answer on "
+                                    f"port {ssh_port}); check --master-addr and firewalls")
+        return
     else:
-        route = conn.run(["ip", "-o", "route", "get", addr], timeout=20)
-        match = re.search(r"\bdev (\S+)", route.out)
-        if route.rc != 0 or not match:
-            report.add("master", False, f"no route to master address {addr}; check --master-addr and the network")
-            return
-        report.iface = report.iface or match.group(1)
-        probe = conn.run([*TCP_PROBE, addr, str(ssh_port)], timeout=20)
-        if probe.rc != 0:
-            report.add("master", False, f"master address {addr} not reachable from this node (no TCP answer on "
-                                        f"port {ssh_port}); check --master-addr and firewalls")
-            return
         report.add("master", True, f"{addr} reachable")
-    if report.iface == "lo" and rank == 0 and not addr.startswith("127."):
+    if report.iface == "lo" and not addr.startswith("127."):
         report.add("iface", False, "interface resolved to lo; set iface= for this host in the hosts file")
     else:
         report.add("iface", True, report.iface or "?")

@@ -52,17 +52,19 @@ def up(config: UpConfig, console: Console) -> int:
     try:
         master = config.master_addr or nodes.conn(0).peer_address
         reports = run_preflight(nodes.conns, config, master, local_id, console)  # type: ignore[arg-type]
+        for rank, report in enumerate(reports):
+            nodes.adopt_docker(rank, report.docker)
         facts = [NodeFacts(iface=r.iface, gpus=r.gpus) for r in reports]
         specs = build_plan(config, hosts, master, facts)
         if config.resume:
             find_resume_checkpoint(nodes, specs, console)
-        ensure_images(nodes, config, local, local_id, console)
-        for res in prefetch_all(nodes.conns, [nodes.docker(r, timeout=3600) for r in range(len(hosts))],  # type: ignore[arg-type]
-                                config, console):
+        ensure_images(nodes, config, local, local_id, console, [r.image_id for r in reports])
+        for res in prefetch_all(nodes.conns, lambda r: nodes.docker(r, timeout=3600), config,  # type: ignore[arg-type]
+                                console):
             what = {"present": "verified copy present, nothing moved", "downloaded": f"downloaded {res.bytes_moved} bytes",
                     "sent": f"sent {res.bytes_moved} bytes"}[res.action]
             console.print(f"data on {res.label}: {what}", markup=False, highlight=False)
-        remove_leftovers(nodes, config, config.grace)
+        remove_leftovers(nodes, config, config.grace, [i for i, r in enumerate(reports) if r.containers])
         remember(config)
         containers = start_containers(nodes, specs)
         console.print(f"job {config.job!r} started: {len(specs)} node(s), master {master}:{config.master_port}",

@@ -1,0 +1,80 @@
+"""Preflight judgements are pure functions of the facts one probe gathers on a host."""
+
+from __future__ import annotations
+
+import subprocess
+from pathlib import Path
+
+from orchestrate.config import SSHOptions, UpConfig
+from orchestrate.preflight import PROBE_SCRIPT, HostReport, judge_disk, judge_gpus, judge_master, judge_port
+
+SSH = SSHOptions(Path("h"), None, False)
+DIRS = {"data": "/d", "ckpt": "/c/j", "log": "/l"}
+DISK_OK = {"data_base": "/", "data_isdir": "1", "data_writable": "1", "data_free_kb": str(50 * 1024**2),
+           "ckpt_base": "/", "ckpt_isdir": "1", "ckpt_writable": "1", "ckpt_free_kb": str(50 * 1024**2)}
+
+
+def report() -> HostReport:
+    return HostReport("h0")
+
+
+def test_gpus_too_few_missing_and_ok() -> None:
+    r = report()
+    judge_gpus({"smi": "ok", "gpus": "2", "hook": "1"}, r, UpConfig(ssh=SSH, gpus=4), None)
+    assert r.problems == ["gpus: 2 GPU(s) visible, 4 needed; lower --gpus or slots="]
+    r = report()
+    judge_gpus({"smi": "missing"}, r, UpConfig(ssh=SSH, gpus=1), None)
+    assert "nvidia-smi not found" in r.problems[0]
+    r = report()
+    judge_gpus({"smi": "ok", "gpus": "8", "hook": "0"}, r, UpConfig(ssh=SSH, gpus=8), None)
+    assert "no NVIDIA container runtime" in r.problems[0]
+    r = report()
+    judge_gpus({"smi": "ok", "gpus": "8", "hook": "1"}, r, UpConfig(ssh=SSH), 8)
+    assert not r.problems and r.gpus == 8
+    r = report()
+    judge_gpus({}, r, UpConfig(ssh=SSH, gpus=0), None)
+    assert r.checks["gpus"].text == "CPU mode" and not r.problems
+
+
+def test_disk() -> None:
+    r = report()
+    judge_disk(DISK_OK, r, UpConfig(ssh=SSH, gpus=0), DIRS)
+    assert not r.problems and r.checks["disk"].text == "data 50G ckpt 50G"
+    r = report()
+    judge_disk(DISK_OK | {"ckpt_free_kb": "1024"}, r, UpConfig(ssh=SSH, gpus=0), DIRS)
+    assert r.problems == ["disk: ckpt dir /c/j: 0.0 GB free, 1 GB needed; free space or choose another dir"]
+    r = report()
+    judge_disk(DISK_OK | {"data_writable": "0", "data_base": "/ro"}, r, UpConfig(ssh=SSH, gpus=0), DIRS)
+    assert "data dir /d not writable (/ro)" in r.problems[0]
+
+
+def test_port_and_master() -> None:
+    r = report()
+    judge_port({"ss_ok": "1", "listening": "0.0.0.0:22 [::]:29500 "}, r, 29500)
+    assert "already in use on node 0" in r.problems[0]
+    r = report()
+    judge_port({"ss_ok": "1", "listening": "0.0.0.0:22 127.0.0.1:295000"}, r, 29500)
+    assert not r.problems
+    # Node 0 holds the address: the interface that has it, never lo from `ip route get`.
+    r = report()
+    judge_master({"held": "eth0@if12", "route": "local 10.0.0.2 dev lo src 10.0.0.2"}, r, 0, "10.0.0.2", 22, None)
+    assert r.iface == "eth0" and not r.problems
+    r = report()
+    judge_master({"route": "10.0.0.2 dev ib0 src 10.0.0.3", "probe": "1"}, r, 1, "10.0.0.2", 22, None)
+    assert r.iface == "ib0" and not r.problems
+    r = report()
+    judge_master({"route": "10.0.0.2 dev ib0 src 10.0.0.3", "probe": "0"}, r, 1, "10.0.0.2", 22, None)
+    assert "not reachable from this node" in r.problems[0]
+    r = report()
+    judge_master({"route": "10.0.0.2 dev ib0 src 10.0.0.3", "probe": "1"}, r, 1, "10.0.0.2", 22, "eth5")
+    assert r.iface == "eth5"  # the hosts file's iface= wins
+
+
+def test_probe_script_runs_locally_and_quotes_nothing_into_code(tmp_path: Path) -> None:
+    marker = tmp_path / "owned"
+    evil = str(tmp_path / f"x $(touch {marker}); `touch {marker}`")
+    res = subprocess.run(["sh", "-c", PROBE_SCRIPT, "probe", evil, str(tmp_path), "127.0.0.1", "0", "0", "0"],
+                         capture_output=True, timeout=30)
+    facts = dict(rec.decode().split("=", 1) for rec in res.stdout.split(b"\0") if b"=" in rec)
+    assert facts["data_base"] == str(tmp_path) and facts["data_isdir"] == "1" and int(facts["ckpt_free_kb"]) > 0
+    assert not marker.exists()
