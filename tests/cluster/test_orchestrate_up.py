@@ -131,12 +131,13 @@ def test_kill_status_logs_then_resume(fresh: Cluster, work: Path, data: Data, ho
     finally:
         orchestrate(fresh, state, "kill", "--job", "bystander", "--grace", "5")
 
-    stopped_at = max(m["step"] for m in manifests(ckpt))
-    resumed = orchestrate(fresh, state, *up_args(hosts, data, "victim", "--resume", trainer=("--epochs", "3")),
-                          timeout=600)
+    last = max(manifests(ckpt), key=lambda m: m["step"])
+    stopped_at, target = int(last["step"]), int(last["epoch"]) + 1  # one more epoch than was reached
+    resumed = orchestrate(fresh, state, *up_args(hosts, data, "victim", "--resume",
+                                                 trainer=("--epochs", str(target))), timeout=600)
     assert resumed.returncode == 0
     assert f"ckpt-{stopped_at:08d}.pt" in resumed.stdout.split("resuming from", 1)[1].splitlines()[0]
-    assert "finished: epochs=3" in resumed.stdout
+    assert f"finished: epochs={target}" in resumed.stdout
     assert max(m["step"] for m in manifests(ckpt)) > stopped_at
 
 
