@@ -30,6 +30,24 @@ from .config import (
 )
 from .errors import ConfigError, MultiHostError, OrchestrateError
 
+EXAMPLES = """\
+examples:
+  python -m orchestrate up --hosts hosts.txt --gpus 8 --job r18 -- --epochs 30 --precision bf16
+  python -m orchestrate up --hosts hosts.txt --gpus 8 --job r18 --dry-run -- --epochs 30
+  python -m orchestrate status --job r18
+  python -m orchestrate logs --job r18 -f --node 1
+  python -m orchestrate kill --job r18
+  python -m orchestrate up --hosts hosts.txt --gpus 8 --job r18 --resume -- --epochs 30 --precision bf16
+
+hosts file: one host a line, [user@]host[:port] [slots=N] [key=value ...], '#' comments; the first host
+is node 0 and the rendezvous master. Keys: slots, iface, docker_host, data_dir, ckpt_dir, log_dir.
+Names resolve through ~/.ssh/config; host keys are checked against known_hosts.
+"""
+
+
+class _Formatter(argparse.RawDescriptionHelpFormatter, argparse.ArgumentDefaultsHelpFormatter):
+    """Keeps the examples' line breaks and shows every option's default."""
+
 
 class _Parser(argparse.ArgumentParser):
     """Bad command lines become a ConfigError: one line, exit 2, like every other expected failure."""
@@ -39,22 +57,28 @@ class _Parser(argparse.ArgumentParser):
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = _Parser(prog="python -m orchestrate", description="Train the DDP CIFAR-10 trainer on a cluster.")
+    parser = _Parser(prog="python -m orchestrate", formatter_class=_Formatter, epilog=EXAMPLES,
+                     description="Train the DDP CIFAR-10 trainer on every GPU of every host listed in a hosts "
+                                 "file, one container per node, over SSH and Docker.")
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
-    up = sub.add_parser("up", help="preflight, move image and data, start the job, watch it")
+    up = sub.add_parser("up", help="preflight, move image and data, start the job, watch it",
+                        formatter_class=_Formatter, epilog=EXAMPLES,
+                        description="Preflight every host (nothing starts unless all pass), send the image and "
+                                    "the data where missing, start one container per node, stream the logs and "
+                                    "stop everything if a node fails. Trainer options go after '--'.")
     _ssh_args(up, hosts_required=True)
     up.add_argument("--job", default=DEFAULT_JOB, help="job name (container names and labels)")
-    up.add_argument("--image", default=DEFAULT_IMAGE)
+    up.add_argument("--image", default=DEFAULT_IMAGE, help="image to run; sent to nodes that lack it")
     up.add_argument("--gpus", default="all", help="GPUs per node: a number, 'all', or 0 for CPU mode (gloo)")
     up.add_argument("--nproc-per-node", type=int, default=None, help="processes per node (default: GPUs, or 1 on CPU)")
     up.add_argument("--master-addr", default=None, help="rendezvous address (default: node 0's address)")
-    up.add_argument("--master-port", type=int, default=29500)
-    up.add_argument("--data-dir", default=DEFAULT_DATA_DIR)
+    up.add_argument("--master-port", type=int, default=29500, help="rendezvous port on node 0 (must be free)")
+    up.add_argument("--data-dir", default=DEFAULT_DATA_DIR, help="CIFAR-10 on each node (data_dir= per host wins)")
     up.add_argument("--ckpt-dir", default=DEFAULT_CKPT_DIR, help="{job} expands to the job name")
-    up.add_argument("--log-dir", default=DEFAULT_LOG_DIR)
-    up.add_argument("--data-url", default=DEFAULT_DATA_URL)
+    up.add_argument("--log-dir", default=DEFAULT_LOG_DIR, help="log folder on each node")
+    up.add_argument("--data-url", default=DEFAULT_DATA_URL, help="archive each node downloads")
     up.add_argument("--data-from", type=Path, default=None, help="send this local archive instead of downloading")
-    up.add_argument("--data-md5", default=DEFAULT_DATA_MD5)
+    up.add_argument("--data-md5", default=DEFAULT_DATA_MD5, help="expected md5 of the archive")
     up.add_argument("--env", action="append", default=[], metavar="KEY=VALUE", help="extra environment (repeat)")
     up.add_argument("--pull", action="store_true", help="pull the image on the nodes instead of sending it")
     up.add_argument("--detach", action="store_true", help="return once every container runs")
@@ -62,19 +86,19 @@ def build_parser() -> argparse.ArgumentParser:
     up.add_argument("--resume", action="store_true", help="continue from the newest valid checkpoint")
     up.add_argument("--replace", action="store_true", help="stop a running job of the same name first")
     up.add_argument("--stop-on-interrupt", action="store_true", help="Ctrl-C stops the job without asking")
-    up.add_argument("--min-free-gb", type=float, default=1.0)
+    up.add_argument("--min-free-gb", type=float, default=1.0, help="free disk each node needs under its dirs")
     up.add_argument("--shm-size", default=None, help="a sized /dev/shm instead of --ipc=host")
     up.add_argument("--grace", type=float, default=60.0, help="seconds between SIGTERM and SIGKILL")
     up.add_argument("trainer_args", nargs="*", help="trainer options after --, e.g. -- --epochs 30")
     for name, help_text in (("kill", "stop and remove the job's containers"), ("status", "one row per node"),
                             ("logs", "print or follow the nodes' logs")):
-        p = sub.add_parser(name, help=help_text)
+        p = sub.add_parser(name, help=help_text, description=help_text, formatter_class=_Formatter)
         _ssh_args(p, hosts_required=False)
-        p.add_argument("--job", default=DEFAULT_JOB)
+        p.add_argument("--job", default=DEFAULT_JOB, help="job name")
         if name == "kill":
             p.add_argument("--grace", type=float, default=60.0, help="seconds between SIGTERM and SIGKILL")
         if name == "logs":
-            p.add_argument("-f", "--follow", action="store_true")
+            p.add_argument("-f", "--follow", action="store_true", help="keep following until the job ends")
             p.add_argument("--node", type=int, default=None, help="only this node rank")
             p.add_argument("--tail", type=int, default=100, help="last N lines per node (0: all)")
     return parser
