@@ -23,6 +23,9 @@ from .plan import NodeSpec
 from .ssh import fan_out
 
 POLL_S = 2.0
+# The trainer's log line after a SIGTERM checkpoint (torchrun itself then exits 1, not 143).
+SIGTERM_STOP_LINE = "stopped by SIGTERM"
+REMOVED = "removed"  # a pseudo-status: the daemon answered that the container no longer exists
 UNREACHABLE_S = 15.0  # a host that answers no poll for this long counts as down
 LAST_LINES = 20
 FAILED_GRACE_S = 10.0
@@ -211,6 +214,8 @@ class Watcher:
                 continue
             self.last_seen[rank] = now
             status, code = state.get("Status"), int(state.get("ExitCode", 0))
+            if status == REMOVED:
+                return Outcome(False, rank, "its container was removed (stopped with 'kill'?)")
             if status in ("exited", "dead"):
                 if code != 0:
                     why = "killed (OOM)" if state.get("OOMKilled") else f"exited with code {code}"
@@ -223,8 +228,12 @@ class Watcher:
         return Outcome(True) if done == len(self.specs) else None
 
     def _poll_one(self, rank: int, results: list[dict[str, Any] | None]) -> None:
+        import docker.errors
+
         try:
             results[rank] = self._state(rank)
+        except docker.errors.NotFound:  # the host answered: the container is gone, not the host
+            results[rank] = {"Status": REMOVED}
         except Exception:  # unreachable or slow: counted by last_seen
             results[rank] = None
 
@@ -262,9 +271,13 @@ def watch(nodes: Nodes, specs: Sequence[NodeSpec], containers: Sequence[Any], co
         rank = outcome.failed_rank if outcome.failed_rank is not None else 0
         host = specs[rank].host.label
         console.print(f"[bold red]node {rank} ({host}) failed: {outcome.reason}[/]")
-        if "unreachable" not in outcome.reason:
+        if "unreachable" not in outcome.reason and "removed" not in outcome.reason:
+            lines = watcher.last_lines(rank)
             console.print(f"last lines of node {rank}:", markup=False)
-            print_lines(console, rank, watcher.last_lines(rank), watcher.secrets)
+            print_lines(console, rank, lines, watcher.secrets)
+            if SIGTERM_STOP_LINE in lines:
+                console.print("the trainer was stopped by SIGTERM (kill / docker stop) and wrote a checkpoint: "
+                              f"continue with 'up --resume --job {config.job}'", markup=False)
         console.print(f"stopping job {config.job!r} on all nodes", markup=False)
         try:
             # Short grace: with a peer gone the others cannot agree on a checkpoint anyway.

@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+import docker.errors
 import pytest
 from rich.console import Console
 
@@ -12,6 +13,8 @@ from orchestrate import launch
 from orchestrate.config import SSHOptions, UpConfig
 from orchestrate.hosts import Host
 from orchestrate.plan import NodeFacts, build_plan
+
+GONE: dict[str, Any] = {"gone": True}  # the daemon answers, but the container was removed
 
 
 class FakeAPI:
@@ -21,6 +24,8 @@ class FakeAPI:
     def inspect_container(self, _id: str) -> dict[str, Any]:
         if self.state is None:
             raise TimeoutError("no answer")
+        if self.state is GONE:
+            raise docker.errors.NotFound("No such container")
         return {"State": self.state}
 
 
@@ -68,3 +73,10 @@ def test_unreachable_only_after_the_grace_window(monkeypatch: pytest.MonkeyPatch
     outcome = w.poll()
     assert outcome is not None and (outcome.failed_rank, outcome.ok) == (1, False)
     assert "unreachable" in outcome.reason
+
+
+def test_a_removed_container_is_not_an_unreachable_host() -> None:
+    # `kill` from another terminal removes the containers: the host answers, so say so at once.
+    outcome = watcher([RUNNING, GONE]).poll()
+    assert outcome is not None and (outcome.failed_rank, outcome.ok) == (1, False)
+    assert "removed" in outcome.reason and "unreachable" not in outcome.reason
