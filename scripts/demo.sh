@@ -38,7 +38,7 @@ MD5="$(md5sum "$WORK/cifar-10-python.tar.gz" | cut -d' ' -f1)"
 
 ORCH=($PY -m orchestrate)
 UP=("${ORCH[@]}" up --hosts "$WORK/hosts.txt" --ssh-config "$STATE/ssh_config" --job "$JOB" --gpus 0
-    --image ddp-cifar:cpu --data-from "$WORK/cifar-10-python.tar.gz" --data-md5 "$MD5" --replace)
+    --image ddp-cifar:cpu --data-from "$WORK/cifar-10-python.tar.gz" --data-md5 "$MD5")
 TRAIN=(--model resnet20 --batch-size 64 --lr 0.05 --allow-unverified-data)
 
 say "3/5 train 2 epochs on 2 nodes: preflight, image and data moved, containers started and watched"
