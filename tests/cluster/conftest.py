@@ -22,6 +22,10 @@ What a test uses from a ``Cluster`` (see docs/devcluster.md):
 - ``c.hosts[i]``: ``.name`` (alias), ``.addr``, ``.netns``, ``.docker_sock``, ``.docker_host``,
   ``.docker_client()`` (local socket, for assertions), ``.run(argv)`` (inside the netns),
   ``.link_down()``/``.link_up()`` (network drops), ``.stop_docker()``/``.start_docker()``.
+- Fixtures of the orchestrator's tests (module-scoped): ``target`` (the cluster they run on; ``cluster``
+  unless a module overrides it), ``work`` (a folder per module), ``data`` (a synthetic CIFAR-10 archive
+  served over HTTP on the cluster's gateway address), ``hosts`` (a hosts file giving each host its own
+  data/checkpoint/log dirs under ``work``).
 - ``devcluster.tinyimage.load_tiny_image(client)``: a tiny local image (sh, sleep, ip...) when a test
   needs *an* image but not ``ddp-cifar:cpu``.
 """
@@ -29,8 +33,10 @@ What a test uses from a ``Cluster`` (see docs/devcluster.md):
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
+from pathlib import Path
 
 import pytest
+from orchestrate_kit import Data, host_dirs, serve_data
 
 from devcluster import Cluster
 from devcluster.gc import gc
@@ -70,3 +76,25 @@ def cluster_factory(_devcluster_session: list[Cluster]) -> ClusterFactory:
 @pytest.fixture(scope="session")
 def cluster(cluster_factory: ClusterFactory) -> Cluster:
     return cluster_factory(2)
+
+
+@pytest.fixture(scope="module")
+def target(cluster: Cluster) -> Cluster:
+    """The cluster a module's orchestrator tests run on; a module overrides it to use another one."""
+    return cluster
+
+
+@pytest.fixture(scope="module")
+def work(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp(request.module.__name__.rpartition(".")[2])
+
+
+@pytest.fixture(scope="module")
+def data(target: Cluster, work: Path) -> Iterator[Data]:
+    with serve_data(work / "served", target.gateway) as d:
+        yield d
+
+
+@pytest.fixture(scope="module")
+def hosts(target: Cluster, work: Path) -> Path:
+    return target.write_hosts_file(work / "hosts.txt", keys=host_dirs(work, 2))

@@ -24,27 +24,15 @@ from __future__ import annotations
 import re
 import subprocess
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from orchestrate_kit import Data, host_dirs, job_containers, orchestrate, serve_data, up_args
+from orchestrate_kit import Data, host_dirs, job_containers, orchestrate, up_args
 
 from devcluster import Cluster
 from devcluster.proc import in_netns
 
 pytestmark = [pytest.mark.cluster, pytest.mark.docker]
-
-
-@pytest.fixture(scope="module")
-def work(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return tmp_path_factory.mktemp("orch-bad")
-
-
-@pytest.fixture(scope="module")
-def data(cluster: Cluster, work: Path) -> Iterator[Data]:
-    with serve_data(work / "served", cluster.gateway) as d:
-        yield d
 
 
 @pytest.fixture

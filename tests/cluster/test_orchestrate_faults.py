@@ -10,7 +10,6 @@ from __future__ import annotations
 import signal
 import subprocess
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -21,7 +20,6 @@ from orchestrate_kit import (
     kill_process_group,
     manifests,
     orchestrate,
-    serve_data,
     start,
     up_args,
     wait_for,
@@ -30,22 +28,6 @@ from orchestrate_kit import (
 from devcluster import Cluster
 
 pytestmark = [pytest.mark.cluster, pytest.mark.docker, pytest.mark.slow]
-
-
-@pytest.fixture(scope="module")
-def work(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return tmp_path_factory.mktemp("orch-faults")
-
-
-@pytest.fixture(scope="module")
-def data(cluster: Cluster, work: Path) -> Iterator[Data]:
-    with serve_data(work / "served", cluster.gateway) as d:
-        yield d
-
-
-@pytest.fixture(scope="module")
-def hosts(cluster: Cluster, work: Path) -> Path:
-    return cluster.write_hosts_file(work / "hosts.txt", keys=host_dirs(work, 2))
 
 
 def running(cluster: Cluster, job: str) -> int:

@@ -13,11 +13,9 @@ from pathlib import Path
 import pytest
 from orchestrate_kit import (
     Data,
-    host_dirs,
     job_containers,
     manifests,
     orchestrate,
-    serve_data,
     up_args,
     wait_for,
 )
@@ -36,19 +34,9 @@ def fresh(cluster_factory, cpu_image: str) -> Iterator[Cluster]:  # type: ignore
 
 
 @pytest.fixture(scope="module")
-def work(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return tmp_path_factory.mktemp("orch-up")
-
-
-@pytest.fixture(scope="module")
-def data(fresh: Cluster, work: Path) -> Iterator[Data]:
-    with serve_data(work / "served", fresh.gateway) as d:
-        yield d
-
-
-@pytest.fixture(scope="module")
-def hosts(fresh: Cluster, work: Path) -> Path:
-    return fresh.write_hosts_file(work / "hosts.txt", keys=host_dirs(work, 2))
+def target(fresh: Cluster) -> Cluster:
+    """This module's `data` and `hosts` (tests/cluster/conftest.py) use the fresh cluster."""
+    return fresh
 
 
 def test_first_up_moves_image_and_data_and_trains_one_proc_per_node(
