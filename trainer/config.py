@@ -100,35 +100,56 @@ class _OneLineParser(argparse.ArgumentParser):
         raise SystemExit(2)
 
 
+_EXAMPLES = """\
+examples:
+  python -m trainer.data synth --out /tmp/cifar --train 5000 --test 1000     # synthetic data, official layout
+  python -m trainer --data-dir /tmp/cifar --ckpt-dir /tmp/ckpt --allow-unverified-data --model resnet20 --epochs 2
+  torchrun --nproc_per_node 2 -m trainer --data-dir /data --ckpt-dir /ckpt --precision bf16
+  torchrun --nproc_per_node 2 -m trainer --data-dir /data --ckpt-dir /ckpt --precision bf16 --resume
+
+exit codes: 0 done, 2 bad input (one 'error:' line), 143 stopped by SIGTERM after writing a checkpoint.
+"""
+
+
+class _Formatter(argparse.RawDescriptionHelpFormatter, argparse.ArgumentDefaultsHelpFormatter):
+    """Keeps the examples' line breaks and shows every option's default."""
+
+
 def build_parser() -> argparse.ArgumentParser:
-    p = _OneLineParser(prog="python -m trainer", description="DDP CIFAR-10 trainer (run under torchrun for N processes).")
+    p = _OneLineParser(prog="python -m trainer", formatter_class=_Formatter, epilog=_EXAMPLES,
+                       description="DDP CIFAR-10 trainer: one process with python, N with torchrun "
+                                   "(gloo on CPU, NCCL with one process per GPU).")
     d = Config.__dataclass_fields__
     p.add_argument("--data-dir", type=Path, required=True, help="folder holding cifar-10-batches-py/")
     p.add_argument("--ckpt-dir", type=Path, required=True, help="checkpoints and metrics.jsonl go here")
-    p.add_argument("--epochs", type=int, default=d["epochs"].default)
+    p.add_argument("--epochs", type=int, default=d["epochs"].default, help="passes over the training set")
     p.add_argument("--batch-size", type=int, default=d["batch_size"].default, help="per process")
     p.add_argument("--lr", type=float, default=d["lr"].default, help="peak learning rate")
-    p.add_argument("--warmup-epochs", type=float, default=d["warmup_epochs"].default)
-    p.add_argument("--momentum", type=float, default=d["momentum"].default)
-    p.add_argument("--weight-decay", type=float, default=d["weight_decay"].default)
+    p.add_argument("--warmup-epochs", type=float, default=d["warmup_epochs"].default,
+                   help="linear warmup, then cosine decay to 0")
+    p.add_argument("--momentum", type=float, default=d["momentum"].default, help="SGD (Nesterov) momentum")
+    p.add_argument("--weight-decay", type=float, default=d["weight_decay"].default, help="L2 weight decay")
     p.add_argument("--model", default=d["model"].default,
                    help="resnet18 (CIFAR variant), resnet20, resnet18-gn, resnet20-gn, tiny, or a torchvision name")
-    p.add_argument("--precision", default="fp32", choices=PRECISIONS)
+    p.add_argument("--precision", default="fp32", choices=PRECISIONS,
+                   help="autocast dtype; fp16 adds a gradient scaler and needs CUDA")
     p.add_argument("--sync-bn", action="store_true", help="SyncBatchNorm across processes (CUDA only)")
     p.add_argument("--grad-compression", default="none", choices=COMPRESSIONS, help="DDP communication hook")
     p.add_argument("--optimizer", default="sgd", choices=OPTIMIZERS,
                    help="apex-fused-sgd needs NVIDIA apex built from source (never the PyPI 'apex')")
     p.add_argument("--eval-every", type=int, default=d["eval_every"].default, help="epochs")
     p.add_argument("--ckpt-every", type=int, default=d["ckpt_every"].default, help="epochs")
-    p.add_argument("--keep-checkpoints", type=int, default=d["keep_checkpoints"].default)
+    p.add_argument("--keep-checkpoints", type=int, default=d["keep_checkpoints"].default,
+                   help="older checkpoints are deleted")
     p.add_argument("--resume", action="store_true", help="continue from the newest valid checkpoint")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", type=int, default=0, help="model init, data order and augmentation")
     p.add_argument("--max-steps", type=int, default=0, help="stop after this many global steps (0: no limit)")
     p.add_argument("--allow-unverified-data", action="store_true", help="accept data whose md5 is not official")
-    p.add_argument("--dist-timeout", type=float, default=d["dist_timeout"].default, help="seconds")
-    p.add_argument("--device", default="auto", choices=DEVICES)
+    p.add_argument("--dist-timeout", type=float, default=d["dist_timeout"].default, help="seconds a collective waits for a lost peer")
+    p.add_argument("--device", default="auto", choices=DEVICES, help="auto: cuda:LOCAL_RANK if CUDA, else cpu")
     p.add_argument("--log-every", type=int, default=d["log_every"].default, help="steps")
-    p.add_argument("--eval-batch-size", type=int, default=d["eval_batch_size"].default)
+    p.add_argument("--eval-batch-size", type=int, default=d["eval_batch_size"].default,
+                   help="images per evaluation batch")
     # torch.distributed.launch (legacy) passes this; torchrun's LOCAL_RANK environment variable wins.
     p.add_argument("--local_rank", "--local-rank", dest="local_rank", type=int, default=None, help=argparse.SUPPRESS)
     return p
