@@ -134,3 +134,32 @@ def test_hostile_values_run_nothing_and_secrets_are_masked(cluster: Cluster, wor
     orchestrate(cluster, state, "kill", "--job", "hostile", "--grace", "5")
     assert not marker.exists()
     assert Path(ckpt_dir.replace("{job}", "hostile")).is_dir()  # created under its literal name
+
+
+def test_ctrl_c_stops_the_job_and_logs_follow_ends_with_it(cluster: Cluster, work: Path, data: Data,
+                                                           hosts: Path) -> None:
+    """Ctrl-C on an attached `up --stop-on-interrupt` stops the job everywhere (SIGTERM first, so the trainer
+    writes a checkpoint); a `logs -f` running beside it follows the node's lines and ends when the job does."""
+    state, ckpt = work / "state", work / "n0" / "ckpt" / "intr"
+    up = start(cluster, state, *up_args(hosts, data, "intr", "--stop-on-interrupt", trainer=("--epochs", "40")))
+    follow = None
+    try:
+        # Training for real (a first checkpoint exists): a SIGTERM before the first step has nothing to save.
+        wait_for(lambda: running(cluster, "intr") == 2 and len(manifests(ckpt)) >= 1, 300,
+                 "the job to run and write a checkpoint")
+        follow = start(cluster, state, "logs", "-f", "--job", "intr", "--node", "0")
+        before = {m["step"] for m in manifests(ckpt)}
+        time.sleep(3)  # let the follower attach and the trainer take a few more steps
+        kill_process_group(up, signal.SIGINT)  # what a terminal's Ctrl-C sends to the foreground group
+        code, out, _ = finish(up, 120)
+        followed, _ = follow.communicate(timeout=60)  # ends by itself once the containers are gone
+    finally:
+        kill_process_group(up, signal.SIGKILL)
+        if follow is not None:
+            kill_process_group(follow, signal.SIGKILL)
+    assert code != 0 and "stopped by Ctrl-C" in out
+    assert job_containers(cluster, "intr") == []
+    assert {m["step"] for m in manifests(ckpt)} - before, "no checkpoint written on the way out"
+    assert follow.returncode == 0
+    assert any(line.startswith("[node 0] ") for line in followed.splitlines())
+    assert not any(line.startswith("[node 1] ") for line in followed.splitlines())  # --node 0 only
