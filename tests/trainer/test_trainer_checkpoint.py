@@ -7,13 +7,13 @@ import logging
 import os
 import random
 import signal
-import subprocess
 import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 import torch
+from trainer_helpers import tmpfs
 
 from trainer import checkpoint
 from trainer.errors import CheckpointError
@@ -124,13 +124,8 @@ def test_random_sigkill_during_saves_always_leaves_a_valid_newest(tmp_path: Path
 
 @pytest.fixture
 def tiny_tmpfs(tmp_path: Path) -> Iterator[Path]:
-    mnt = tmp_path / "small"
-    mnt.mkdir()
-    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=256k", "tmpfs", str(mnt)], check=True)
-    try:
+    with tmpfs(tmp_path / "small", "size=256k") as mnt:
         yield mnt
-    finally:
-        subprocess.run(["umount", str(mnt)], check=True)
 
 
 def test_full_disk_is_a_clear_error_and_the_previous_checkpoint_stays(tiny_tmpfs: Path) -> None:

@@ -10,7 +10,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from trainer_helpers import REPO, base_args, child_env, metrics_lines
+from trainer_helpers import REPO, base_args, child_env, metrics_lines, tmpfs
 
 from trainer import data
 from trainer.__main__ import main
@@ -26,24 +26,14 @@ def _error_line(capsys: pytest.CaptureFixture[str]) -> str:
 @pytest.fixture
 def ro_dir(tmp_path: Path) -> Iterator[Path]:
     """A read-only file system: unwritable even for root."""
-    mnt = tmp_path / "ro"
-    mnt.mkdir()
-    subprocess.run(["mount", "-t", "tmpfs", "-o", "ro,size=64k", "tmpfs", str(mnt)], check=True)
-    try:
+    with tmpfs(tmp_path / "ro", "ro,size=64k") as mnt:
         yield mnt
-    finally:
-        subprocess.run(["umount", str(mnt)], check=True)
 
 
 @pytest.fixture
 def full_dir(tmp_path: Path) -> Iterator[Path]:
-    mnt = tmp_path / "full"
-    mnt.mkdir()
-    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=8k", "tmpfs", str(mnt)], check=True)
-    try:
+    with tmpfs(tmp_path / "full", "size=8k") as mnt:
         yield mnt
-    finally:
-        subprocess.run(["umount", str(mnt)], check=True)
 
 
 @pytest.fixture

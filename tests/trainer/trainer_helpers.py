@@ -7,6 +7,8 @@ import os
 import socket
 import subprocess
 import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import torch
@@ -55,3 +57,15 @@ def newest_state(ckpt_dir: Path) -> dict:
 
 def metrics_lines(ckpt_dir: Path) -> list[dict]:
     return [json.loads(line) for line in (ckpt_dir / "metrics.jsonl").read_text().splitlines()]
+
+
+@contextmanager
+def tmpfs(where: Path, options: str) -> Iterator[Path]:
+    """A small tmpfs mounted at `where` (created) for the duration: a disk that fills up, or is read-only
+    even for root. Needs root; always unmounted."""
+    where.mkdir()
+    subprocess.run(["mount", "-t", "tmpfs", "-o", options, "tmpfs", str(where)], check=True)
+    try:
+        yield where
+    finally:
+        subprocess.run(["umount", str(where)], check=True)
