@@ -54,7 +54,7 @@ image-cpu: cpu-base
 
 # pytest exits 5 when it collected nothing: that is a failure here too (make fails on any non-zero).
 test: setup image-cpu lint
-	$(PY) -m pytest tests
+	DDP_TEST_IMAGE=$(CPU_IMAGE) $(PY) -m pytest tests
 
 # The input-pipeline benchmark compares with torchvision, which the project venv does not carry: it gets
 # its own venv (.venv-bench, made once). launch_scaling needs root, dockerd and the CPU image.

@@ -39,8 +39,6 @@ def sshd_config(host: HostLayout, authorized_keys: Path) -> str:
         "UsePAM no",
         "UseDNS no",
         "PrintMotd no",
-        "MaxStartups 64:30:128",  # the orchestrator's tests open many sessions at once
-        "MaxSessions 64",
         f"SetEnv DOCKER_HOST=unix://{host.docker_sock}",
         f"Subsystem sftp {SFTP_SERVER}",
         "",

@@ -2,12 +2,14 @@
 
 - ``docker_client`` (session): a Docker SDK client of the local dockerd. When the daemon cannot be
   reached the test FAILS with the reason; it never skips, so CI cannot pass without a real engine.
-- ``cpu_image`` (session): the tag ``ddp-cifar:cpu``; fails with "run make image-cpu" when it is missing.
+- ``cpu_image`` (session): the tag ``ddp-cifar:cpu`` (or $DDP_TEST_IMAGE, so that parallel work trees can test
+  images of their own); fails with "run make image-cpu" when it is missing.
 - ``repo_root``: the repository's root folder (a Path).
 """
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -15,7 +17,7 @@ import docker
 import docker.errors
 import pytest
 
-CPU_IMAGE = "ddp-cifar:cpu"
+CPU_IMAGE = os.environ.get("DDP_TEST_IMAGE", "ddp-cifar:cpu")
 REPO_ROOT = Path(__file__).resolve().parent.parent
 
 

@@ -24,7 +24,7 @@ from pathlib import Path
 from devcluster import Cluster
 
 REPO = Path(__file__).resolve().parents[2]
-IMAGE = "ddp-cifar:cpu"
+IMAGE = os.environ.get("DDP_TEST_IMAGE", "ddp-cifar:cpu")  # the Makefile passes its CPU_IMAGE
 # Tiny and quick: 256 training images, the "tiny" CNN, a checkpoint every epoch.
 TRAIN = ["--model", "tiny", "--batch-size", "16", "--allow-unverified-data", "--log-every", "4"]
 

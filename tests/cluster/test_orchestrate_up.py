@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 from orchestrate_kit import (
+    IMAGE,
     Data,
     job_containers,
     manifests,
@@ -45,7 +46,7 @@ def test_first_up_moves_image_and_data_and_trains_one_proc_per_node(
     assert res.returncode == 0
     out = res.stdout
     for h in fresh.hosts:
-        assert f"image ddp-cifar:cpu on {h.name}: sent" in out
+        assert f"image {IMAGE} on {h.name}: sent" in out
         assert f"data on {h.name}: downloaded" in out
     assert "finished: epochs=2" in out and "world_size=2" in out and "test_acc=" in out
     # Each node runs its own rank (one process per node), the trainer sees world size 2.
@@ -72,7 +73,7 @@ def test_second_up_moves_nothing_and_trains_two_procs_per_node(
     assert res.returncode == 0
     out = res.stdout
     for h in fresh.hosts:
-        assert f"image ddp-cifar:cpu on {h.name}: already there, nothing sent" in out
+        assert f"image {IMAGE} on {h.name}: already there, nothing sent" in out
         assert f"data on {h.name}: verified copy present, nothing moved" in out
     assert "MB compressed" not in out and "downloaded" not in out
     assert "finished: epochs=1" in out and "world_size=4" in out
