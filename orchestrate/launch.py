@@ -1,9 +1,8 @@
-"""Apply a plan: move the image, start one container per node, stream the logs, watch, stop on failure."""
+"""Apply a plan: find the resume checkpoint, start one container per node, stream the logs, watch, stop on failure."""
 
 from __future__ import annotations
 
 import os
-import tempfile
 import threading
 import time
 from collections.abc import Sequence
@@ -11,12 +10,11 @@ from dataclasses import dataclass
 from typing import Any
 
 from rich.console import Console
-from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TransferSpeedColumn
 
 from .checkpoints import Checkpoint, copy_checkpoint, last_metrics, newest_valid, validate
 from .config import UpConfig, secret_values
-from .docker import client_over_ssh, gzip_stream, image_id
-from .errors import JobError, SSHError
+from .docker import client_over_ssh
+from .errors import JobError
 from .jobs import kill_job, kill_on_host, print_lines
 from .nodes import Nodes
 from .plan import NodeSpec
@@ -29,68 +27,6 @@ REMOVED = "removed"  # a pseudo-status: the daemon answered that the container n
 UNREACHABLE_S = 15.0  # a host that answers no poll for this long counts as down
 LAST_LINES = 20
 FAILED_GRACE_S = 10.0
-
-
-# ---- image -------------------------------------------------------------------------------------------
-
-
-def ensure_images(nodes: Nodes, config: UpConfig, local: Any, local_id: str | None, console: Console,
-                  remote_ids: Sequence[str | None]) -> dict[str, str]:
-    """Give every node the image: nothing for nodes that have the same ID; pull or send to the others.
-
-    `remote_ids`: the image ID on each node as preflight found it (None: missing).
-    """
-    ranks = list(range(len(nodes.hosts)))
-    if config.pull:
-        need = [r for r in ranks if remote_ids[r] is None or (local_id and remote_ids[r] != local_id)]
-        fan_out("image pull", need, lambda r: nodes.docker(r, timeout=3600).images.pull(config.image),
-                lambda r: nodes.hosts[r].label)
-        actions = {nodes.hosts[r].label: ("pulled" if r in need else "present") for r in ranks}
-    else:
-        need = [r for r in ranks if remote_ids[r] != local_id] if local_id else []
-        if need:
-            _send_image(nodes, need, config.image, local, console)
-        actions = {nodes.hosts[r].label: ("sent" if r in need else "present") for r in ranks}
-    for r in need:  # whatever happened, the node must now hold the image by name
-        got = image_id(nodes.docker(r), config.image)
-        if got is None or (local_id and not config.pull and got != local_id):
-            raise SSHError(f"{nodes.hosts[r].label}: image {config.image} still missing after transfer")
-    for label, action in actions.items():
-        what = "already there, nothing sent" if action == "present" else action
-        console.print(f"image {config.image} on {label}: {what}", markup=False, highlight=False)
-    return actions
-
-
-def _send_image(nodes: Nodes, ranks: Sequence[int], name: str, local: Any, console: Console) -> None:
-    """docker save (named=True: keeps the tags) compressed once into a temp file, then streamed to each node."""
-    image = local.images.get(name)
-    size = int(image.attrs.get("Size", 0))
-    with tempfile.TemporaryDirectory(prefix="ddp-cifar-image-") as tmp, Progress(
-            TextColumn("{task.description}"), BarColumn(), DownloadColumn(), TransferSpeedColumn(),
-            console=console, transient=True) as bars:
-        archive = os.path.join(tmp, "image.tar.gz")
-        task = bars.add_task(f"save+compress {name}", total=size or None)
-        with open(archive, "wb") as out:
-            for block in gzip_stream(image.save(named=True, chunk_size=1 << 20),
-                                     lambda n: bars.advance(task, n)):
-                out.write(block)
-        total = os.path.getsize(archive)
-        tasks = {r: bars.add_task(f"image -> {nodes.hosts[r].label}", total=total) for r in ranks}
-
-        def send(rank: int) -> None:
-            def chunks() -> Any:
-                with open(archive, "rb") as fh:
-                    while block := fh.read(1 << 20):
-                        bars.advance(tasks[rank], len(block))
-                        yield block
-            client = nodes.docker(rank, timeout=3600)
-            for event in client.api.load_image(chunks()):
-                if isinstance(event, dict) and event.get("error"):
-                    raise SSHError(f"docker load failed: {event['error']}")
-
-        fan_out("image transfer", list(ranks), send, lambda r: nodes.hosts[r].label)
-    console.print(f"image {name}: {total / 1e6:.0f} MB compressed, sent to {len(ranks)} node(s)",
-                  markup=False, highlight=False)
 
 
 # ---- resume ------------------------------------------------------------------------------------------

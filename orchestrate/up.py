@@ -12,7 +12,8 @@ from . import state
 from .config import UpConfig
 from .errors import JobError
 from .hosts import Host, parse_hosts_file
-from .launch import ensure_images, find_resume_checkpoint, remove_leftovers, start_containers, summary, watch
+from .image import ensure_images
+from .launch import find_resume_checkpoint, remove_leftovers, start_containers, summary, watch
 from .nodes import Nodes
 from .plan import NodeFacts, build_plan, render_plan
 from .prefetch import prefetch_all

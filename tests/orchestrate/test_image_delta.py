@@ -1,0 +1,131 @@
+"""Layer-aware image transfer, the pure parts: chain IDs, held prefixes, which save entry is which layer, and
+the filter that leaves a node's held layers out of one `docker save` stream."""
+
+from __future__ import annotations
+
+import gzip
+import hashlib
+import io
+import json
+import tarfile
+from pathlib import Path
+
+from orchestrate.image import (_Feed, _Sink, all_chain_ids, chain_ids, filter_save, held_prefix, oci_layer_index,
+                               summary_line, v1_layer_index)
+
+DATA = Path(__file__).parent / "data"
+# RootFS diff IDs of ddp-cifar:cpu as built on this machine (Docker 20.10.24); the two json files are the
+# first and last layer folders' `json` from its `docker save`, whose folder names (v1 IDs) are below.
+DIFF_IDS = ["sha256:2b732b73477ccabf5bf4c15f9fdf50e90fd622666ba7987e47047d46f3efe59f",
+            "sha256:74fa01c1de014ea722e7979b5581f65a65a042d8d0040ea505c443340128d245",
+            "sha256:2896d1c2addc4098710b2274b1fe9fadd42dc23e88fa8c7ad26cd546935fad32",
+            "sha256:cf6ae639df281040b4badca3906c86cca07c5c7e25e38fa8efb7e6479cf593bd",
+            "sha256:5e4ac4ce2d1ff24d7e95a519dc2b16765d5a0520fac78e36c66b1bd35bd21280"]
+FOLDER0 = "44194326be7b2f38bab051c52c36a87dc9254d745d27993023a107c8841127fa"
+FOLDER4 = "d3dd61b2099101abd5e29757e373ffa3602929350e10c5a39f0c59bece48edea"
+
+
+def test_chain_ids_follow_the_oci_rule() -> None:
+    chains = chain_ids(DIFF_IDS[:2])
+    assert chains[0] == DIFF_IDS[0]
+    assert chains[1] == "sha256:" + hashlib.sha256(f"{DIFF_IDS[0]} {DIFF_IDS[1]}".encode()).hexdigest()
+    # the same diff ID on another parent is another layer
+    assert chain_ids([DIFF_IDS[1]])[0] != chains[1]
+
+
+def test_held_prefix_stops_at_the_first_missing_chain() -> None:
+    old = DIFF_IDS[:4] + ["sha256:" + "0" * 64]  # the previous build: same base, other trainer layer
+    held = all_chain_ids([old, DIFF_IDS[:1]])
+    assert held_prefix(DIFF_IDS, held) == 4
+    assert held_prefix(DIFF_IDS, set()) == 0
+    assert held_prefix(DIFF_IDS, all_chain_ids([DIFF_IDS])) == 5
+    # a node that holds layer 2's diff ID on another parent holds nothing of this image past layer 0
+    assert held_prefix(DIFF_IDS, all_chain_ids([DIFF_IDS[:1], DIFF_IDS[2:3]])) == 1
+
+
+def test_v1_folder_names_identify_layers_as_docker_20_10_writes_them() -> None:
+    chains = chain_ids(DIFF_IDS)
+    assert v1_layer_index(FOLDER0, (DATA / "save-layer0.json").read_bytes(), chains) == 0
+    assert v1_layer_index(FOLDER4, (DATA / "save-layer4.json").read_bytes(), chains) == 4
+    assert v1_layer_index(FOLDER4, (DATA / "save-layer0.json").read_bytes(), chains) is None
+    assert v1_layer_index(FOLDER0, b"not json", chains) is None
+
+
+def test_oci_layout_names_layers_by_diff_id() -> None:
+    assert oci_layer_index("blobs/sha256/" + DIFF_IDS[3][7:], DIFF_IDS) == 3
+    assert oci_layer_index("blobs/sha256/" + "1" * 64, DIFF_IDS) is None
+    assert oci_layer_index("manifest.json", DIFF_IDS) is None
+
+
+# ---- the filter, on a synthetic archive in Docker 20.10's layout ----------------------------------------
+
+
+def _v1_id(meta: dict, chain: str) -> str:
+    body = {k: v for k, v in meta.items() if k != "id"}
+    if body.get("parent"):
+        body["parent"] = "sha256:" + body["parent"]
+    return hashlib.sha256(json.dumps(dict(sorted({**body, "layer_id": chain}.items())),
+                                     separators=(",", ":")).encode()).hexdigest()
+
+
+def _save_archive(layers: list[bytes]) -> tuple[bytes, list[str]]:
+    diff_ids = ["sha256:" + hashlib.sha256(tar).hexdigest() for tar in layers]
+    chains = chain_ids(diff_ids)
+    entries: dict[str, bytes] = {"cfg.json": b'{"rootfs":{}}'}
+    folders, parent = [], ""
+    for chain in chains:
+        meta = {"created": "1970-01-01T00:00:00Z", **({"parent": parent} if parent else {})}
+        folder = _v1_id(meta, chain)
+        entries[f"{folder}/VERSION"] = b"1.0"
+        entries[f"{folder}/json"] = json.dumps({"id": folder, **meta}).encode()
+        folders.append(folder)
+        parent = folder
+    for folder, tar in zip(folders, layers, strict=True):
+        entries[f"{folder}/layer.tar"] = tar
+    entries["manifest.json"] = json.dumps([{"Config": "cfg.json", "Layers": [f"{f}/layer.tar" for f in folders]}]
+                                          ).encode()
+    out = io.BytesIO()
+    with tarfile.open(fileobj=out, mode="w") as tar:
+        for name in sorted(entries):  # Docker writes the folder in name order
+            info = tarfile.TarInfo(name)
+            info.size = len(entries[name])
+            tar.addfile(info, io.BytesIO(entries[name]))
+    return out.getvalue(), diff_ids
+
+
+def _drain(sink: _Sink) -> bytes:
+    feed = sink.feeds[0]
+    chunks = []
+    while (chunk := feed.chunks.get_nowait()) is not None:
+        chunks.append(chunk)
+    return gzip.decompress(b"".join(chunks))
+
+
+def test_filter_leaves_out_held_layers_and_keeps_everything_else() -> None:
+    layers = [b"base" * 20000, b"deps" * 5000, b"trainer-v2"]
+    archive, diff_ids = _save_archive(layers)
+    sinks = [_Sink(p, [_Feed()]) for p in (0, 2)]
+    for feed in (s.feeds[0] for s in sinks):
+        feed.chunks.maxsize = 0  # unbounded: this test reads after the producer is done
+    stream = iter([archive[i:i + 7000] for i in range(0, len(archive), 7000)])
+    total = filter_save(stream, diff_ids, sinks)
+    for sink in sinks:
+        sink.finish()
+    assert total == len(archive)
+    full, delta = (_drain(s) for s in sinks)
+    with tarfile.open(fileobj=io.BytesIO(full)) as tar:
+        original = {m.name: tar.extractfile(m).read() for m in tar if m.isfile()}  # type: ignore[union-attr]
+    with tarfile.open(fileobj=io.BytesIO(archive)) as tar:
+        assert original == {m.name: tar.extractfile(m).read() for m in tar if m.isfile()}  # type: ignore[union-attr]
+    with tarfile.open(fileobj=io.BytesIO(delta)) as tar:
+        kept = {m.name: tar.extractfile(m).read() for m in tar if m.isfile()}  # type: ignore[union-attr]
+    dropped = set(original) - set(kept)
+    assert len(dropped) == 2 and all(original[n] in layers[:2] for n in dropped)
+    assert b"trainer-v2" in kept.values() and "manifest.json" in kept and "cfg.json" in kept
+    assert (sinks[0].layers_sent, sinks[1].layers_sent) == (3, 1)
+    assert sinks[1].sent < 1000 < sinks[0].sent
+
+
+def test_summary_line_names_the_delta() -> None:
+    assert summary_line("img:cpu", "h1", 31_000, 1, 5, 912_000_000) == \
+        "image img:cpu on h1: sent 0.0 MB (1 of 5 layers) of 912 MB"
