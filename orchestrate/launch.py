@@ -13,9 +13,8 @@ from rich.console import Console
 
 from .checkpoints import Checkpoint, copy_checkpoint, last_metrics, newest_valid, validate
 from .config import UpConfig, secret_values
-from .docker import client_over_ssh
 from .errors import JobError
-from .jobs import kill_job, kill_on_host, print_lines
+from .jobs import follow_lines, kill_job, kill_on_host, print_lines
 from .nodes import Nodes
 from .plan import NodeSpec
 from .ssh import fan_out
@@ -27,6 +26,7 @@ REMOVED = "removed"  # a pseudo-status: the daemon answered that the container n
 UNREACHABLE_S = 15.0  # a host that answers no poll for this long counts as down
 LAST_LINES = 20
 FAILED_GRACE_S = 10.0
+STREAM_DRAIN_S = 2.0  # at most this long for the log streams' last lines once the job has ended
 
 
 # ---- resume ------------------------------------------------------------------------------------------
@@ -98,7 +98,11 @@ class Outcome:
 
 
 class Watcher:
-    """Streams every node's log with a `[node R]` prefix and polls each container's state with a timeout."""
+    """Streams every node's log with a `[node R]` prefix, learns of each container's exit from the Docker API's
+    wait, and polls each container's state with a timeout (which also finds unreachable hosts).
+
+    SSH channels held per host while watching: the log stream, the wait, and the polls' pooled connection: 3.
+    """
 
     def __init__(self, nodes: Nodes, specs: Sequence[NodeSpec], containers: Sequence[Any], console: Console,
                  secrets: list[str]) -> None:
@@ -106,29 +110,43 @@ class Watcher:
         self.ids = [c.id for c in containers]
         self.last_seen = [time.monotonic()] * len(specs)
         self.stop_event = threading.Event()
+        self.exited = threading.Event()  # a container exited (or its wait broke): poll now, not at the next tick
+        self.streams: list[threading.Thread] = []
 
     def start_streams(self) -> None:
         for rank in range(len(self.specs)):
-            threading.Thread(target=self._stream, args=(rank,), daemon=True).start()
+            self.streams.append(threading.Thread(target=self._stream, args=(rank,), daemon=True))
+            threading.Thread(target=self._wait, args=(rank,), daemon=True).start()
+        for t in self.streams:
+            t.start()
 
     def _stream(self, rank: int) -> None:
         try:
             # A client without a read timeout: logs may be quiet for long; liveness is the poller's job.
-            client = client_over_ssh(self.nodes.conn(rank), timeout=None)  # type: ignore[arg-type]
-            pending = ""
-            for chunk in client.api.logs(self.ids[rank], stream=True, follow=True):
-                if self.stop_event.is_set():
-                    return
-                pending += chunk.decode(errors="replace")
-                *lines, pending = pending.split("\n")
-                print_lines(self.console, rank, "\n".join(lines), self.secrets)
-            if pending:
-                print_lines(self.console, rank, pending, self.secrets)
+            client = self.nodes.docker(rank, timeout=None)
+            follow_lines(self.console, rank, client.api.logs(self.ids[rank], stream=True, follow=True),
+                         self.secrets, self.stop_event)
         except Exception:  # the stream is best effort; the poller decides what happened
             return
 
+    def _wait(self, rank: int) -> None:
+        """Block in the daemon's wait until the container exits: the exit is seen at once, without polling.
+        Same client as the log stream (no read timeout), one more channel of its pool."""
+        try:
+            self.nodes.docker(rank, timeout=None).api.wait(self.ids[rank])
+        except Exception:  # unreachable or removed: the poller tells which
+            pass
+        self.exited.set()
+
+    def drain_streams(self, timeout: float) -> None:
+        """Let the log streams print the last lines: they end with their containers (bounded wait)."""
+        deadline = time.monotonic() + timeout
+        for t in self.streams:
+            t.join(max(0.0, deadline - time.monotonic()))
+
     def _state(self, rank: int) -> dict[str, Any]:
-        return dict(self.nodes.docker(rank, timeout=10).api.inspect_container(self.ids[rank])["State"])
+        # The client the earlier phases used (its idle pooled channel): no extra channel for the polls.
+        return dict(self.nodes.docker(rank).api.inspect_container(self.ids[rank])["State"])
 
     def poll(self) -> Outcome | None:
         """One round: None while running; an Outcome once the job succeeded or a node failed."""
@@ -175,7 +193,7 @@ class Watcher:
 
     def last_lines(self, rank: int) -> str:
         try:
-            return self.nodes.docker(rank, timeout=10).api.logs(self.ids[rank], tail=LAST_LINES).decode(
+            return self.nodes.docker(rank).api.logs(self.ids[rank], tail=LAST_LINES).decode(
                 errors="replace")
         except Exception as err:
             return f"(logs unavailable: {err})"
@@ -197,11 +215,12 @@ def watch(nodes: Nodes, specs: Sequence[NodeSpec], containers: Sequence[Any], co
             outcome = watcher.poll()
             if outcome is not None:
                 break
-            time.sleep(POLL_S)
+            watcher.exited.wait(POLL_S)
+            watcher.exited.clear()
     except KeyboardInterrupt:
         watcher.stop_event.set()
         return _interrupted(nodes, config, console)
-    time.sleep(1.0)  # let the log streams print the last lines
+    watcher.drain_streams(STREAM_DRAIN_S)
     watcher.stop_event.set()
     if not outcome.ok:
         rank = outcome.failed_rank if outcome.failed_rank is not None else 0

@@ -10,8 +10,17 @@ import json
 import tarfile
 from pathlib import Path
 
-from orchestrate.image import (_Feed, _Sink, all_chain_ids, chain_ids, filter_save, held_prefix, oci_layer_index,
-                               summary_line, v1_layer_index)
+from orchestrate.image import (
+    _Feed,
+    _Sink,
+    all_chain_ids,
+    chain_ids,
+    filter_save,
+    held_prefix,
+    oci_layer_index,
+    summary_line,
+    v1_layer_index,
+)
 
 DATA = Path(__file__).parent / "data"
 # RootFS diff IDs of ddp-cifar:cpu as built on this machine (Docker 20.10.24); the two json files are the
@@ -129,3 +138,79 @@ def test_filter_leaves_out_held_layers_and_keeps_everything_else() -> None:
 def test_summary_line_names_the_delta() -> None:
     assert summary_line("img:cpu", "h1", 31_000, 1, 5, 912_000_000) == \
         "image img:cpu on h1: sent 0.0 MB (1 of 5 layers) of 912 MB"
+
+
+# ---- fallback: a delta that does not load is replaced by the full archive (fakes for the daemons) --------
+
+
+class _Api:
+    def __init__(self, held: list[str], fail_delta: bool) -> None:
+        self.held, self.fail_delta, self.loaded_id, self.archives = held, fail_delta, "", []  # type: ignore[var-annotated]
+
+    def images(self, all: bool = False) -> list[dict[str, str]]:
+        return [{"Id": "old"}]
+
+    def inspect_image(self, ref: str) -> dict[str, object]:
+        return {"RootFS": {"Layers": self.held}}
+
+    def load_image(self, chunks):  # type: ignore[no-untyped-def]
+        with tarfile.open(fileobj=io.BytesIO(gzip.decompress(b"".join(chunks)))) as tar:
+            names = [m.name for m in tar]
+        self.archives.append(names)
+        if self.fail_delta and len([n for n in names if n.endswith("layer.tar")]) < 3:
+            yield {"error": "open /var/lib/docker/tmp/x/layer.tar: no such file or directory"}
+            return
+        self.loaded_id = "sha256:new"
+        yield {"stream": "Loaded image: img:new"}
+
+
+class _Client:
+    def __init__(self, api: _Api) -> None:
+        self.api = api
+        self.images = self
+
+    def get(self, name: str):  # type: ignore[no-untyped-def]
+        if not self.api.loaded_id:
+            import docker.errors
+            raise docker.errors.ImageNotFound(name)
+        return type("Img", (), {"id": self.api.loaded_id})()
+
+
+class _Nodes:
+    def __init__(self, apis: list[_Api]) -> None:
+        self.hosts = [type("H", (), {"label": f"h{i}"})() for i in range(len(apis))]
+        self.clients = [_Client(a) for a in apis]
+
+    def docker(self, rank: int, timeout: float | None = 60.0) -> _Client:
+        return self.clients[rank]
+
+
+class _Local:
+    def __init__(self, archive: bytes, diff_ids: list[str]) -> None:
+        self.archive, self.attrs, self.images = archive, {"RootFS": {"Layers": diff_ids}}, self
+
+    def get(self, name: str) -> _Local:
+        return self
+
+    def save(self, named: bool, chunk_size: int):  # type: ignore[no-untyped-def]
+        return iter([self.archive[i:i + chunk_size] for i in range(0, len(self.archive), chunk_size)])
+
+
+def test_a_delta_that_fails_to_load_falls_back_to_the_full_archive() -> None:
+    from rich.console import Console
+
+    from orchestrate.image import deliver
+
+    archive, diff_ids = _save_archive([b"base" * 20000, b"deps" * 5000, b"trainer-v2"])
+    old = diff_ids[:2] + ["sha256:" + "0" * 64]
+    apis = [_Api(old, fail_delta=True), _Api(old, fail_delta=False)]
+    console = Console(record=True, width=200)
+    done = deliver(_Nodes(apis), [0, 1], _Local(archive, diff_ids), "sha256:new", "img:new", console)  # type: ignore[arg-type]
+    out = console.export_text()
+    assert "image img:new on h0: layer delta failed (docker load: open /var/lib/docker/tmp/x/layer.tar" in out
+    assert "sending the full image" in out and "h1: layer delta failed" not in out
+    # h0 got the delta, then the full archive; h1 (same layers held) only the shared delta
+    assert [sum(n.endswith("layer.tar") for n in names) for names in apis[0].archives] == [1, 3]
+    assert [sum(n.endswith("layer.tar") for n in names) for names in apis[1].archives] == [1]
+    assert (done[0].layers_sent, done[1].layers_sent) == (3, 1)
+    assert done[0].sent > done[1].sent and not done[0].fallback
