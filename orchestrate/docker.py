@@ -73,11 +73,13 @@ class _TunnelAdapter(SSHHTTPAdapter):
         super(SSHHTTPAdapter, self).__init__()
 
     def get_connection(self, url: str, proxies: Any = None) -> _ChannelPool:
+        # One pool per client, whatever the URL: keyed by URL (docker-py's way) each API path kept its own idle
+        # channel, up to 4 per client, which overran sshd's stock MaxSessions of 10 with 3 clients per host.
         with self.pools.lock:
-            pool = self.pools.get(url)
+            pool = self.pools.get("tunnel")
             if pool is None:
                 pool = _ChannelPool(self._conn, self._command, self.timeout, self.max_pool_size)
-                self.pools[url] = pool
+                self.pools["tunnel"] = pool
             return pool
 
     def close(self) -> None:

@@ -180,14 +180,21 @@ def follow_lines(console: Console, rank: int, chunks: Iterable[bytes], secrets: 
                  stop: threading.Event | None = None) -> None:
     """Print a followed log stream line by line with the node prefix (`logs -f` and `up`'s watcher)."""
     pending = ""
-    for chunk in chunks:
-        if stop is not None and stop.is_set():
-            return
-        pending += chunk.decode(errors="replace")
-        *lines, pending = pending.split("\n")
-        print_lines(console, rank, "\n".join(lines), secrets)
-    if pending:
-        print_lines(console, rank, pending, secrets)
+    try:
+        for chunk in chunks:
+            if stop is not None and stop.is_set():
+                return
+            pending += chunk.decode(errors="replace")
+            *lines, pending = pending.split("\n")
+            print_lines(console, rank, "\n".join(lines), secrets)
+        if pending:
+            print_lines(console, rank, pending, secrets)
+    finally:
+        # docker-py's log stream (a CancellableStream) keeps its HTTP connection, an SSH channel, out of the
+        # pool after the end; its close() refuses SSH sockets. Closing the response hands the connection back.
+        response = getattr(chunks, "_response", None)
+        if response is not None:
+            response.close()
 
 
 def print_lines(console: Console, rank: int, text: str, secrets: Sequence[str]) -> None:
