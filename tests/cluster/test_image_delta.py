@@ -56,5 +56,7 @@ def test_up_after_a_trainer_change_sends_only_the_new_layer(fresh: Cluster, work
         assert (k, m) == (1, layers) and sent_mb <= 1.0 and total_mb > 100
         assert "layer delta failed" not in res.stdout
     assert "finished: epochs=1" in res.stdout
+    assert re.search(r"^timings \(s\): connect [\d.]+, preflight [\d.]+, image [\d.]+, data [\d.]+, start [\d.]+, "
+                     r"run [\d.]+, summary [\d.]+; total [\d.]+$", res.stdout, re.M)
     ran = {name: c.attrs["Image"] for name, c in job_containers(fresh, "delta")}  # type: ignore[attr-defined]
     assert ran == {h.name: changed for h in fresh.hosts}

@@ -7,6 +7,7 @@ import gzip
 import hashlib
 import io
 import json
+import re
 import tarfile
 from pathlib import Path
 
@@ -214,3 +215,17 @@ def test_a_delta_that_fails_to_load_falls_back_to_the_full_archive() -> None:
     assert [sum(n.endswith("layer.tar") for n in names) for names in apis[1].archives] == [1]
     assert (done[0].layers_sent, done[1].layers_sent) == (3, 1)
     assert done[0].sent > done[1].sent and not done[0].fallback
+
+
+def test_timings_name_each_phase_in_order_even_when_one_fails() -> None:
+    from orchestrate.up import Timings
+
+    timings = Timings()
+    with timings.phase("connect"):
+        pass
+    try:
+        with timings.phase("image"):
+            raise RuntimeError("boom")
+    except RuntimeError:
+        pass
+    assert re.fullmatch(r"timings \(s\): connect 0\.\d\d, image 0\.\d\d; total 0\.\d\d", timings.render())
