@@ -81,7 +81,7 @@ def main() -> int:
             hostfile = ds_dir / f"hostfile{n}"
             hostfile.write_text("".join(f"{h.name} slots=1\n" for h in cluster.hosts[:n]))
             return timed([str(DS_PYTHON), "-m", "deepspeed.launcher.runner", "--hostfile", str(hostfile),
-                          "--launcher", "pdsh", "--no_ssh_check", "--master_addr", cluster.hosts[0].addr,
+                          "--launcher", "pdsh", "--no_ssh_check", "--force_multi", "--master_addr", cluster.hosts[0].addr,
                           "--master_port", "29610", "--num_gpus", "1", "allreduce.py"], ds_env, ds_dir)
 
         print(f"warm-up (image + data to 4 hosts): {up(4, 'warm'):.1f} s", flush=True)

@@ -18,7 +18,6 @@ Newer Docker (OCI layout: blobs/sha256/<diff-id>) names layers by diff ID direct
 from __future__ import annotations
 
 import hashlib
-import io
 import json
 import logging
 import queue
@@ -156,7 +155,7 @@ class _Sink:
     buffered: bytearray = field(default_factory=bytearray)
     offset: int = 0  # uncompressed tar bytes written (for block padding)
 
-    def write(self, data: bytes) -> None:
+    def write(self, data: bytes | memoryview) -> None:
         self.offset += len(data)
         self.buffered += self.packer.compress(data)
         if len(self.buffered) >= CHUNK:
@@ -181,66 +180,98 @@ class _Sink:
                 feed.put(chunk)
 
 
-class _Reader(io.RawIOBase):
-    """A file object over the save stream's chunks, counting the bytes (the full archive's size)."""
+class _Blocks:
+    """Exact reads over the save stream's chunks, without joining what is only passed on."""
 
     def __init__(self, chunks: Iterator[bytes]) -> None:
         self._chunks = chunks
-        self._rest = b""
+        self._rest = memoryview(b"")
         self.total = 0
 
-    def readable(self) -> bool:
-        return True
+    def pieces(self, n: int) -> Iterator[memoryview]:
+        """The next n bytes, as they arrive (the caller uses each piece before asking for the next)."""
+        while n > 0:
+            if not self._rest:
+                try:
+                    self._rest = memoryview(next(self._chunks))
+                except StopIteration:
+                    raise ValueError("docker save stream ended inside an entry") from None
+            piece, self._rest = self._rest[:n], self._rest[n:]
+            self.total += len(piece)
+            n -= len(piece)
+            yield piece
 
-    def readinto(self, buf: Any) -> int:
-        while not self._rest:
-            try:
-                self._rest = next(self._chunks)
-            except StopIteration:
-                return 0
-        n = min(len(buf), len(self._rest))
-        buf[:n] = self._rest[:n]
-        self._rest = self._rest[n:]
-        self.total += n
-        return n
+    def read(self, n: int) -> bytes:
+        return b"".join(bytes(p) for p in self.pieces(n))
+
+    def drain(self) -> int:
+        """Read to the end (the archive's zero padding); return the stream's size."""
+        self.total += len(self._rest) + sum(len(c) for c in self._chunks)
+        self._rest = memoryview(b"")
+        return self.total
+
+
+def _padded(size: int) -> int:
+    return size + (-size % tarfile.BLOCKSIZE)
+
+
+def _long_name(kind: bytes, data: bytes) -> str | None:
+    """The name a GNU long-name ('L') or pax ('x') header gives the next entry, if any."""
+    if kind == tarfile.GNUTYPE_LONGNAME:
+        return data.rstrip(b"\0").decode("utf-8", "surrogateescape")
+    for record in data.decode("utf-8", "surrogateescape").splitlines():
+        _, _, keyval = record.partition(" ")
+        key, _, value = keyval.partition("=")
+        if key == "path":
+            return value
+    return None
 
 
 def filter_save(chunks: Iterator[bytes], diff_ids: Sequence[str], sinks: Sequence[_Sink]) -> int:
-    """Copy a `docker save` stream into every sink, leaving out each sink's held layers; return its size."""
+    """Copy a `docker save` stream into every sink, leaving out each sink's held layers; return its size.
+
+    Entries are copied byte for byte (header, data, padding); only the decision per entry needs parsing.
+    Long-name headers travel with the entry they name.
+    """
     chains = chain_ids(diff_ids)
-    reader = _Reader(chunks)
+    stream = _Blocks(chunks)
     folder_index: dict[str, int | None] = {}
-    with tarfile.open(fileobj=io.BufferedReader(reader, CHUNK), mode="r|") as archive:
-        for member in archive:
-            name = member.name.lstrip("./")
-            folder, _, base = name.rpartition("/")
-            data = archive.extractfile(member) if member.isfile() else None
-            if base == "json" and data is not None and folder:
-                raw = data.read()
-                folder_index[folder] = v1_layer_index(folder, raw, chains)
-                data = io.BytesIO(raw)
-            index: int | None = None
-            is_layer = base == "layer.tar" or name.startswith("blobs/sha256/")
-            if base == "layer.tar":
-                index = folder_index.get(folder)
-            elif is_layer:
-                index = oci_layer_index(name, diff_ids)
-            if is_layer and index is None and (base == "layer.tar" or member.size > 0):
-                log.info("save entry %s: layer not identified, sent to every node", name)
-            targets = [s for s in sinks if not (is_layer and index is not None and index < s.keep_from)]
-            header = member.tobuf(tarfile.PAX_FORMAT, "utf-8", "surrogateescape")
+    prefix = b""  # pax / GNU long-name headers of the next entry
+    name_override: str | None = None
+    while True:
+        header = stream.read(tarfile.BLOCKSIZE)
+        if header.count(0) == tarfile.BLOCKSIZE:
+            return stream.drain()  # end of archive
+        info = tarfile.TarInfo.frombuf(header, "utf-8", "surrogateescape")
+        size = info.size if info.type in tarfile.REGULAR_TYPES or info.type in (
+            tarfile.XHDTYPE, tarfile.XGLTYPE, tarfile.GNUTYPE_LONGNAME, tarfile.GNUTYPE_LONGLINK) else 0
+        if info.type in (tarfile.XHDTYPE, tarfile.GNUTYPE_LONGNAME):
+            data = stream.read(_padded(size))
+            name_override = _long_name(info.type, data[:size]) or name_override
+            prefix += header + data
+            continue
+        name = (name_override or info.name).lstrip("./")
+        folder, _, base = name.rpartition("/")
+        is_layer = base == "layer.tar" or name.startswith("blobs/sha256/")
+        index = folder_index.get(folder) if base == "layer.tar" else (
+            oci_layer_index(name, diff_ids) if is_layer else None)
+        if is_layer and index is None and base == "layer.tar":
+            log.info("save entry %s: layer not identified, sent to every node", name)
+        targets = [s for s in sinks if not (is_layer and index is not None and index < s.keep_from)]
+        for sink in targets:
+            sink.write(prefix + header)
+            if base == "layer.tar" or (is_layer and index is not None):
+                sink.layers_sent += 1
+        prefix, name_override = b"", None
+        if base == "json" and folder and size < 1 << 20:
+            data = stream.read(_padded(size))
+            folder_index[folder] = v1_layer_index(folder, data[:size], chains)
             for sink in targets:
-                sink.write(header)
-                if base == "layer.tar" or (is_layer and index is not None):
-                    sink.layers_sent += 1
-            if data is not None:
-                while block := data.read(CHUNK):
-                    for sink in targets:
-                        sink.write(block)
-                pad = -member.size % tarfile.BLOCKSIZE
-                for sink in targets:
-                    sink.write(b"\0" * pad)
-    return reader.total
+                sink.write(data)
+            continue
+        for piece in stream.pieces(_padded(size)):
+            for sink in targets:
+                sink.write(piece)
 
 
 # ---- apply -------------------------------------------------------------------------------------------
