@@ -3,6 +3,10 @@
 from __future__ import annotations
 
 import dataclasses
+import time
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -12,7 +16,8 @@ from . import state
 from .config import UpConfig
 from .errors import JobError
 from .hosts import Host, parse_hosts_file
-from .launch import ensure_images, find_resume_checkpoint, remove_leftovers, start_containers, summary, watch
+from .image import ensure_images
+from .launch import find_resume_checkpoint, remove_leftovers, start_containers, summary, watch
 from .nodes import Nodes
 from .plan import NodeFacts, build_plan, render_plan
 from .prefetch import prefetch_all
@@ -40,40 +45,74 @@ def local_image(name: str) -> tuple[Any, str | None]:
         return client, None
 
 
+class Timings:
+    """Wall time of each phase of `up`, in order (`up --timings`)."""
+
+    def __init__(self) -> None:
+        self.start = time.monotonic()
+        self.phases: list[tuple[str, float]] = []
+
+    @contextmanager
+    def phase(self, name: str) -> Iterator[None]:
+        t0 = time.monotonic()
+        try:
+            yield
+        finally:
+            self.phases.append((name, time.monotonic() - t0))
+
+
+    def render(self) -> str:
+        parts = [f"{name} {took:.2f}" for name, took in self.phases]
+        return f"timings (s): {', '.join(parts)}; total {time.monotonic() - self.start:.2f}"
+
+
 def up(config: UpConfig, console: Console) -> int:
+    timings = Timings()
+    try:
+        return _up(config, console, timings)
+    finally:
+        if config.timings and not config.dry_run:
+            console.print(timings.render(), markup=False, highlight=False)
+
+
+def _up(config: UpConfig, console: Console, timings: Timings) -> int:
     hosts = load_hosts(config)
     if config.dry_run:
         # Offline: nothing is contacted; interfaces and GPU counts are shown as detected at launch.
         specs = build_plan(config, hosts, config.master_addr or hosts[0].hostname)
         console.print(render_plan(specs), markup=False, highlight=False, soft_wrap=True)
         return 0
-    local, local_id = local_image(config.image)
-    nodes = Nodes.connect(hosts, config.ssh.accept_new_host_keys)
+    with timings.phase("connect"), ThreadPoolExecutor(1) as pool:
+        local_lookup = pool.submit(local_image, config.image)  # the local daemon, while SSH handshakes run
+        nodes = Nodes.connect(hosts, config.ssh.accept_new_host_keys)
+        local, local_id = local_lookup.result()
     try:
         master = config.master_addr or nodes.conn(0).peer_address
-        reports = run_preflight(nodes.conns, config, master, local_id, console)  # type: ignore[arg-type]
+        with timings.phase("preflight"):
+            reports = run_preflight(nodes.conns, config, master, local_id, console)  # type: ignore[arg-type]
         for rank, report in enumerate(reports):
             nodes.adopt_docker(rank, report.docker)
         facts = [NodeFacts(iface=r.iface, gpus=r.gpus) for r in reports]
         specs = build_plan(config, hosts, master, facts)
         if config.resume:
-            find_resume_checkpoint(nodes, specs, console)
-        ensure_images(nodes, config, local, local_id, console, [r.image_id for r in reports])
-        for res in prefetch_all(nodes.conns, lambda r: nodes.docker(r, timeout=3600), config,  # type: ignore[arg-type]
-                                console):
-            what = {"present": "verified copy present, nothing moved", "downloaded": f"downloaded {res.bytes_moved} bytes",
-                    "sent": f"sent {res.bytes_moved} bytes"}[res.action]
-            console.print(f"data on {res.label}: {what}", markup=False, highlight=False)
-        remove_leftovers(nodes, config, config.grace, [i for i, r in enumerate(reports) if r.containers])
-        remember(config)
-        containers = start_containers(nodes, specs)
+            with timings.phase("resume"):
+                find_resume_checkpoint(nodes, specs, console)
+        with timings.phase("image"):
+            ensure_images(nodes, config, local, local_id, console, [r.image_id for r in reports])
+        with timings.phase("data"):
+            _data(nodes, config, console)
+        with timings.phase("start"):
+            remove_leftovers(nodes, config, config.grace, [i for i, r in enumerate(reports) if r.containers])
+            remember(config)
+            containers = start_containers(nodes, specs)
         console.print(f"job {config.job!r} started: {len(specs)} node(s), master {master}:{config.master_port}",
                       markup=False, highlight=False)
         if config.detach:
             console.print(f"detached; follow with 'logs -f --job {config.job}', stop with 'kill --job {config.job}'",
                           markup=False)
             return 0
-        outcome = watch(nodes, specs, containers, config, console)
+        with timings.phase("run"):
+            outcome = watch(nodes, specs, containers, config, console)
         if not outcome.ok:
             where = f"node {outcome.failed_rank} ({specs[outcome.failed_rank].host.label}) " \
                 if outcome.failed_rank is not None else ""
@@ -81,10 +120,19 @@ def up(config: UpConfig, console: Console) -> int:
                        if outcome.leftovers else "the job was stopped on all nodes")
             raise JobError(f"job {config.job!r} failed: {where}{outcome.reason}; {cleaned}")
         if outcome.reason != "detached":
-            summary(nodes, specs, console)
+            with timings.phase("summary"):
+                summary(nodes, specs, console)
         return 0
     finally:
         nodes.close()
+
+
+def _data(nodes: Nodes, config: UpConfig, console: Console) -> None:
+    for res in prefetch_all(nodes.conns, lambda r: nodes.docker(r, timeout=3600), config,  # type: ignore[arg-type]
+                            console):
+        what = {"present": "verified copy present, nothing moved", "downloaded": f"downloaded {res.bytes_moved} bytes",
+                "sent": f"sent {res.bytes_moved} bytes"}[res.action]
+        console.print(f"data on {res.label}: {what}", markup=False, highlight=False)
 
 
 def remember(config: UpConfig) -> Path:
