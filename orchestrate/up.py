@@ -10,6 +10,7 @@ from rich.console import Console
 
 from . import state
 from .config import UpConfig
+from .entry import check_image
 from .errors import JobError
 from .hosts import Host, parse_hosts_file
 from .launch import ensure_images, find_resume_checkpoint, remove_leftovers, start_containers, summary, watch
@@ -59,6 +60,9 @@ def up(config: UpConfig, console: Console) -> int:
         if config.resume:
             find_resume_checkpoint(nodes, specs, console)
         ensure_images(nodes, config, local, local_id, console, [r.image_id for r in reports])
+        # The image is on every node now: one short container on node 0 checks torch and the entry.
+        launcher = check_image(nodes.docker(0), config)
+        specs = build_plan(config, hosts, master, facts, launcher)
         for res in prefetch_all(nodes.conns, lambda r: nodes.docker(r, timeout=3600), config,  # type: ignore[arg-type]
                                 console):
             what = {"present": "verified copy present, nothing moved", "downloaded": f"downloaded {res.bytes_moved} bytes",
