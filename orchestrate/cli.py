@@ -106,6 +106,8 @@ def build_parser() -> argparse.ArgumentParser:
             p.add_argument("-f", "--follow", action="store_true", help="keep following until the job ends")
             p.add_argument("--node", type=int, default=None, help="only this node rank")
             p.add_argument("--tail", type=int, default=100, help="last N lines per node (0: all)")
+            p.add_argument("--rank", type=int, default=None,
+                           help="one global rank's stdout/stderr files (from up's --log-dir on its node)")
     return parser
 
 
@@ -154,7 +156,8 @@ def up_config(ns: argparse.Namespace) -> UpConfig:
 def jobs_config(ns: argparse.Namespace) -> JobsConfig:
     return JobsConfig(ssh=SSHOptions(ns.hosts, ns.ssh_config, ns.accept_new_host_keys), job=ns.job,
                       grace=getattr(ns, "grace", 60.0), follow=getattr(ns, "follow", False),
-                      node=getattr(ns, "node", None), tail=getattr(ns, "tail", 100))
+                      node=getattr(ns, "node", None), tail=getattr(ns, "tail", 100),
+                      rank=getattr(ns, "rank", None))
 
 
 def parse_args(argv: Sequence[str]) -> tuple[str, UpConfig | JobsConfig]:

@@ -165,6 +165,7 @@ class JobsConfig:
     follow: bool = False
     node: int | None = None
     tail: int = 100
+    rank: int | None = None  # logs --rank: one global rank's log files
 
     def __post_init__(self) -> None:
         check_job(self.job)
@@ -174,6 +175,8 @@ class JobsConfig:
             raise ConfigError(f"--node {self.node} must be a node rank (0 or more)")
         if self.tail < 0:
             raise ConfigError(f"--tail {self.tail} must not be negative")
+        if self.rank is not None and (self.rank < 0 or self.node is not None or self.follow):
+            raise ConfigError(f"--rank {self.rank}: give a global rank (0 or more), without --node or -f")
 
 
 def check_job(job: str) -> None:

@@ -18,7 +18,7 @@ from .config import mask_text
 from .docker import JOB_LABEL, RANK_LABEL, job_containers
 from .errors import JobError, MultiHostError
 from .nodes import Nodes
-from .plan import CKPT_MOUNT
+from .plan import CKPT_MOUNT, LOG_MOUNT
 from .ssh import fan_out
 
 PREFETCH_LABEL = "ddp-cifar.prefetch"
@@ -100,6 +100,12 @@ def _ckpt_dir_of(container: Any) -> str | None:
     return None
 
 
+def _runs_trainer(container: Any) -> bool:
+    """Whether torchrun in this container starts the bundled trainer (`-m trainer`) or another program."""
+    cmd = list(container.attrs.get("Config", {}).get("Cmd") or [])
+    return any(a == "-m" and b == "trainer" for a, b in zip(cmd, cmd[1:], strict=False))
+
+
 def _secrets_of(container: Any) -> list[str]:
     from .config import is_secret
 
@@ -124,7 +130,8 @@ def status_rows(nodes: Nodes, job: str, unreachable: dict[str, str]) -> list[lis
             last = mask_text(last, _secrets_of(c))[:100]
             folder = _ckpt_dir_of(c)
             manifest = newest_manifest(nodes.conn(rank), folder) if folder else None
-            ckpt = f"{folder}/{manifest['file']} (epoch {manifest.get('epoch')})" if manifest else "-"
+            ckpt = f"{folder}/{manifest['file']} (epoch {manifest.get('epoch')})" if manifest else \
+                "-" if _runs_trainer(c) else "- (no manifest: resume by flag only)"
             running = state.get("Status") == "running"
             out.append([str(_rank_of(c)), label, c.name, str(state.get("Status")),
                         "-" if running else str(state.get("ExitCode")), _uptime(state.get("StartedAt", ""), running),
@@ -170,6 +177,56 @@ def stream_logs(nodes: Nodes, job: str, console: Console, follow: bool, node: in
         t.start()
     while any(t.is_alive() for t in threads):
         time.sleep(0.5)
+
+
+# The newest run's folder of one local rank under torchrun's --log-dir: <run id>_<random>/attempt_<n>/<local rank>.
+NEWEST_RANK_DIR = 'ls -dt -- "$1"/*/attempt_*/"$2" 2>/dev/null | head -n 1'
+
+
+def _env_of(container: Any) -> dict[str, str]:
+    return dict(e.split("=", 1) for e in container.attrs.get("Config", {}).get("Env", []) if "=" in e)
+
+
+def locate_rank(nodes_nproc: Sequence[tuple[int, int]], rank: int) -> tuple[int, int] | None:
+    """PURE: (node rank, local rank) of a global rank; torchrun numbers ranks node by node, node 0 first.
+    `nodes_nproc`: (node rank, processes on that node) for every node."""
+    first = 0
+    for node, nproc in sorted(nodes_nproc):
+        if first <= rank < first + nproc:
+            return node, rank - first
+        first += nproc
+    return None
+
+
+def rank_logs(nodes: Nodes, job: str, console: Console, rank: int, tail: int) -> None:
+    """Print one global rank's stdout and stderr files (torchrun --log-dir) from the node that ran it."""
+    found: dict[int, tuple[int, Any, int]] = {}  # node rank → (host index, container, nproc)
+    for host in nodes.reachable():
+        for c in job_containers(nodes.docker(host), job):
+            try:
+                found[_rank_of(c)] = (host, c, int(_env_of(c).get("NPROC_PER_NODE", "")))
+            except ValueError:
+                raise JobError(f"container {c.name} has no NPROC_PER_NODE; was it started by this version?") from None
+    where = locate_rank([(node, nproc) for node, (_, _, nproc) in found.items()], rank)
+    if where is None:
+        ranks = sum(n for _, _, n in found.values())
+        raise JobError(f"no rank {rank} in job {job!r} ({ranks} rank(s) found on the reachable hosts); "
+                       "give --rank 0.." + str(max(ranks - 1, 0)))
+    host, container, _ = found[where[0]]
+    folder = next((str(m.get("Source")) for m in container.attrs.get("Mounts", [])
+                   if m.get("Destination") == LOG_MOUNT), None)
+    conn = nodes.conn(host)
+    res = conn.run(["sh", "-c", NEWEST_RANK_DIR, "newest", folder or "/nonexistent", str(where[1])], timeout=60)
+    rank_dir = res.out.strip()
+    if not rank_dir:
+        raise JobError(f"no log files of rank {rank} under {nodes.hosts[host].label}:{folder}; "
+                       "the job may predate per-rank logs")
+    secrets = _secrets_of(container)
+    for stream in ("stdout", "stderr"):
+        out = conn.run(["tail", "-n", str(tail) if tail else "+1", "--", f"{rank_dir}/{stream}.log"], timeout=60)
+        for line in out.out.splitlines():
+            console.print(f"[rank {rank} {stream}] {mask_text(line, secrets)}", markup=False, highlight=False,
+                          soft_wrap=True)
 
 
 def _follow(console: Console, rank: int, container: Any) -> None:
