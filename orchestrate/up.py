@@ -16,8 +16,9 @@ from .hosts import Host, parse_hosts_file
 from .launch import ensure_images, find_resume_checkpoint, remove_leftovers, start_containers, summary, watch
 from .nodes import Nodes
 from .plan import NodeFacts, build_plan, render_plan
-from .prefetch import prefetch_all
+from .prefetch import make_dirs, prefetch_all
 from .preflight import run_preflight
+from .ssh import fan_out
 
 
 def load_hosts(config: UpConfig) -> list[Host]:
@@ -70,8 +71,12 @@ def up(config: UpConfig, console: Console) -> int:
         # The image is on every node now: one short container on node 0 checks torch and the entry.
         launcher = check_image(nodes.docker(0), config)
         specs = build_plan(config, hosts, master, facts, launcher)
-        for res in prefetch_all(nodes.conns, lambda r: nodes.docker(r, timeout=3600), config,  # type: ignore[arg-type]
-                                console):
+        # CIFAR-10 is the trainer's data; another program brings its own (in the data dir): only make the dirs.
+        results = prefetch_all(nodes.conns, lambda r: nodes.docker(r, timeout=3600), config,  # type: ignore[arg-type]
+                               console) if config.is_trainer else []
+        if not config.is_trainer:
+            fan_out("dirs", nodes.conns, lambda c: make_dirs(c, config), lambda c: c.host.label)
+        for res in results:
             what = {"present": "verified copy present, nothing moved", "downloaded": f"downloaded {res.bytes_moved} bytes",
                     "sent": f"sent {res.bytes_moved} bytes"}[res.action]
             console.print(f"data on {res.label}: {what}", markup=False, highlight=False)
