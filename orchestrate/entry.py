@@ -13,7 +13,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from .config import UpConfig
+from .docker import client_over_ssh
 from .errors import PreflightError
+from .ssh import Connection
 
 TORCHRUN = ("torchrun",)
 # sh finds a Python (python or python3), then Python answers in one JSON line. $1/$2: entry kind and target,
@@ -80,8 +82,19 @@ def judge(facts: ImageFacts, config: UpConfig) -> tuple[str, ...]:
     raise PreflightError(f"preflight failed, nothing was started: {where} {problem}")
 
 
-def check_image(client: Any, config: UpConfig) -> tuple[str, ...]:
-    """Run the check in one short container (no network, removed after); return the launcher argv."""
+def check_image(conn: Connection, config: UpConfig) -> tuple[str, ...]:
+    """Run the check in one short container (no network, removed after); return the launcher argv.
+
+    A client of its own, closed at once: its channels must not add to the job's on a host with OpenSSH's
+    stock MaxSessions (10 channels per connection)."""
+    client = client_over_ssh(conn, timeout=120)
+    try:
+        return judge(parse_facts(_run_check(client, config)), config)
+    finally:
+        client.close()
+
+
+def _run_check(client: Any, config: UpConfig) -> str:
     import docker.errors
 
     kind, target = entry_target(config)
@@ -95,4 +108,4 @@ def check_image(client: Any, config: UpConfig) -> tuple[str, ...]:
     except docker.errors.APIError as err:
         raise PreflightError(f"preflight failed, nothing was started: image {config.image} cannot run "
                              f"({err.explanation or err}); does it have sh?") from None
-    return judge(parse_facts(out.decode(errors="replace")), config)
+    return str(out.decode(errors="replace"))

@@ -69,7 +69,7 @@ def up(config: UpConfig, console: Console) -> int:
                               "own state (resume by flag only)", markup=False, highlight=False)
         ensure_images(nodes, config, local, local_id, console, [r.image_id for r in reports])
         # The image is on every node now: one short container on node 0 checks torch and the entry.
-        launcher = check_image(nodes.docker(0), config)
+        launcher = check_image(nodes.conn(0), config)
         specs = build_plan(config, hosts, master, facts, launcher)
         # CIFAR-10 is the trainer's data; another program brings its own (in the data dir): only make the dirs.
         results = prefetch_all(nodes.conns, lambda r: nodes.docker(r, timeout=3600), config,  # type: ignore[arg-type]
