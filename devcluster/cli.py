@@ -16,11 +16,15 @@ from .layout import known_states
 
 def cmd_up(args: argparse.Namespace) -> int:
     t0 = time.monotonic()
-    c = Cluster.create(args.hosts, args.name, persistent=True)
+    c = Cluster.create(args.hosts, args.name, persistent=True, root_login=args.root_login,
+                       no_sftp=args.no_sftp, shared=args.shared)
     print(f"cluster {c.name}: {len(c.hosts)} hosts on {c.subnet} in {time.monotonic() - t0:.1f} s")
     print(f"state folder: {c.dir}")
+    print(f"login user: {c.user}" + (f"; {c.shared} is one folder on every host ({c.dir / 'shared'})"
+                                     if c.shared else ""))
     for h in c.hosts:
-        print(f"  {h.name}  {h.addr}  DOCKER_HOST={h.docker_host}")
+        print(f"  {h.name}  {h.addr}  sftp {'on' if h.sftp else 'off'}  files {h.layout.fs_dir}  "
+              f"DOCKER_HOST={h.docker_host}")
     print(f"try: ssh -F {c.ssh_config} {c.hosts[0].name} docker info")
     print(f"     HOME={c.home} python -m orchestrate ... --hosts {c.hosts_file}")
     print(f"remove: python -m devcluster down --name {c.name}")
@@ -68,6 +72,11 @@ def parser() -> argparse.ArgumentParser:
     up = sub.add_parser("up", help="create N hosts (kept until `down`)")
     up.add_argument("--hosts", type=int, default=2)
     up.add_argument("--name", help="1-8 characters a-z0-9 (default: random)")
+    up.add_argument("--root-login", action="store_true", help="log in as root instead of the non-root user ddp")
+    up.add_argument("--no-sftp", type=int, nargs="+", default=[], metavar="I",
+                    help="indices of hosts whose sshd has no sftp subsystem (e.g. --no-sftp 1)")
+    up.add_argument("--shared", metavar="PATH",
+                    help="one folder seen at PATH by every host, as an NFS mount (e.g. /mnt/shared)")
     up.set_defaults(func=cmd_up)
     down = sub.add_parser("down", help="remove one cluster")
     down.add_argument("--name", required=True)

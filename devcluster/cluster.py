@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import os
+import pwd
 import secrets
 import subprocess
 import time
@@ -18,23 +19,26 @@ from pathlib import Path
 
 import docker
 
-from . import dockerd, net, sshd
+from . import dockerd, hostfs, net, sshd
 from .errors import DevclusterError, NoSubnetError, NotRootError
+from .hostfs import as_user, ensure_user, home_of, in_host, path_on_machine
 from .layout import MAX_HOSTS, ClusterState, HostLayout, check_name, known_states, state_lock, state_root
 from .mounts import fs_type
-from .proc import in_netns, need_tools, start_time
+from .proc import need_tools, start_time
 from .teardown import teardown, traces
 
 log = logging.getLogger(__name__)
 
-TOOLS = ("ip", "nsenter", "unshare", "iptables", "ssh-keygen", "dockerd", "containerd", "runc", "umount", sshd.SSHD)
+TOOLS = ("ip", "nsenter", "unshare", "iptables", "ssh-keygen", "dockerd", "containerd", "runc", "umount", sshd.SSHD, *hostfs.TOOLS)
 
 
 class Host:
-    """One simulated host: a netns with its own address, sshd and dockerd."""
+    """One simulated host: a netns with its own address, a mount namespace with its own /home, /root,
+    /tmp, /var/tmp, /mnt and /run, and its own sshd and dockerd in both."""
 
-    def __init__(self, layout: HostLayout) -> None:
+    def __init__(self, layout: HostLayout, state: ClusterState) -> None:
         self.layout = layout
+        self.state = state
 
     @property
     def name(self) -> str:
@@ -56,7 +60,23 @@ class Host:
         return self.layout.netns
 
     @property
+    def user(self) -> str:
+        """The login user (ssh_config's User): `ddp` (non-root, in the docker group), or root."""
+        return self.state.user
+
+    @property
+    def sftp(self) -> bool:
+        """Whether the host's sshd has the sftp subsystem."""
+        return self.index not in self.state.no_sftp
+
+    @property
+    def home(self) -> str:
+        """The login user's home as the host sees it (e.g. /home/ddp)."""
+        return home_of(self.user)
+
+    @property
     def docker_sock(self) -> Path:
+        """The daemon's socket on the machine; the host sees it at /var/run/docker.sock."""
         return self.layout.docker_sock
 
     @property
@@ -72,19 +92,36 @@ class Host:
         """SDK client on the host's local socket, for test assertions (the orchestrator uses SSH)."""
         return docker.DockerClient(base_url=self.docker_host, timeout=timeout)
 
-    def run(self, cmd: Sequence[str], *, timeout: float = 60, check: bool = True,
+    def path(self, path: str) -> Path:
+        """Where a path as the host sees it ("/home/ddp/x", "/tmp/y", the shared folder) lies on this
+        machine, to read or plant files from a test."""
+        return path_on_machine(self.state, self.layout, path)
+
+    def run(self, cmd: Sequence[str], *, user: str = "root", timeout: float = 60, check: bool = True,
             input: str | None = None) -> subprocess.CompletedProcess[str]:
-        """Run argv inside the host's netns, with DOCKER_HOST set to the host's daemon."""
-        env = {**os.environ, "DOCKER_HOST": self.docker_host}
-        argv = in_netns(self.netns, list(cmd))
+        """Run argv on the host (its netns and mount namespace) as user: root by default, with this
+        process's environment; another user (e.g. host.user, "nobody") with its groups and a login-like
+        environment (HOME, USER, PATH)."""
+        argv = in_host(self.layout, as_user(user, list(cmd)))
         try:
-            res = subprocess.run(argv, capture_output=True, text=True, timeout=timeout, env=env, input=input)
+            res = subprocess.run(argv, capture_output=True, text=True, timeout=timeout, input=input)
         except subprocess.TimeoutExpired as e:
             raise DevclusterError(f"{self.name}: `{' '.join(cmd)}` ran past {timeout:.0f} s") from e
         if check and res.returncode != 0:
             last = (res.stderr.strip().splitlines() or [""])[-1]
             raise DevclusterError(f"{self.name}: `{' '.join(cmd)}` exited {res.returncode}: {last}")
         return res
+
+    def foreign_files(self, path: str) -> list[str]:
+        """Paths at or under path (as the host sees it) that do not belong to the login user."""
+        entry = pwd.getpwnam(self.user)
+        top = self.path(path)
+        found = []
+        for p in [top, *top.rglob("*")] if top.exists() else []:
+            st = p.lstat()
+            if (st.st_uid, st.st_gid) != (entry.pw_uid, entry.pw_gid):
+                found.append(f"{path}/{p.relative_to(top)} ({st.st_uid}:{st.st_gid})")
+        return found
 
     def link_down(self) -> None:
         """The network drops: packets to and from this host are lost until link_up()."""
@@ -102,7 +139,6 @@ class Host:
         dockerd.wait_containerd(self.layout, pid)
         pid = dockerd.spawn_dockerd(self.layout)
         dockerd.wait_dockerd(self.layout, pid)
-        sshd.rebind_docker_sock(self.layout)
 
     def __repr__(self) -> str:
         return f"Host({self.name}, {self.addr})"
@@ -113,21 +149,33 @@ class Cluster:
 
     def __init__(self, state: ClusterState) -> None:
         self.state = state
-        self.hosts = [Host(h) for h in state.hosts()]
+        self.hosts = [Host(h, state) for h in state.hosts()]
 
     # --- making and removing -------------------------------------------------------------------
 
     @classmethod
-    def create(cls, n_hosts: int, name: str | None = None, *, persistent: bool = False) -> Cluster:
+    def create(cls, n_hosts: int, name: str | None = None, *, persistent: bool = False, root_login: bool = False,
+               no_sftp: Sequence[int] = (), shared: str | None = None) -> Cluster:
         """Bring up n_hosts hosts. Unless persistent, the cluster belongs to this process: once the
-        process is gone, `gc` removes it. On any failure everything made so far is removed."""
+        process is gone, `gc` removes it. On any failure everything made so far is removed.
+
+        Variants: root_login (log in as root instead of the non-root `ddp`), no_sftp (indices of hosts
+        whose sshd has no sftp subsystem), shared (a path, e.g. "/mnt/shared", that is one folder seen
+        by every host, as an NFS mount)."""
         if os.geteuid() != 0:
             raise NotRootError("devcluster needs root (netns, bridge, iptables, dockerd); run it as root")
         if not 1 <= n_hosts <= MAX_HOSTS:
             raise DevclusterError(f"--hosts {n_hosts}: choose 1 to {MAX_HOSTS}")
+        bad = [i for i in no_sftp if not 0 <= i < n_hosts]
+        if bad:
+            raise DevclusterError(f"no_sftp {bad}: host indices are 0 to {n_hosts - 1}")
+        if shared is not None:
+            hostfs.check_shared(shared)
         need_tools(*TOOLS)
         _check_disk()
-        state = _claim(n_hosts, name, None if persistent else os.getpid())
+        user = "root" if root_login else ensure_user().pw_name
+        state = _claim(n_hosts, name, None if persistent else os.getpid(),
+                       user=user, no_sftp=sorted(set(no_sftp)), shared=shared)
         try:
             _bring_up(state)
         except BaseException:
@@ -167,6 +215,16 @@ class Cluster:
     def dir(self) -> Path:
         """State folder: hosts.txt, ssh_config, known_hosts, id_ed25519(.pub), home/.ssh/, h<i>/."""
         return self.state.dir
+
+    @property
+    def user(self) -> str:
+        """The login user of every host (ssh_config's User): `ddp` by default, root in the root-login variant."""
+        return self.state.user
+
+    @property
+    def shared(self) -> str | None:
+        """The path every host sees as one folder (shared-storage variant), else None."""
+        return self.state.shared
 
     @property
     def hosts_file(self) -> Path:
@@ -232,7 +290,7 @@ def _check_disk() -> None:
         raise DevclusterError(f"{root} is on {kind}: point DEVCLUSTER_ROOT at a folder on a real disk (ext4, xfs)")
 
 
-def _claim(n_hosts: int, name: str | None, owner: int | None) -> ClusterState:
+def _claim(n_hosts: int, name: str | None, owner: int | None, **variant: object) -> ClusterState:
     """Choose a free name and /24 and write cluster.json before making anything, so that teardown and
     gc can always find what follows."""
     with state_lock():
@@ -247,23 +305,28 @@ def _claim(n_hosts: int, name: str | None, owner: int | None) -> ClusterState:
         if index is None:
             raise NoSubnetError("no free 10.231.X.0/24 left; remove old clusters with `python -m devcluster gc`")
         state = ClusterState(name=name, subnet_index=index, n_hosts=n_hosts, owner_pid=owner,
-                             owner_start=start_time(owner) if owner else None, created=time.time())
+                             owner_start=start_time(owner) if owner else None, created=time.time(),
+                             **variant)  # type: ignore[arg-type]
         state.save()
         return state
 
 
 def _bring_up(state: ClusterState) -> None:
-    """Network first, then all containerds, then all dockerds (their start-up waits overlap), sshds."""
+    """Network, per-host folders and mount namespaces, then all containerds, then all dockerds (their
+    start-up waits overlap), sshds."""
     t0 = time.monotonic()
     user_pub = sshd.keygen(state.dir / "id_ed25519", f"devcluster-{state.name}")
-    (state.dir / "authorized_keys").write_text(user_pub + "\n")
     net.create_bridge(state)
     net.allow_forward(state)
     resolvers = net.resolvers()
     hosts = state.hosts()
+    hostfs.make_shared_dir(state)
+    hostfs.prepare_ns_dir(state)
     for h in hosts:
         h.dir.mkdir(mode=0o700, parents=True, exist_ok=True)
         h.log_dir.mkdir(mode=0o700, exist_ok=True)
+        hostfs.make_host_dirs(state, h, user_pub)
+        hostfs.make_mount_ns(state, h)
         net.create_host_net(state, h, resolvers)
     ctrd = {h.index: dockerd.spawn_containerd(h) for h in hosts}
     for h in hosts:
@@ -271,9 +334,6 @@ def _bring_up(state: ClusterState) -> None:
     dkd = {h.index: dockerd.spawn_dockerd(h) for h in hosts}
     for h in hosts:
         dockerd.wait_dockerd(h, dkd[h.index])
-    # after the daemons: sshd binds each host's docker socket over the default path
-    host_keys = {h.index: sshd.start_sshd(h, state.dir / "authorized_keys") for h in hosts}
+    host_keys = {h.index: sshd.start_sshd(h, sftp=h.index not in state.no_sftp) for h in hosts}
     sshd.write_client_files(state, host_keys)
     log.info("cluster %s: %d hosts up in %.1f s", state.name, len(hosts), time.monotonic() - t0)
-
-

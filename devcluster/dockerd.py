@@ -1,9 +1,9 @@
-"""containerd + dockerd per host, started inside the host's netns.
+"""containerd + dockerd per host, started inside the host's netns and mount namespace (hostfs).
 
 Each host gets its own containerd (not dockerd's supervised one): dockerd 20.10 uses the system
 containerd whenever /run/containerd/containerd.sock exists, and then the shims, and every
 `--network=host` container, would live in the root namespace instead of the host's. Started with
-`nsenter --net` (exec, so the Popen pid is the daemon's pid), they and their shims and containers
+`nsenter --net --mount` (exec, so the Popen pid is the daemon's pid), they and their shims and containers
 stay in the host's netns; a `--network=host` container therefore sees the host's own address.
 """
 
@@ -18,8 +18,9 @@ from pathlib import Path
 import docker
 
 from .errors import StartError
+from .hostfs import in_host
 from .layout import HostLayout
-from .proc import alive, cmdline, in_netns, pids_matching, read_pidfile, run, spawn, stop_pids, wait_until
+from .proc import alive, cmdline, pids_matching, read_pidfile, run, spawn, stop_pids, wait_until
 
 log = logging.getLogger(__name__)
 
@@ -58,6 +59,8 @@ def dockerd_argv(host: HostLayout) -> list[str]:
         f"--data-root={host.data_root}",
         f"--exec-root={host.exec_root}",
         f"--pidfile={host.dir / 'dockerd.pid'}",
+        # the machine's path of the host's own /run/docker.sock: never the machine's /run, even if the
+        # host's /run were not bound in its mount namespace
         f"--host=unix://{host.docker_sock}",
         f"--containerd={host.containerd_sock}",
         "--bridge=none",
@@ -106,7 +109,7 @@ def spawn_containerd(host: HostLayout) -> int:
         d.mkdir(mode=0o700, parents=True, exist_ok=True)
     conf = host.dir / "containerd.toml"
     conf.write_text(containerd_toml(host))
-    p = spawn(in_netns(host.netns, ["containerd", "--config", str(conf)]), host.log_dir / "containerd.log")
+    p = spawn(in_host(host, ["containerd", "--config", str(conf)]), host.log_dir / "containerd.log")
     (host.dir / "containerd.pid").write_text(str(p.pid))
     return p.pid
 
@@ -124,7 +127,7 @@ def spawn_dockerd(host: HostLayout) -> int:
     for d in (host.data_root, host.exec_root, host.log_dir):
         d.mkdir(mode=0o700, parents=True, exist_ok=True)
     (host.dir / "daemon.json").write_text(daemon_json(host))
-    p = spawn(in_netns(host.netns, dockerd_argv(host)), host.log_dir / "dockerd.log")
+    p = spawn(in_host(host, dockerd_argv(host)), host.log_dir / "dockerd.log")
     return p.pid
 
 
@@ -180,6 +183,9 @@ def _kill_runc_leftovers(host: HostLayout) -> None:
     root = host.exec_root / "runtime-runc" / "moby"
     if not root.is_dir():
         return
-    ids = run(["runc", "--root", str(root), "list", "-q"], check=False, timeout=10).stdout.split()
+    runc = ["runc", "--root", str(root)]
+    if host.mntns.exists():  # the containers' mounts are in the host's mount namespace
+        runc = in_host(host, runc)
+    ids = run([*runc, "list", "-q"], check=False, timeout=10).stdout.split()
     for cid in ids:
-        run(["runc", "--root", str(root), "delete", "--force", cid], check=False, timeout=10)
+        run([*runc, "delete", "--force", cid], check=False, timeout=10)

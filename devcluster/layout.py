@@ -14,7 +14,7 @@ import os
 import re
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from .errors import DevclusterError, UnknownClusterError
@@ -58,8 +58,19 @@ class HostLayout:
         return f"dcv-{self.cluster}-{self.index}"
 
     @property
+    def fs_dir(self) -> Path:
+        """The host's own folders (home, tmp, ...), bound over the machine's paths in its mount namespace."""
+        return self.dir / "fs"
+
+    @property
+    def mntns(self) -> Path:
+        """The file that keeps the host's mount namespace alive (an nsfs bind under the cluster's ns/)."""
+        return self.dir.parent / "ns" / self.dir.name
+
+    @property
     def docker_sock(self) -> Path:
-        return self.dir / "docker.sock"
+        """The daemon's socket as the machine sees it: /run/docker.sock in the host's own /run."""
+        return self.fs_dir / "run" / "docker.sock"
 
     @property
     def data_root(self) -> Path:
@@ -103,6 +114,9 @@ class ClusterState:
     owner_pid: int | None = None
     owner_start: int | None = None
     created: float = 0.0
+    user: str = "ddp"  # the login user of every host ("root" for the root-login variant)
+    no_sftp: list[int] = field(default_factory=list)  # hosts whose sshd has no sftp subsystem
+    shared: str | None = None  # a path every host sees as the same folder (<dir>/shared), as with NFS
 
     @property
     def dir(self) -> Path:
@@ -119,6 +133,15 @@ class ClusterState:
     @property
     def bridge(self) -> str:
         return f"dcb-{self.name}"
+
+    @property
+    def ns_dir(self) -> Path:
+        """Holds the hosts' mount-namespace files; a private bind of itself, as unshare --mount= needs."""
+        return self.dir / "ns"
+
+    @property
+    def shared_dir(self) -> Path:
+        return self.dir / "shared"
 
     @property
     def rule_comment(self) -> str:

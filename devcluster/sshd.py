@@ -1,8 +1,12 @@
 """sshd per host, and the client-side files of a cluster (ssh_config, known_hosts, hosts.txt).
 
-Each host's sshd listens on the host's address only, with its own host key and pid file; root logs in
-with the cluster's key only. `SetEnv DOCKER_HOST=...` makes every session (and so the docker CLI and
-`docker system dial-stdio`, which the Docker SDK runs over SSH) talk to that host's own daemon.
+Each host's sshd runs with OpenSSH's defaults as Debian ships them: only what makes it one host's
+daemon is set (ListenAddress, HostKey, PidFile), plus Debian's `Subsystem sftp` line unless the host
+is a no-SFTP variant. So MaxSessions is 10, MaxStartups 10:30:100, keys come from
+~/.ssh/authorized_keys in the (per-host) home, and root logs in by key only if its own
+authorized_keys has the key (the root-login variant). It runs in the host's network and mount
+namespaces (hostfs), so a session sees the host's own /home, /tmp, ... and /var/run/docker.sock is the
+host's own daemon, root:docker 0660 as dockerd makes it.
 """
 
 from __future__ import annotations
@@ -10,12 +14,12 @@ from __future__ import annotations
 import shutil
 from pathlib import Path
 
+from .hostfs import in_host
 from .layout import ClusterState, HostLayout
-from .proc import alive, cmdline, in_netns, read_pidfile, run, stop_pids, wait_until
+from .proc import alive, cmdline, read_pidfile, run, stop_pids, wait_until
 
 SSHD = "/usr/sbin/sshd"  # sshd must be started by absolute path (it re-executes itself)
-SFTP_SERVER = "/usr/lib/openssh/sftp-server"
-DEFAULT_DOCKER_SOCK = Path("/var/run/docker.sock").resolve()
+SFTP_SERVER = "/usr/lib/openssh/sftp-server"  # Debian's sshd_config: `Subsystem sftp /usr/lib/openssh/sftp-server`
 
 
 def keygen(path: Path, comment: str) -> str:
@@ -24,57 +28,24 @@ def keygen(path: Path, comment: str) -> str:
     return path.with_name(path.name + ".pub").read_text().strip()
 
 
-def sshd_config(host: HostLayout, authorized_keys: Path) -> str:
+def sshd_config(host: HostLayout, sftp: bool = True) -> str:
     d = host.ssh_dir
-    return "\n".join([
-        "Port 22",
-        f"ListenAddress {host.addr}",
-        f"HostKey {d / 'ssh_host_ed25519_key'}",
-        f"PidFile {d / 'sshd.pid'}",
-        f"AuthorizedKeysFile {authorized_keys}",
-        "PermitRootLogin prohibit-password",
-        "PubkeyAuthentication yes",
-        "PasswordAuthentication no",
-        "KbdInteractiveAuthentication no",
-        "UsePAM no",
-        "UseDNS no",
-        "PrintMotd no",
-        f"SetEnv DOCKER_HOST=unix://{host.docker_sock}",
-        f"Subsystem sftp {SFTP_SERVER}",
-        "",
-    ])
+    lines = [f"ListenAddress {host.addr}", f"HostKey {d / 'ssh_host_ed25519_key'}", f"PidFile {d / 'sshd.pid'}"]
+    if sftp:
+        lines.append(f"Subsystem sftp {SFTP_SERVER}")
+    return "\n".join(lines) + "\n"
 
 
-def start_sshd(host: HostLayout, authorized_keys: Path) -> str:
-    """Write the host's key and config, start sshd in the netns (it daemonizes once its socket is
-    bound, so a zero exit means it listens). Returns the host's public key line.
-
-    sshd runs in a mount namespace of its own where the default Docker socket path is the host's own
-    socket (a bind mount): the machine's filesystem is shared, and a client that reaches
-    /var/run/docker.sock over SSH (e.g. by streamlocal forwarding) must not find the root daemon."""
+def start_sshd(host: HostLayout, sftp: bool = True) -> str:
+    """Write the host's key and config, start sshd in the host's namespaces (it daemonizes once its
+    socket is bound, so a zero exit means it listens). Returns the host's public key line."""
     d = host.ssh_dir
     d.mkdir(mode=0o700, parents=True, exist_ok=True)
     pub = keygen(d / "ssh_host_ed25519_key", host.alias)
-    (d / "sshd_config").write_text(sshd_config(host, authorized_keys))
-    Path("/run/sshd").mkdir(mode=0o755, exist_ok=True)  # sshd's privilege separation dir (Debian)
-    sshd_argv = [SSHD, "-f", str(d / "sshd_config"), "-E", str(host.log_dir / "sshd.log")]
-    if DEFAULT_DOCKER_SOCK.exists():
-        script = 'mount --bind "$0" "$1" && shift && exec "$@"'
-        sshd_argv = ["unshare", "--mount", "--propagation", "slave", "--", "sh", "-c", script,
-                     str(host.docker_sock), str(DEFAULT_DOCKER_SOCK), *sshd_argv]
-    run(in_netns(host.netns, sshd_argv), timeout=15)
+    (d / "sshd_config").write_text(sshd_config(host, sftp))
+    run(in_host(host, [SSHD, "-f", str(d / "sshd_config"), "-E", str(host.log_dir / "sshd.log")]), timeout=15)
     wait_until(lambda: read_pidfile(d / "sshd.pid") is not None, 10, f"sshd of {host.alias}")
     return pub
-
-
-def rebind_docker_sock(host: HostLayout) -> None:
-    """After dockerd made a new socket (start_docker), point sshd's default socket path at it."""
-    pid = read_pidfile(host.ssh_dir / "sshd.pid")
-    if not (pid and alive(pid) and DEFAULT_DOCKER_SOCK.exists()):
-        return
-    script = 'umount -l "$1"; mount --bind "$0" "$1"'
-    run(["nsenter", f"--mount=/proc/{pid}/ns/mnt", "--", "sh", "-c", script,
-         str(host.docker_sock), str(DEFAULT_DOCKER_SOCK)], timeout=10)
 
 
 def stop_sshd(host: HostLayout) -> None:
@@ -89,7 +60,7 @@ def ssh_config(state: ClusterState, key: Path, known_hosts: Path) -> str:
         blocks.append("\n".join([
             f"Host {h.alias}",
             f"  HostName {h.addr}",
-            "  User root",
+            f"  User {state.user}",
             "  Port 22",
             f"  IdentityFile {key}",
             "  IdentitiesOnly yes",

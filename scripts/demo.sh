@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# The end-to-end demo on one Linux box (root, no GPU): two simulated nodes (network namespaces, each with
-# its own sshd and dockerd), the CPU image sent to them over SSH, synthetic data in CIFAR-10's exact archive
+# The end-to-end demo on one Linux box (root, no GPU): two simulated nodes (network and mount namespaces,
+# each with its own sshd with stock settings, its own dockerd, its own home and temp folders; login as the
+# non-root user ddp in the docker group), the CPU image sent to them over SSH, synthetic data in CIFAR-10's exact archive
 # format sent and verified on each node, and a short 2-node DDP training (gloo) that prints its accuracy.
 # Then it stops the job with `kill`, resumes it with `up --resume`, and removes the simulated nodes.
 # Run via `make demo` (which builds the venv and the CPU image first). KEEP=1 keeps the nodes afterwards.
@@ -23,13 +24,11 @@ cleanup() {
 }
 trap cleanup EXIT
 
-say "1/5 two simulated nodes (netns + sshd + dockerd each)"
+say "1/5 two simulated nodes (own address, sshd, dockerd, home and temp folders each)"
 $PY -m devcluster down --name "$NAME" >/dev/null 2>&1 || true
 $PY -m devcluster up --hosts 2 --name "$NAME"
-# The simulated nodes share this machine's disk: give each its own data and checkpoint folders, as real
-# machines would have (per-host keys of the hosts file).
-awk -v s="$STATE" '{ printf "%s data_dir=%s/node%d/data ckpt_dir=%s/node%d/checkpoints log_dir=%s/node%d/logs\n", $0, s, NR-1, s, NR-1, s, NR-1 }' \
-    "$STATE/hosts.txt" >"$WORK/hosts.txt"
+# Each node has its own folders, as real machines do: the hosts file needs no per-host dirs.
+cp "$STATE/hosts.txt" "$WORK/hosts.txt"
 cat "$WORK/hosts.txt"
 
 say "2/5 synthetic data in the official archive format (labels learnable from the pixels)"

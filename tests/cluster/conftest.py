@@ -1,42 +1,58 @@
 """Fixtures for tests on real simulated hosts (devcluster): netns + sshd + dockerd per host. Needs root.
 
+The hosts look like machines as they come: sshd with OpenSSH's stock settings (MaxSessions 10,
+MaxStartups 10:30:100, SFTP on as Debian ships it), login as the non-root user ``ddp`` (in the
+``docker`` group, home ``/home/ddp``), Docker's socket at ``/var/run/docker.sock`` (root:docker 0660),
+and a mount namespace per host: each host has its own ``/home``, ``/root``, ``/tmp``, ``/var/tmp``, ``/mnt``
+and ``/run`` (its sshd, dockerd and containers all see the same ones). So tests need not give hosts
+their own dirs: the orchestrator's defaults are per host, as on real machines.
+
 Fixtures (all torn down at session end, even when tests fail; a `gc` at session start removes what a
 killed earlier run left behind):
 
-- ``cluster`` (session): a 2-host ``devcluster.Cluster``, shared by every test of the session.
-  Tests that change it must undo what they did (remove their containers, ``link_up()``,
-  ``start_docker()``), best in a ``finally``. Images loaded into its hosts stay between tests.
-- ``cluster_factory`` (session): ``cluster_factory(n_hosts, fresh=False) -> Cluster``.
-  ``fresh=False`` returns a cluster of that size shared by the session (made on first use);
-  ``fresh=True`` makes a new one for the caller (about 1 s), which may ``close()`` it itself.
+- ``cluster`` (session): a 2-host ``devcluster.Cluster`` on the defaults, shared by every test of the
+  session. Tests that change it must undo what they did (remove their containers and files,
+  ``link_up()``, ``start_docker()``), best in a ``finally``. Images loaded into its hosts stay.
+- ``cluster_factory`` (session): ``cluster_factory(n_hosts, fresh=False, *, root_login=False, no_sftp=(),
+  shared=None) -> Cluster``. ``fresh=False`` returns a cluster of that size and variant shared by the
+  session (made on first use); ``fresh=True`` makes a new one for the caller (about 1 s), which may
+  ``close()`` it itself. Variants: ``root_login=True`` (log in as root), ``no_sftp=[1]`` (host 1's sshd
+  has no sftp subsystem), ``shared="/mnt/shared"`` (one folder at that path on every host, as NFS).
+- ``cluster_no_sftp`` (session): 2 hosts, host 1 without SFTP. ``cluster_shared`` (session): 2 hosts
+  sharing ``/mnt/shared``. ``cluster_root`` (session): 2 hosts, root login.
 
 What a test uses from a ``Cluster`` (see docs/devcluster.md):
 
 - ``c.hosts_file``: orchestrate hosts file, one ssh alias per line (``dc-<name>-h<i> slots=1``);
-  ``c.write_hosts_file(path, slots=1, keys={0: {"data_dir": "/tmp/x"}})`` writes another one.
+  ``c.write_hosts_file(path, slots=1, keys={0: {"data_dir": "/mnt/shared/data"}})`` writes another one.
 - ``c.client_env()``: environment with ``HOME=c.home``, whose ``.ssh/config``, ``.ssh/known_hosts`` and
   ``.ssh/id_ed25519`` are the cluster's: paramiko (so the orchestrator and docker-py's ``ssh://``)
   resolves the aliases and checks host keys strictly. OpenSSH ignores $HOME: use
   ``c.ssh_argv(host, "cmd")`` (``ssh -F c.ssh_config alias cmd``).
-- ``c.ssh_config``, ``c.known_hosts``, ``c.key`` (id_ed25519), ``c.dir`` (state folder), ``c.subnet``.
-- ``c.hosts[i]``: ``.name`` (alias), ``.addr``, ``.netns``, ``.docker_sock``, ``.docker_host``,
-  ``.docker_client()`` (local socket, for assertions), ``.run(argv)`` (inside the netns),
-  ``.link_down()``/``.link_up()`` (network drops), ``.stop_docker()``/``.start_docker()``.
+- ``c.user`` (login user), ``c.shared`` (shared path or None), ``c.ssh_config``, ``c.known_hosts``,
+  ``c.key`` (id_ed25519), ``c.dir`` (state folder), ``c.subnet``, ``c.gateway``.
+- ``c.hosts[i]``: ``.name`` (alias), ``.addr``, ``.user``, ``.home`` ("/home/ddp"), ``.sftp``,
+  ``.path("/home/ddp/x") -> Path`` (where a path as the host sees it lies on this machine: read files
+  or plant them), ``.run(argv, user="root")`` (inside the host's namespaces; ``user=c.user`` or
+  ``"nobody"`` runs as that account), ``.foreign_files("/home/ddp/data")`` (files there not owned by the
+  login user: assert it is empty), ``.docker_sock``, ``.docker_host``, ``.docker_client()`` (local
+  socket, for assertions), ``.link_down()``/``.link_up()`` (network drops),
+  ``.stop_docker()``/``.start_docker()``.
 - Fixtures of the orchestrator's tests (module-scoped): ``target`` (the cluster they run on; ``cluster``
-  unless a module overrides it), ``work`` (a folder per module), ``data`` (a synthetic CIFAR-10 archive
-  served over HTTP on the cluster's gateway address), ``hosts`` (a hosts file giving each host its own
-  data/checkpoint/log dirs under ``work``).
+  unless a module overrides it), ``work`` (a folder per module, on the machine), ``data`` (a synthetic
+  CIFAR-10 archive served over HTTP on the cluster's gateway address), ``hosts`` (the hosts file of
+  ``target``, on the orchestrator's default dirs, which are per host).
 - ``devcluster.tinyimage.load_tiny_image(client)``: a tiny local image (sh, sleep, ip...) when a test
   needs *an* image but not ``ddp-cifar:cpu``.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 
 import pytest
-from orchestrate_kit import Data, host_dirs, serve_data
+from orchestrate_kit import Data, serve_data
 
 from devcluster import Cluster
 from devcluster.gc import gc
@@ -59,15 +75,17 @@ def _devcluster_session() -> Iterator[list[Cluster]]:
 
 @pytest.fixture(scope="session")
 def cluster_factory(_devcluster_session: list[Cluster]) -> ClusterFactory:
-    shared: dict[int, Cluster] = {}
+    kept: dict[tuple[object, ...], Cluster] = {}
 
-    def make(n_hosts: int, fresh: bool = False) -> Cluster:
-        if not fresh and n_hosts in shared:
-            return shared[n_hosts]
-        c = Cluster.create(n_hosts)
+    def make(n_hosts: int, fresh: bool = False, *, root_login: bool = False, no_sftp: Sequence[int] = (),
+             shared: str | None = None) -> Cluster:
+        key = (n_hosts, root_login, tuple(sorted(no_sftp)), shared)
+        if not fresh and key in kept:
+            return kept[key]
+        c = Cluster.create(n_hosts, root_login=root_login, no_sftp=no_sftp, shared=shared)
         _devcluster_session.append(c)
         if not fresh:
-            shared[n_hosts] = c
+            kept[key] = c
         return c
 
     return make
@@ -76,6 +94,21 @@ def cluster_factory(_devcluster_session: list[Cluster]) -> ClusterFactory:
 @pytest.fixture(scope="session")
 def cluster(cluster_factory: ClusterFactory) -> Cluster:
     return cluster_factory(2)
+
+
+@pytest.fixture(scope="session")
+def cluster_no_sftp(cluster_factory: ClusterFactory) -> Cluster:
+    return cluster_factory(2, no_sftp=[1])
+
+
+@pytest.fixture(scope="session")
+def cluster_shared(cluster_factory: ClusterFactory) -> Cluster:
+    return cluster_factory(2, shared="/mnt/shared")
+
+
+@pytest.fixture(scope="session")
+def cluster_root(cluster_factory: ClusterFactory) -> Cluster:
+    return cluster_factory(2, root_login=True)
 
 
 @pytest.fixture(scope="module")
@@ -97,4 +130,4 @@ def data(target: Cluster, work: Path) -> Iterator[Data]:
 
 @pytest.fixture(scope="module")
 def hosts(target: Cluster, work: Path) -> Path:
-    return target.write_hosts_file(work / "hosts.txt", keys=host_dirs(work, 2))
+    return target.write_hosts_file(work / "hosts.txt")

@@ -1,7 +1,10 @@
 """Helpers for the orchestrator's tests on real test hosts (tests/cluster/test_orchestrate_*.py).
 
 The orchestrator runs as a subprocess (`python -m orchestrate`), exactly as a user runs it, with
-HOME=cluster.home (the cluster's ssh config and known_hosts) and a private XDG_STATE_HOME.
+HOME=cluster.home (the cluster's ssh config and known_hosts) and a private XDG_STATE_HOME. The hosts log
+in as a non-root user and have their own /home, /tmp, /var/tmp: look at a host's files (checkpoints,
+data, logs) through cluster.hosts[i].path("/path/as/the/host/sees/it"), and assert ownership with
+cluster.hosts[i].foreign_files(dir) == [].
 Training uses tiny synthetic data (served over HTTP from the machine's bridge address) and a tiny model.
 """
 
@@ -110,7 +113,9 @@ def wait_for(predicate, timeout: float, what: str, every: float = 1.0) -> None: 
 
 
 def host_dirs(base: Path, n: int) -> dict[int, dict[str, str]]:
-    """Per-host data/checkpoint/log dirs: the test hosts share this machine's filesystem."""
+    """Explicit data/checkpoint/log dirs per host, for a test about explicit dirs. The hosts need none:
+    each has its own /home, /tmp, /var/tmp, so the defaults are per host. These are paths as the HOSTS
+    see them (base under /tmp is each host's own /tmp): read them with cluster.hosts[i].path(p)."""
     return {i: {"data_dir": str(base / f"n{i}" / "data"), "ckpt_dir": str(base / f"n{i}" / "ckpt" / "{job}"),
                 "log_dir": str(base / f"n{i}" / "logs" / "{job}")} for i in range(n)}
 

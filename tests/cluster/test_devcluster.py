@@ -1,4 +1,6 @@
-"""The simulated hosts behave like separate machines: own address, sshd, dockerd; and leave no trace.
+"""The simulated hosts behave like separate machines as they come: own address, stock sshd, a non-root
+login in the docker group, own home and temp folders, own dockerd; variants (no SFTP, root login, a
+shared folder); and they leave no trace.
 
 Needs root, iproute2, openssh-server, docker.io (dockerd, containerd, runc) and iptables. Fails, never
 skips, when one is missing.
@@ -6,8 +8,10 @@ skips, when one is missing.
 
 from __future__ import annotations
 
+import grp
 import ipaddress
 import os
+import pwd
 import shlex
 import signal
 import subprocess
@@ -23,6 +27,7 @@ from devcluster import Cluster, Host
 from devcluster.gc import gc
 from devcluster.layout import LINK_RE, MAX_HOSTS, NETNS_RE, ClusterState, check_name, state_root
 from devcluster.proc import alive, cmdline, pids_in_netns
+from devcluster.sshd import SSHD
 from devcluster.teardown import traces
 from devcluster.tinyimage import TINY_IMAGE, load_tiny_image
 
@@ -78,13 +83,164 @@ def test_dns_lookups_fail_at_once(cluster: Cluster) -> None:
 
 
 @pytest.mark.cluster
-def test_openssh_reaches_each_host_with_its_own_docker_host(cluster: Cluster) -> None:
+def test_login_is_a_non_root_user_in_the_docker_group(cluster: Cluster) -> None:
+    assert f"  User {cluster.user}\n" in cluster.ssh_config.read_text() and cluster.user != "root"
     for h in cluster.hosts:
-        res = ssh(cluster, h, "sh", "-c", "echo $DOCKER_HOST; hostname -I")
+        res = ssh(cluster, h, "sh", "-c", 'id -un; id -Gn; echo "$HOME"; echo "${DOCKER_HOST-unset}"; hostname -I')
         assert res.returncode == 0, res.stderr
-        docker_host, ips = res.stdout.split("\n")[:2]
-        assert docker_host == h.docker_host
+        user, groups, home, docker_host, ips = res.stdout.split("\n")[:5]
+        assert (user, home, docker_host) == (cluster.user, f"/home/{cluster.user}", "unset")
+        assert "docker" in groups.split()
         assert ips.split() == [h.addr]
+
+
+@pytest.mark.cluster
+def test_root_cannot_log_in_by_default(cluster: Cluster) -> None:
+    """Root has no authorized key on a default host, as on most real machines."""
+    client = paramiko.SSHClient()
+    client.load_host_keys(str(cluster.known_hosts))
+    with pytest.raises(paramiko.AuthenticationException):
+        client.connect(cluster.hosts[0].addr, username="root", key_filename=str(cluster.key),
+                       look_for_keys=False, allow_agent=False, timeout=10)
+    client.close()
+
+
+@pytest.mark.cluster
+def test_docker_socket_is_root_docker_0660_at_the_default_path(cluster: Cluster) -> None:
+    for h in cluster.hosts:
+        res = ssh(cluster, h, "stat", "-L", "-c", "%U:%G %a %F", "/var/run/docker.sock")
+        assert res.stdout.strip() == "root:docker 660 socket", res.stderr
+        st = h.docker_sock.stat()
+        assert (st.st_uid, grp.getgrgid(st.st_gid).gr_name, oct(st.st_mode & 0o777)) == (0, "docker", "0o660")
+
+
+@pytest.mark.cluster
+def test_sshd_runs_with_stock_settings(cluster: Cluster) -> None:
+    """Only what makes sshd one host's daemon is set; the effective limits are OpenSSH's defaults."""
+    h = cluster.hosts[0]
+    config = h.layout.ssh_dir / "sshd_config"
+    keys = {line.split()[0] for line in config.read_text().splitlines() if line.strip()}
+    assert keys == {"ListenAddress", "HostKey", "PidFile", "Subsystem"}
+    effective = h.run([SSHD, "-T", "-f", str(config)]).stdout.splitlines()
+    assert {"maxsessions 10", "maxstartups 10:30:100", "permitrootlogin without-password"} <= set(effective)
+
+
+@pytest.mark.cluster
+def test_eleventh_channel_on_one_connection_is_refused(cluster: Cluster) -> None:
+    """OpenSSH's MaxSessions 10, as on a real host: the 11th open channel of one connection is refused,
+    while another connection still gets its channels."""
+    h = cluster.hosts[0]
+    clients = [paramiko.SSHClient() for _ in range(2)]
+    try:
+        for client in clients:
+            client.load_host_keys(str(cluster.known_hosts))
+            client.connect(h.addr, username=cluster.user, key_filename=str(cluster.key), look_for_keys=False,
+                           allow_agent=False, timeout=10)
+        transport = clients[0].get_transport()
+        assert transport is not None
+        channels = [transport.open_session(timeout=10) for _ in range(10)]
+        with pytest.raises(paramiko.ChannelException):
+            transport.open_session(timeout=10)
+        assert all(not c.closed for c in channels)
+        _, out, _ = clients[1].exec_command("id -un", timeout=10)
+        assert out.read().decode().strip() == cluster.user
+    finally:
+        for client in clients:
+            client.close()
+
+
+@pytest.mark.cluster
+def test_each_host_has_its_own_home_tmp_and_var_tmp(cluster: Cluster) -> None:
+    h0, h1 = cluster.hosts
+    name = f"own-{os.getpid()}"
+    paths = [f"{h0.home}/{name}", f"/tmp/{name}", f"/var/tmp/{name}"]
+    try:
+        assert ssh(cluster, h0, "touch", *paths).returncode == 0
+        for p in paths:
+            assert h0.path(p).is_file()
+            assert h0.path(p).stat().st_uid == pwd.getpwnam(cluster.user).pw_uid
+            assert not h1.path(p).exists() and not Path(p).exists()
+        assert ssh(cluster, h1, "ls", *paths).returncode != 0, "h1 sees h0's files"
+        assert ssh(cluster, h0, "ls", *paths).returncode == 0
+    finally:
+        for p in paths:
+            h0.path(p).unlink(missing_ok=True)
+
+
+@pytest.mark.cluster
+def test_container_bind_mounts_resolve_in_the_hosts_view(cluster: Cluster) -> None:
+    """A container run as the user writes into a bind of the user's home: the file is on that host
+    only, and it belongs to the user."""
+    h0, h1 = cluster.hosts
+    load_tiny_image(h0.docker_client())
+    folder = f"{h0.home}/bind-{os.getpid()}"
+    try:
+        assert ssh(cluster, h0, "mkdir", folder).returncode == 0
+        script = f"docker run --rm --user $(id -u):$(id -g) -v {folder}:/out {TINY_IMAGE} sh -c 'echo hi > /out/f'"
+        res = ssh(cluster, h0, "sh", "-c", script, timeout=60)
+        assert res.returncode == 0, res.stderr
+        assert h0.path(f"{folder}/f").read_text() == "hi\n"
+        assert h0.foreign_files(folder) == []
+        assert not h1.path(folder).exists()
+    finally:
+        h0.run(["rm", "-rf", folder])
+
+
+@pytest.mark.cluster
+def test_a_folder_planted_by_another_account(cluster: Cluster) -> None:
+    h = cluster.hosts[0]
+    folder = f"/var/tmp/planted-{os.getpid()}"
+    try:
+        h.run(["mkdir", "-m", "755", folder], user="nobody")
+        assert h.foreign_files(folder) == [f"{folder}/. ({pwd.getpwnam('nobody').pw_uid}:"
+                                           f"{pwd.getpwnam('nobody').pw_gid})"]
+        assert h.run(["touch", f"{folder}/f"], user=cluster.user, check=False).returncode != 0
+    finally:
+        h.run(["rm", "-rf", folder])
+
+
+@pytest.mark.cluster
+def test_shared_folder_is_the_same_on_every_host(cluster_factory) -> None:
+    c = cluster_factory(2, shared="/mnt/shared")
+    h0, h1 = c.hosts
+    name = f"/mnt/shared/s-{os.getpid()}"
+    assert ssh(c, h0, "sh", "-c", f"echo from-h0 > {name}").returncode == 0
+    assert ssh(c, h1, "cat", name).stdout == "from-h0\n"
+    assert h0.path(name) == h1.path(name) == c.dir / "shared" / Path(name).name
+    assert h0.path(name).stat().st_uid == pwd.getpwnam(c.user).pw_uid
+    assert not Path(name).exists(), "the shared folder is the hosts', not the machine's"
+    assert ssh(c, h1, "ls", f"/tmp/{Path(name).name}").returncode != 0  # the rest stays per host
+
+
+@pytest.mark.cluster
+def test_host_without_sftp_refuses_the_subsystem(cluster_factory) -> None:
+    c = cluster_factory(2, no_sftp=[1])
+    assert [h.sftp for h in c.hosts] == [True, False]
+    for h in c.hosts:
+        client = paramiko.SSHClient()
+        client.load_host_keys(str(c.known_hosts))
+        client.connect(h.addr, username=c.user, key_filename=str(c.key), look_for_keys=False,
+                       allow_agent=False, timeout=10)
+        try:
+            if h.sftp:
+                with client.open_sftp() as sftp:
+                    assert sftp.normalize(".") == h.home
+            else:
+                with pytest.raises(paramiko.SSHException):
+                    client.open_sftp()
+                _, out, _ = client.exec_command("true", timeout=10)  # exec channels still work
+                assert out.channel.recv_exit_status() == 0
+        finally:
+            client.close()
+
+
+@pytest.mark.cluster
+def test_root_login_variant(cluster_factory) -> None:
+    c = cluster_factory(1, root_login=True)
+    h = c.hosts[0]
+    assert c.user == "root" and "  User root\n" in c.ssh_config.read_text()
+    res = ssh(c, h, "sh", "-c", 'id -u; echo "$HOME"; docker info --format "{{.ID}}"')
+    assert res.stdout.split() == ["0", "/root", h.docker_client().info()["ID"]], res.stderr
 
 
 @pytest.mark.cluster
@@ -96,7 +252,7 @@ def test_paramiko_checks_host_keys_strictly(cluster: Cluster, tmp_path: Path) ->
         client.load_host_keys(str(known_hosts))
         client.set_missing_host_key_policy(paramiko.RejectPolicy())
         try:
-            client.connect(host.addr, username="root", key_filename=str(cluster.key),
+            client.connect(host.addr, username=cluster.user, key_filename=str(cluster.key),
                            look_for_keys=False, allow_agent=False, timeout=10)
             _, out, _ = client.exec_command("true")
             assert out.channel.recv_exit_status() == 0
@@ -126,7 +282,7 @@ def test_docker_sdk_over_ssh_reaches_each_hosts_own_daemon(cluster: Cluster,
     ids = set()
     for h in cluster.hosts:
         local = h.docker_client().info()
-        for url in (f"ssh://root@{h.addr}", f"ssh://{h.name}"):
+        for url in (f"ssh://{cluster.user}@{h.addr}", f"ssh://{h.name}"):
             client = docker.DockerClient(base_url=url, timeout=30)
             try:
                 info = client.info()
