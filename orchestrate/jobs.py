@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import io
+import tarfile
 import threading
 import time
 from collections.abc import Sequence
@@ -179,8 +181,25 @@ def stream_logs(nodes: Nodes, job: str, console: Console, follow: bool, node: in
         time.sleep(0.5)
 
 
-# The newest run's folder of one local rank under torchrun's --log-dir: <run id>_<random>/attempt_<n>/<local rank>.
-NEWEST_RANK_DIR = 'ls -dt -- "$1"/*/attempt_*/"$2" 2>/dev/null | head -n 1'
+# torchrun's --log-dir holds one folder per start, <run id>_<random>/attempt_<n>/<local rank>/{stdout,stderr}.log.
+# The run folder is mkdtemp's (0700, owned by the container's user), so a non-root login may list the log dir
+# but not enter it: the files are read through the job's container (Docker's archive API, exited ones too).
+NEWEST_RUN = 'ls -t -- "$1" 2>/dev/null | head -n 1'
+STREAMS = ("stdout.log", "stderr.log")
+
+
+def rank_files(tar_bytes: bytes, local_rank: int) -> dict[str, str]:
+    """PURE: {"stdout": text, "stderr": text} of the newest attempt of `local_rank` in a run folder's archive."""
+    found: dict[tuple[int, str], str] = {}
+    with tarfile.open(fileobj=io.BytesIO(tar_bytes)) as tar:
+        for member in tar.getmembers():
+            parts = member.name.split("/")  # <run>/attempt_<n>/<local rank>/<stream>.log
+            if (member.isfile() and len(parts) == 4 and parts[1].startswith("attempt_")
+                    and parts[1][8:].isdigit() and parts[2] == str(local_rank) and parts[3] in STREAMS):
+                data = tar.extractfile(member)
+                found[(int(parts[1][8:]), parts[3][:-4])] = data.read().decode(errors="replace") if data else ""
+    newest = max((attempt for attempt, _ in found), default=None)
+    return {stream: text for (attempt, stream), text in found.items() if attempt == newest}
 
 
 def _env_of(container: Any) -> dict[str, str]:
@@ -215,16 +234,18 @@ def rank_logs(nodes: Nodes, job: str, console: Console, rank: int, tail: int) ->
     host, container, _ = found[where[0]]
     folder = next((str(m.get("Source")) for m in container.attrs.get("Mounts", [])
                    if m.get("Destination") == LOG_MOUNT), None)
-    conn = nodes.conn(host)
-    res = conn.run(["sh", "-c", NEWEST_RANK_DIR, "newest", folder or "/nonexistent", str(where[1])], timeout=60)
-    rank_dir = res.out.strip()
-    if not rank_dir:
+    run = nodes.conn(host).run(["sh", "-c", NEWEST_RUN, "newest", folder or "/nonexistent"], timeout=60).out.strip()
+    files: dict[str, str] = {}
+    if run and "/" not in run:
+        chunks, _ = container.get_archive(f"{LOG_MOUNT}/{run}")
+        files = rank_files(b"".join(chunks), where[1])
+    if not files:
         raise JobError(f"no log files of rank {rank} under {nodes.hosts[host].label}:{folder}; "
                        "the job may predate per-rank logs")
     secrets = _secrets_of(container)
     for stream in ("stdout", "stderr"):
-        out = conn.run(["tail", "-n", str(tail) if tail else "+1", "--", f"{rank_dir}/{stream}.log"], timeout=60)
-        for line in out.out.splitlines():
+        lines = files.get(stream, "").splitlines()
+        for line in lines[-tail:] if tail else lines:
             console.print(f"[rank {rank} {stream}] {mask_text(line, secrets)}", markup=False, highlight=False,
                           soft_wrap=True)
 

@@ -53,8 +53,17 @@ def contract_lines(text: str) -> list[dict[str, object]]:
     return [json.loads(line.split("CONTRACT ", 1)[1]) for line in text.splitlines() if "CONTRACT " in line]
 
 
-def rank_files(work: Path, node: int, job: str) -> list[Path]:
-    return sorted((work / f"n{node}" / "logs" / job).glob("*/attempt_*/*/stdout.log"), key=lambda p: p.stat().st_mtime)
+# The default dirs (the hosts file names none); each test host has its own /var/tmp.
+DATA = "/var/tmp/ddp-cifar/data"
+
+
+def job_dir(cluster: Cluster, node: int, job: str, kind: str) -> Path:
+    """A job's checkpoints/logs folder on a host, as this machine sees it."""
+    return cluster.hosts[node].path(f"/var/tmp/ddp-cifar/jobs/{job}/{kind}")
+
+
+def rank_files(cluster: Cluster, node: int, job: str) -> list[Path]:
+    return sorted(job_dir(cluster, node, job, "logs").glob("*/attempt_*/*/stdout.log"), key=lambda p: p.stat().st_mtime)
 
 
 def container_log(cluster: Cluster, job: str, node: int) -> str:
@@ -66,16 +75,16 @@ def container_log(cluster: Cluster, job: str, node: int) -> str:
 def test_example_contract_rank_logs_kill_and_resume(cluster: Cluster, work: Path, hosts: Path, name: str) -> None:
     entry, args = EXAMPLES[name][0], args_for(name, 400, 0.2)  # slow enough to stop halfway
     image, job = example_image(name), f"ex-{name}"
-    for node in range(2):  # the charlm's text, placed in each node's data dir (no directory staging yet)
-        (work / f"n{node}" / "data").mkdir(parents=True, exist_ok=True)
-        (work / f"n{node}" / "data" / "input.txt").write_text("to be or not to be, that is the question. " * 40)
+    for host in cluster.hosts:  # the charlm's text, placed in each node's data dir by its login user
+        host.run(["sh", "-c", 'mkdir -p "$1" && cat > "$1/input.txt"', "plant", DATA], user=host.user,
+                 input="to be or not to be, that is the question. " * 40)
     res = up(cluster, work, hosts, job, image, entry, "--detach", args=args)
     assert res.returncode == 0, res.stderr
     wait_for(lambda: "step 10 loss" in container_log(cluster, job, 0), 240, f"{name} at step 10")
 
     # One file per rank on each node (one process per node), each with its own rank's contract.
     for node in range(2):
-        files = rank_files(work, node, job)
+        files = rank_files(cluster, node, job)
         assert len(files) == 1, files
         (seen,) = contract_lines(files[0].read_text())
         assert seen["RANK"] == str(node) and seen["WORLD_SIZE"] == "2" and seen["LOCAL_RANK"] == "0"
@@ -89,17 +98,17 @@ def test_example_contract_rank_logs_kill_and_resume(cluster: Cluster, work: Path
 
     # kill: SIGTERM → the program checkpoints by the manifest convention and exits 143.
     assert orchestrate(cluster, work / "state", "kill", "--job", job, "--grace", "30").returncode == 0
-    saved = manifests(work / "n0" / "ckpt" / job)
+    saved = manifests(job_dir(cluster, 0, job, "checkpoints"))
     assert saved and saved[-1]["epoch_complete"] is False and int(saved[-1]["step"]) >= 10  # type: ignore[call-overload]
     step = int(saved[-1]["step"])  # type: ignore[call-overload]
-    assert f"stopped at step {step} after a checkpoint" in rank_files(work, 0, job)[-1].read_text()
+    assert f"stopped at step {step} after a checkpoint" in rank_files(cluster, 0, job)[-1].read_text()
 
     # up --resume: the orchestrator finds the checkpoint by its manifest; the program gets RESUME=1.
     res = up(cluster, work, hosts, job, image, entry, "--resume", args=args_for(name, step + 3, 0))
     assert res.returncode == 0, res.stderr
     assert f"resumed at step {step}" in res.stdout and f"DONE step={step + 3}" in res.stdout
     assert f"resuming from {cluster.hosts[0].name}" in res.stdout  # found through the manifest
-    resumed = contract_lines(rank_files(work, 1, job)[-1].read_text())
+    resumed = contract_lines(rank_files(cluster, 1, job)[-1].read_text())
     assert resumed[0]["RESUME"] == "1" and resumed[0]["RANK"] == "1"
     assert orchestrate(cluster, work / "state", "kill", "--job", job).returncode == 0
 

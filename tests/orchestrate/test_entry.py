@@ -3,7 +3,9 @@ check's verdicts, and `logs --rank`'s rank arithmetic. Pure: nothing is contacte
 
 from __future__ import annotations
 
+import io
 import shlex
+import tarfile
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -15,7 +17,7 @@ from orchestrate.config import JobsConfig, SSHOptions, UpConfig
 from orchestrate.entry import ImageFacts, judge, parse_facts
 from orchestrate.errors import ConfigError, PreflightError
 from orchestrate.hosts import Host
-from orchestrate.jobs import _runs_trainer, locate_rank
+from orchestrate.jobs import _runs_trainer, locate_rank, rank_files
 from orchestrate.plan import build_plan
 
 HOSTS = [Host(name="a", hostname="10.0.0.1", port=22, user="u", slots=2),
@@ -169,3 +171,16 @@ def test_status_knows_which_containers_run_the_trainer() -> None:
     assert _runs_trainer(container(["torchrun", "--nnodes", "2", "-m", "trainer", "--epochs", "1"]))
     assert not _runs_trainer(container(["torchrun", "--nnodes", "2", "/app/trainer"]))
     assert not _runs_trainer(container(["torchrun", "-m", "charlm.train", "--x", "trainer"]))
+
+
+def test_rank_files_takes_the_newest_attempt_of_one_local_rank() -> None:
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w") as tar:
+        for name, text in (("r_x/attempt_0/1/stdout.log", "old one"), ("r_x/attempt_1/1/stdout.log", "new one"),
+                           ("r_x/attempt_1/1/stderr.log", "new err"), ("r_x/attempt_1/0/stdout.log", "rank zero"),
+                           ("r_x/attempt_1/10/stdout.log", "local ten")):
+            info = tarfile.TarInfo(name)
+            info.size = len(text)
+            tar.addfile(info, io.BytesIO(text.encode()))
+    assert rank_files(buf.getvalue(), 1) == {"stdout": "new one", "stderr": "new err"}
+    assert rank_files(buf.getvalue(), 2) == {}
