@@ -24,6 +24,7 @@ from .config import (
     DEFAULT_JOB,
     DEFAULT_LOG_DIR,
     GPUS_ALL,
+    TRAINER_ENTRY,
     JobsConfig,
     SSHOptions,
     UpConfig,
@@ -69,13 +70,17 @@ def build_parser() -> argparse.ArgumentParser:
     _ssh_args(up, hosts_required=True)
     up.add_argument("--job", default=DEFAULT_JOB, help="job name (container names and labels)")
     up.add_argument("--image", default=DEFAULT_IMAGE, help="image to run; sent to nodes that lack it")
+    up.add_argument("--entry", default=TRAINER_ENTRY,
+                    help="program torchrun starts: '-m pkg.module' or a script path inside the image; "
+                         "its arguments go after --")
     up.add_argument("--gpus", default="all", help="GPUs per node: a number, 'all', or 0 for CPU mode (gloo)")
     up.add_argument("--nproc-per-node", type=int, default=None, help="processes per node (default: GPUs, or 1 on CPU)")
     up.add_argument("--master-addr", default=None, help="rendezvous address (default: node 0's address)")
     up.add_argument("--master-port", type=int, default=29500, help="rendezvous port on node 0 (must be free)")
     up.add_argument("--data-dir", default=DEFAULT_DATA_DIR, help="CIFAR-10 on each node (data_dir= per host wins)")
     up.add_argument("--ckpt-dir", default=DEFAULT_CKPT_DIR, help="{job} expands to the job name")
-    up.add_argument("--log-dir", default=DEFAULT_LOG_DIR, help="log folder on each node")
+    up.add_argument("--log-dir", default=DEFAULT_LOG_DIR,
+                    help="per-rank stdout/stderr files on each node (read one with 'logs --rank R')")
     up.add_argument("--data-url", default=DEFAULT_DATA_URL, help="archive each node downloads")
     up.add_argument("--data-from", type=Path, default=None, help="send this local archive instead of downloading")
     up.add_argument("--data-md5", default=DEFAULT_DATA_MD5, help="expected md5 of the archive")
@@ -102,6 +107,8 @@ def build_parser() -> argparse.ArgumentParser:
             p.add_argument("-f", "--follow", action="store_true", help="keep following until the job ends")
             p.add_argument("--node", type=int, default=None, help="only this node rank")
             p.add_argument("--tail", type=int, default=100, help="last N lines per node (0: all)")
+            p.add_argument("--rank", type=int, default=None,
+                           help="one global rank's stdout/stderr files (from up's --log-dir on its node)")
     return parser
 
 
@@ -143,14 +150,15 @@ def up_config(ns: argparse.Namespace) -> UpConfig:
         data_url=ns.data_url, data_from=ns.data_from, data_md5=ns.data_md5, env=_env(ns.env), pull=ns.pull,
         detach=ns.detach, dry_run=ns.dry_run, timings=ns.timings, resume=ns.resume, replace=ns.replace,
         stop_on_interrupt=ns.stop_on_interrupt, min_free_gb=ns.min_free_gb, shm_size=ns.shm_size, grace=ns.grace,
-        trainer_args=tuple(ns.trainer_args),
+        trainer_args=tuple(ns.trainer_args), entry=ns.entry,
     )
 
 
 def jobs_config(ns: argparse.Namespace) -> JobsConfig:
     return JobsConfig(ssh=SSHOptions(ns.hosts, ns.ssh_config, ns.accept_new_host_keys), job=ns.job,
                       grace=getattr(ns, "grace", 60.0), follow=getattr(ns, "follow", False),
-                      node=getattr(ns, "node", None), tail=getattr(ns, "tail", 100))
+                      node=getattr(ns, "node", None), tail=getattr(ns, "tail", 100),
+                      rank=getattr(ns, "rank", None))
 
 
 def parse_args(argv: Sequence[str]) -> tuple[str, UpConfig | JobsConfig]:

@@ -8,7 +8,7 @@ from . import state
 from .config import JobsConfig
 from .errors import ConfigError, MultiHostError
 from .hosts import Host, parse_hosts_file
-from .jobs import kill_job, print_status, stream_logs
+from .jobs import kill_job, print_status, rank_logs, stream_logs
 from .nodes import Nodes
 
 
@@ -34,7 +34,10 @@ def run_jobs_command(command: str, config: JobsConfig, console: Console) -> int:
             if not ok:
                 raise MultiHostError("status", unreachable)
             return 0
-        stream_logs(nodes, config.job, console, config.follow, config.node, config.tail)
+        if config.rank is not None:
+            rank_logs(nodes, config.job, console, config.rank, config.tail)
+        else:
+            stream_logs(nodes, config.job, console, config.follow, config.node, config.tail)
         if unreachable:
             raise MultiHostError("logs", unreachable)
         return 0

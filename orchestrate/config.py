@@ -28,6 +28,8 @@ DEFAULT_DATA_DIR = "/var/tmp/ddp-cifar/data"
 DEFAULT_CKPT_DIR = "/var/tmp/ddp-cifar/jobs/{job}/checkpoints"
 DEFAULT_LOG_DIR = "/var/tmp/ddp-cifar/jobs/{job}/logs"
 GPUS_ALL = -1
+TRAINER_ENTRY = "-m trainer"
+MODULE_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$")
 
 # The trainer's options (docs/DESIGN.md §1): name → kind. Checked here so that a typo is refused before
 # anything starts on the cluster. Kinds: flag, pos_int (>0), nonneg_int (>=0), float, str, or a choice tuple.
@@ -96,7 +98,8 @@ class UpConfig:
     min_free_gb: float = 1.0
     shm_size: str | None = None  # None: --ipc=host
     grace: float = 60.0
-    trainer_args: tuple[str, ...] = ()
+    trainer_args: tuple[str, ...] = ()  # the program's arguments (after --), whatever the entry
+    entry: str = TRAINER_ENTRY  # "-m pkg.mod" or a script path inside the image (docs/DESIGN.md §7)
 
     def __post_init__(self) -> None:
         check_job(self.job)
@@ -131,7 +134,18 @@ class UpConfig:
             raise ConfigError(f"--grace {self.grace} must not be negative")
         if self.resume and self.replace:
             raise ConfigError("--resume and --replace together: kill the job first, then 'up --resume'")
-        check_trainer_args(self.trainer_args)
+        check_entry(self.entry)
+        if self.is_trainer:  # another program's arguments are its own business
+            check_trainer_args(self.trainer_args)
+
+    @property
+    def is_trainer(self) -> bool:
+        return self.entry == TRAINER_ENTRY
+
+    @property
+    def entry_argv(self) -> tuple[str, ...]:
+        """What follows torchrun's own options: ("-m", "pkg.mod") or ("/path/script.py",)."""
+        return tuple(self.entry.split(" ", 1)) if self.entry.startswith("-m ") else (self.entry,)
 
     @property
     def cpu_mode(self) -> bool:
@@ -152,6 +166,7 @@ class JobsConfig:
     follow: bool = False
     node: int | None = None
     tail: int = 100
+    rank: int | None = None  # logs --rank: one global rank's log files
 
     def __post_init__(self) -> None:
         check_job(self.job)
@@ -161,6 +176,8 @@ class JobsConfig:
             raise ConfigError(f"--node {self.node} must be a node rank (0 or more)")
         if self.tail < 0:
             raise ConfigError(f"--tail {self.tail} must not be negative")
+        if self.rank is not None and (self.rank < 0 or self.node is not None or self.follow):
+            raise ConfigError(f"--rank {self.rank}: give a global rank (0 or more), without --node or -f")
 
 
 def check_job(job: str) -> None:
@@ -172,6 +189,17 @@ def check_job(job: str) -> None:
 def check_port(port: int, flag: str) -> None:
     if not 1024 <= port <= 65535:
         raise ConfigError(f"{flag} {port} out of range; use a free port in 1024-65535 (default 29500)")
+
+
+def check_entry(entry: str) -> None:
+    """`-m pkg.mod` or a script path (no spaces); whether it exists in the image is preflight's question."""
+    if entry.startswith("-m "):
+        if not MODULE_RE.match(entry[3:]):
+            raise ConfigError(f"--entry {entry!r}: {entry[3:]!r} is not a module name; write e.g. --entry '-m pkg.train'")
+        return
+    if not entry or entry.startswith("-") or any(ch.isspace() or ch == "\x00" for ch in entry):
+        raise ConfigError(f"--entry {entry!r}: give '-m pkg.module' or a script path inside the image "
+                          "(e.g. /app/train.py); program arguments go after '--'")
 
 
 def check_trainer_args(args: tuple[str, ...]) -> None:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import io
+import tarfile
 import threading
 import time
 from collections.abc import Iterable, Sequence
@@ -18,7 +20,7 @@ from .config import mask_text
 from .docker import JOB_LABEL, RANK_LABEL, job_containers
 from .errors import JobError, MultiHostError
 from .nodes import Nodes
-from .plan import CKPT_MOUNT
+from .plan import CKPT_MOUNT, LOG_MOUNT
 from .ssh import fan_out
 
 PREFETCH_LABEL = "ddp-cifar.prefetch"
@@ -100,6 +102,12 @@ def _ckpt_dir_of(container: Any) -> str | None:
     return None
 
 
+def _runs_trainer(container: Any) -> bool:
+    """Whether torchrun in this container starts the bundled trainer (`-m trainer`) or another program."""
+    cmd = list(container.attrs.get("Config", {}).get("Cmd") or [])
+    return any(a == "-m" and b == "trainer" for a, b in zip(cmd, cmd[1:], strict=False))
+
+
 def _secrets_of(container: Any) -> list[str]:
     from .config import is_secret
 
@@ -124,7 +132,8 @@ def status_rows(nodes: Nodes, job: str, unreachable: dict[str, str]) -> list[lis
             last = mask_text(last, _secrets_of(c))[:100]
             folder = _ckpt_dir_of(c)
             manifest = newest_manifest(nodes.conn(rank), folder) if folder else None
-            ckpt = f"{folder}/{manifest['file']} (epoch {manifest.get('epoch')})" if manifest else "-"
+            ckpt = f"{folder}/{manifest['file']} (epoch {manifest.get('epoch')})" if manifest else \
+                "-" if _runs_trainer(c) else "- (no manifest: resume by flag only)"
             running = state.get("Status") == "running"
             out.append([str(_rank_of(c)), label, c.name, str(state.get("Status")),
                         "-" if running else str(state.get("ExitCode")), _uptime(state.get("StartedAt", ""), running),
@@ -170,6 +179,75 @@ def stream_logs(nodes: Nodes, job: str, console: Console, follow: bool, node: in
         t.start()
     while any(t.is_alive() for t in threads):
         time.sleep(0.5)
+
+
+# torchrun's --log-dir holds one folder per start, <run id>_<random>/attempt_<n>/<local rank>/{stdout,stderr}.log.
+# The run folder is mkdtemp's (0700, owned by the container's user), so a non-root login may list the log dir
+# but not enter it: the files are read through the job's container (Docker's archive API, exited ones too).
+NEWEST_RUN = 'ls -t -- "$1" 2>/dev/null | head -n 1'
+STREAMS = ("stdout.log", "stderr.log")
+
+
+def rank_files(tar_bytes: bytes, local_rank: int) -> dict[str, str]:
+    """PURE: {"stdout": text, "stderr": text} of the newest attempt of `local_rank` in a run folder's archive."""
+    found: dict[tuple[int, str], str] = {}
+    with tarfile.open(fileobj=io.BytesIO(tar_bytes)) as tar:
+        for member in tar.getmembers():
+            parts = member.name.split("/")  # <run>/attempt_<n>/<local rank>/<stream>.log
+            if (member.isfile() and len(parts) == 4 and parts[1].startswith("attempt_")
+                    and parts[1][8:].isdigit() and parts[2] == str(local_rank) and parts[3] in STREAMS):
+                data = tar.extractfile(member)
+                found[(int(parts[1][8:]), parts[3][:-4])] = data.read().decode(errors="replace") if data else ""
+    newest = max((attempt for attempt, _ in found), default=None)
+    return {stream: text for (attempt, stream), text in found.items() if attempt == newest}
+
+
+def _env_of(container: Any) -> dict[str, str]:
+    return dict(e.split("=", 1) for e in container.attrs.get("Config", {}).get("Env", []) if "=" in e)
+
+
+def locate_rank(nodes_nproc: Sequence[tuple[int, int]], rank: int) -> tuple[int, int] | None:
+    """PURE: (node rank, local rank) of a global rank; torchrun numbers ranks node by node, node 0 first.
+    `nodes_nproc`: (node rank, processes on that node) for every node."""
+    first = 0
+    for node, nproc in sorted(nodes_nproc):
+        if first <= rank < first + nproc:
+            return node, rank - first
+        first += nproc
+    return None
+
+
+def rank_logs(nodes: Nodes, job: str, console: Console, rank: int, tail: int) -> None:
+    """Print one global rank's stdout and stderr files (torchrun --log-dir) from the node that ran it."""
+    found: dict[int, tuple[int, Any, int]] = {}  # node rank → (host index, container, nproc)
+    for host in nodes.reachable():
+        for c in job_containers(nodes.docker(host), job):
+            try:
+                found[_rank_of(c)] = (host, c, int(_env_of(c).get("NPROC_PER_NODE", "")))
+            except ValueError:
+                raise JobError(f"container {c.name} has no NPROC_PER_NODE; was it started by this version?") from None
+    where = locate_rank([(node, nproc) for node, (_, _, nproc) in found.items()], rank)
+    if where is None:
+        ranks = sum(n for _, _, n in found.values())
+        raise JobError(f"no rank {rank} in job {job!r} ({ranks} rank(s) found on the reachable hosts); "
+                       "give --rank 0.." + str(max(ranks - 1, 0)))
+    host, container, _ = found[where[0]]
+    folder = next((str(m.get("Source")) for m in container.attrs.get("Mounts", [])
+                   if m.get("Destination") == LOG_MOUNT), None)
+    run = nodes.conn(host).run(["sh", "-c", NEWEST_RUN, "newest", folder or "/nonexistent"], timeout=60).out.strip()
+    files: dict[str, str] = {}
+    if run and "/" not in run:
+        chunks, _ = container.get_archive(f"{LOG_MOUNT}/{run}")
+        files = rank_files(b"".join(chunks), where[1])
+    if not files:
+        raise JobError(f"no log files of rank {rank} under {nodes.hosts[host].label}:{folder}; "
+                       "the job may predate per-rank logs")
+    secrets = _secrets_of(container)
+    for stream in ("stdout", "stderr"):
+        lines = files.get(stream, "").splitlines()
+        for line in lines[-tail:] if tail else lines:
+            console.print(f"[rank {rank} {stream}] {mask_text(line, secrets)}", markup=False, highlight=False,
+                          soft_wrap=True)
 
 
 def _follow(console: Console, rank: int, container: Any) -> None:

@@ -19,6 +19,9 @@ DATA_MOUNT = "/data"
 CKPT_MOUNT = "/checkpoints"
 LOG_MOUNT = "/logs"
 UNKNOWN = "<detected at launch>"
+# Every rank's stdout and stderr into files under the log mount, and still to the console (docker logs).
+# torchrun writes <log-dir>/<run id>_<random>/attempt_<n>/<local rank>/{stdout,stderr}.log.
+TORCHRUN_LOG_ARGS = ("--log-dir", LOG_MOUNT, "--redirects", "3", "--tee", "3")
 # NGC's recommended limits for GPU containers: unlimited locked memory (pinned buffers for NCCL/RDMA) and a
 # 64 MB stack. CPU mode needs no pinned memory, and a daemon whose own memlock limit is capped (rootless or
 # sandboxed Docker) refuses memlock=-1 outright, so CPU mode sets the stack only.
@@ -116,29 +119,39 @@ def nproc_for(config: UpConfig, host: Host, facts: NodeFacts) -> int | str:
 
 
 def build_plan(config: UpConfig, hosts: Sequence[Host], master_addr: str,
-               facts: Sequence[NodeFacts] | None = None) -> list[NodeSpec]:
-    """One NodeSpec per host, node 0 first. `facts` come from preflight (None for an offline dry run)."""
+               facts: Sequence[NodeFacts] | None = None, launcher: Sequence[str] = ("torchrun",)) -> list[NodeSpec]:
+    """One NodeSpec per host, node 0 first. `facts` come from preflight (None for an offline dry run);
+    `launcher` from the image check (torchrun, or `python -m torch.distributed.run` where it is not on PATH)."""
     facts = list(facts) if facts is not None else [NodeFacts() for _ in hosts]
     nnodes = len(hosts)
-    return [_node(config, host, rank, nnodes, master_addr, facts[rank]) for rank, host in enumerate(hosts)]
+    return [_node(config, host, rank, nnodes, master_addr, facts[rank], tuple(launcher))
+            for rank, host in enumerate(hosts)]
 
 
-def _node(config: UpConfig, host: Host, rank: int, nnodes: int, master_addr: str, facts: NodeFacts) -> NodeSpec:
+def _node(config: UpConfig, host: Host, rank: int, nnodes: int, master_addr: str, facts: NodeFacts,
+          launcher: tuple[str, ...]) -> NodeSpec:
     nproc = nproc_for(config, host, facts)
     iface = host.iface or facts.iface or UNKNOWN
     dirs = host_dirs(config, host)
     command = [
-        "torchrun", "--nnodes", str(nnodes), "--node_rank", str(rank), "--master_addr", master_addr,
-        "--master_port", str(config.master_port), "--nproc_per_node", str(nproc),
-        "-m", "trainer", "--data-dir", DATA_MOUNT, "--ckpt-dir", CKPT_MOUNT, *config.trainer_args,
+        *launcher, "--nnodes", str(nnodes), "--node_rank", str(rank), "--master_addr", master_addr,
+        "--master_port", str(config.master_port), "--nproc_per_node", str(nproc), *TORCHRUN_LOG_ARGS,
+        *config.entry_argv,
     ]
-    if config.resume:
-        command.append("--resume")
+    if config.is_trainer:
+        command += ["--data-dir", DATA_MOUNT, "--ckpt-dir", CKPT_MOUNT, *config.trainer_args]
+        command += ["--resume"] if config.resume else []
+    else:
+        command += config.trainer_args
     env = {
         "MASTER_ADDR": master_addr, "MASTER_PORT": str(config.master_port), "NODE_RANK": str(rank),
         "NNODES": str(nnodes), "NPROC_PER_NODE": str(nproc), "GLOO_SOCKET_IFNAME": iface,
         "DDP_CIFAR_JOB": config.job,
+        # The contract with any program (docs/DESIGN.md §7); torchrun adds RANK, LOCAL_RANK, WORLD_SIZE.
+        "DATA_DIR": DATA_MOUNT, "CKPT_DIR": CKPT_MOUNT, "LOG_DIR": LOG_MOUNT,
     }
+    if config.resume:
+        env["RESUME"] = "1"
     if not config.cpu_mode:
         env["NCCL_SOCKET_IFNAME"] = iface
         env["TORCH_NCCL_ASYNC_ERROR_HANDLING"] = "1"

@@ -14,14 +14,16 @@ from rich.console import Console
 
 from . import state
 from .config import UpConfig
+from .entry import check_image
 from .errors import JobError
 from .hosts import Host, parse_hosts_file
 from .image import ensure_images
 from .launch import find_resume_checkpoint, remove_leftovers, start_containers, summary, watch
 from .nodes import Nodes
-from .plan import NodeFacts, build_plan, render_plan
-from .prefetch import prefetch_all
+from .plan import NodeFacts, NodeSpec, build_plan, render_plan
+from .prefetch import make_dirs, prefetch_all
 from .preflight import run_preflight
+from .ssh import fan_out
 
 
 def load_hosts(config: UpConfig) -> list[Host]:
@@ -96,9 +98,12 @@ def _up(config: UpConfig, console: Console, timings: Timings) -> int:
         specs = build_plan(config, hosts, master, facts)
         if config.resume:
             with timings.phase("resume"):
-                find_resume_checkpoint(nodes, specs, console)
+                _resume(nodes, specs, config, console)
         with timings.phase("image"):
             ensure_images(nodes, config, local, local_id, console, [r.image_id for r in reports])
+            # The image is on every node now: one short container on node 0 checks torch and the entry.
+            launcher = check_image(nodes.conn(0), config)
+        specs = build_plan(config, hosts, master, facts, launcher)
         with timings.phase("data"):
             _data(nodes, config, console)
         with timings.phase("start"):
@@ -127,7 +132,22 @@ def _up(config: UpConfig, console: Console, timings: Timings) -> int:
         nodes.close()
 
 
+def _resume(nodes: Nodes, specs: list[NodeSpec], config: UpConfig, console: Console) -> None:
+    try:
+        find_resume_checkpoint(nodes, specs, console)
+    except JobError:
+        if config.is_trainer:
+            raise
+        # Another program that writes no manifest (docs/DESIGN.md §7) finds its own state: RESUME=1 only.
+        console.print("--resume: no checkpoint manifest found; the program gets RESUME=1 and finds its "
+                      "own state (resume by flag only)", markup=False, highlight=False)
+
+
 def _data(nodes: Nodes, config: UpConfig, console: Console) -> None:
+    """CIFAR-10 is the trainer's data; another program brings its own (in the data dir): only make the dirs."""
+    if not config.is_trainer:
+        fan_out("dirs", nodes.conns, lambda c: make_dirs(c, config), lambda c: c.host.label)  # type: ignore[arg-type]
+        return
     for res in prefetch_all(nodes.conns, lambda r: nodes.docker(r, timeout=3600), config,  # type: ignore[arg-type]
                             console):
         what = {"present": "verified copy present, nothing moved", "downloaded": f"downloaded {res.bytes_moved} bytes",

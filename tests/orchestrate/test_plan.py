@@ -29,7 +29,8 @@ def test_gpu_plan_all_gpus() -> None:
     n0, n1 = specs
     assert n0.name == "exp1-node0" and n1.name == "exp1-node1"
     assert n0.command == ("torchrun", "--nnodes", "2", "--node_rank", "0", "--master_addr", "10.0.0.11",
-                          "--master_port", "29500", "--nproc_per_node", "8", "-m", "trainer",
+                          "--master_port", "29500", "--nproc_per_node", "8",
+                          "--log-dir", "/logs", "--redirects", "3", "--tee", "3", "-m", "trainer",
                           "--data-dir", "/data", "--ckpt-dir", "/checkpoints", "--epochs", "3")
     assert n1.command[n1.command.index("--nproc_per_node") + 1] == "4"
     assert n1.command[n1.command.index("--node_rank") + 1] == "1"

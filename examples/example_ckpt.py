@@ -1,0 +1,76 @@
+"""Checkpoints by the project's manifest convention (docs/DESIGN.md §2 and §7), and SIGTERM → checkpoint → 143.
+
+Shared by the examples; copy it into your own program. What `up --resume`, `status` and the checkpoint copy
+between nodes rely on: in CKPT_DIR, `ckpt-<step:08d>.pt` written first (temp name, fsync, rename), then
+`ckpt-<step:08d>.json` = {"format": 1, "file", "sha256", "bytes", "epoch", "step", "epoch_complete",
+"world_size", "created"} the same way. A checkpoint counts only when the .pt matches its manifest.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import os
+import re
+import signal
+import tempfile
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+import torch
+
+MANIFEST_RE = re.compile(r"^ckpt-(\d{8})\.json$")
+EXIT_STOPPED = 143  # stopped by SIGTERM after writing a checkpoint
+
+
+class StopFlag:
+    """Set by SIGTERM; the training loop checks it between steps (a handler must not write files)."""
+
+    def __init__(self) -> None:
+        self.set = False
+        signal.signal(signal.SIGTERM, self._handle)
+
+    def _handle(self, signum: int, frame: Any) -> None:
+        self.set = True
+
+
+def _atomic_write(path: Path, data: bytes) -> None:
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
+    with os.fdopen(fd, "wb") as fh:
+        fh.write(data)
+        fh.flush()
+        os.fsync(fh.fileno())
+    os.replace(tmp, path)
+
+
+def save(ckpt_dir: str, state: dict[str, Any], step: int, epoch: int, epoch_complete: bool, world_size: int) -> Path:
+    """The .pt first, then its manifest: a crash in between leaves no manifest, so no half checkpoint counts."""
+    folder = Path(ckpt_dir)
+    folder.mkdir(parents=True, exist_ok=True)
+    pt = folder / f"ckpt-{step:08d}.pt"
+    buf = io.BytesIO()
+    torch.save(state, buf)
+    data = buf.getvalue()
+    _atomic_write(pt, data)
+    manifest = {"format": 1, "file": pt.name, "sha256": hashlib.sha256(data).hexdigest(), "bytes": len(data),
+                "epoch": epoch, "step": step, "epoch_complete": epoch_complete, "world_size": world_size,
+                "created": datetime.now(timezone.utc).isoformat()}
+    _atomic_write(folder / f"ckpt-{step:08d}.json", json.dumps(manifest).encode())
+    return pt
+
+
+def load_newest(ckpt_dir: str) -> dict[str, Any] | None:
+    """The newest checkpoint whose .pt matches its manifest (size and sha256), or None."""
+    folder = Path(ckpt_dir)
+    names = sorted((p.name for p in folder.glob("ckpt-*.json") if MANIFEST_RE.match(p.name)), reverse=True)
+    for name in names:
+        try:
+            manifest = json.loads((folder / name).read_text())
+            data = (folder / Path(manifest["file"]).name).read_bytes()
+        except (OSError, ValueError, KeyError):
+            continue
+        if len(data) == manifest["bytes"] and hashlib.sha256(data).hexdigest() == manifest["sha256"]:
+            return dict(torch.load(io.BytesIO(data), map_location="cpu", weights_only=False))
+    return None

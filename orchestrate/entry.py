@@ -1,0 +1,111 @@
+"""Image check: can this image run this entry under torchrun? One short container on node 0, before any start.
+
+The image may be any image with Python and torch (the project's, one built FROM it, an NGC release): the
+check asks it for torch's version (from package metadata: importing torch costs seconds), for torchrun on
+PATH (else `python -m torch.distributed.run` launches), and whether the entry is there (a module that
+`importlib.util.find_spec` finds, or a script file, relative to the image's working directory).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any
+
+from .config import UpConfig
+from .docker import client_over_ssh
+from .errors import PreflightError
+from .ssh import Connection
+
+TORCHRUN = ("torchrun",)
+# sh finds a Python (python or python3), then Python answers in one JSON line. $1/$2: entry kind and target,
+# only ever passed as arguments, never pasted into code.
+CHECK_SCRIPT = r"""
+py=$(command -v python || command -v python3) || { echo '{"python": null}'; exit 0; }
+exec "$py" -c '
+import importlib.metadata, importlib.util, json, os, shutil, sys
+kind, target = sys.argv[1], sys.argv[2]
+out = {"python": sys.executable, "torch": None, "torchrun": shutil.which("torchrun"), "entry": False}
+try:
+    out["torch"] = importlib.metadata.version("torch")
+except importlib.metadata.PackageNotFoundError:
+    pass
+try:
+    out["entry"] = importlib.util.find_spec(target) is not None if kind == "module" else os.path.isfile(target)
+except Exception as err:  # a package whose __init__ fails to import: the entry cannot start either
+    out["entry_error"] = f"{type(err).__name__}: {err}"
+print(json.dumps(out))
+' "$1" "$2"
+"""
+
+
+@dataclass(frozen=True)
+class ImageFacts:
+    python: str | None
+    torch: str | None
+    torchrun: str | None
+    entry: bool
+    entry_error: str | None = None
+
+
+def entry_target(config: UpConfig) -> tuple[str, str]:
+    """("module", "pkg.mod") or ("script", "/path/x.py")."""
+    argv = config.entry_argv
+    return ("module", argv[1]) if argv[0] == "-m" else ("script", argv[0])
+
+
+def parse_facts(output: str) -> ImageFacts:
+    """PURE: the check's last output line → facts (a missing or garbled line is 'no python')."""
+    lines = [ln for ln in output.strip().splitlines() if ln.startswith("{")]
+    try:
+        data = json.loads(lines[-1]) if lines else {}
+    except ValueError:
+        data = {}
+    return ImageFacts(python=data.get("python"), torch=data.get("torch"), torchrun=data.get("torchrun"),
+                      entry=bool(data.get("entry")), entry_error=data.get("entry_error"))
+
+
+def judge(facts: ImageFacts, config: UpConfig) -> tuple[str, ...]:
+    """PURE: the launcher to use (torchrun, or python -m torch.distributed.run); PreflightError when unusable."""
+    kind, target = entry_target(config)
+    where = f"image {config.image}"
+    if facts.python is None:
+        problem = "has no python (python or python3 on PATH); use an image with Python and torch"
+    elif facts.torch is None:
+        problem = "has no torch; use an image with torch, e.g. one built FROM the project's image"
+    elif not facts.entry:
+        what = f"module {target!r} is not importable" if kind == "module" else f"script {target!r} is not a file"
+        why = f" ({facts.entry_error})" if facts.entry_error else ""
+        problem = f"lacks the entry: {what}{why}; check --entry, or add it to the image"
+    else:
+        return TORCHRUN if facts.torchrun else (facts.python, "-m", "torch.distributed.run")
+    raise PreflightError(f"preflight failed, nothing was started: {where} {problem}")
+
+
+def check_image(conn: Connection, config: UpConfig) -> tuple[str, ...]:
+    """Run the check in one short container (no network, removed after); return the launcher argv.
+
+    A client of its own, closed at once: its channels must not add to the job's on a host with OpenSSH's
+    stock MaxSessions (10 channels per connection)."""
+    client = client_over_ssh(conn, timeout=120)
+    try:
+        return judge(parse_facts(_run_check(client, config)), config)
+    finally:
+        client.close()
+
+
+def _run_check(client: Any, config: UpConfig) -> str:
+    import docker.errors
+
+    kind, target = entry_target(config)
+    try:
+        out = client.containers.run(config.image, command=[kind, target], entrypoint=["sh", "-c", CHECK_SCRIPT, "check"],
+                                    network_mode="none", remove=True, stdout=True, stderr=True)
+    except docker.errors.ContainerError as err:
+        stderr = err.stderr.decode(errors="replace").strip() if isinstance(err.stderr, bytes) else ""
+        raise PreflightError(f"preflight failed, nothing was started: image {config.image}: the check "
+                             f"container failed ({stderr[-200:] or err.exit_status}); does it have sh?") from None
+    except docker.errors.APIError as err:
+        raise PreflightError(f"preflight failed, nothing was started: image {config.image} cannot run "
+                             f"({err.explanation or err}); does it have sh?") from None
+    return str(out.decode(errors="replace"))
