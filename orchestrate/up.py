@@ -65,8 +65,8 @@ def up(config: UpConfig, console: Console) -> int:
                 if config.is_trainer:
                     raise
                 # Another program that writes no manifest (docs/DESIGN.md §7) finds its own state: RESUME=1 only.
-                console.print("--resume: no checkpoint manifest found; the program gets RESUME=1 and finds its "
-                              "own state (resume by flag only)", markup=False, highlight=False)
+                console.print("--resume: no valid checkpoint (manifest and matching .pt); the program gets RESUME=1 "
+                              "and finds its own state (resume by flag only)", markup=False, highlight=False)
         ensure_images(nodes, config, local, local_id, console, [r.image_id for r in reports])
         # The image is on every node now: one short container on node 0 checks torch and the entry.
         launcher = check_image(nodes.conn(0), config)
