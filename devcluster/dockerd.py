@@ -49,7 +49,11 @@ def daemon_json(host: HostLayout) -> str:
     """Settings that keep this dockerd apart from the root one. deprecated-key-path: dockerd 20.10
     takes its engine ID from /etc/docker/key.json unless told otherwise; a key of its own gives each
     host a distinct ID in `docker info`, as on distinct machines."""
-    return json.dumps({"deprecated-key-path": str(host.dir / "key.json")}, indent=2)
+    # insecure-registries: the test network's plain-HTTP registry (tests/cluster/test_image_pull.py) on the
+    # gateway, as a site's own registry is declared on real hosts.
+    subnet = host.addr.rsplit(".", 1)[0] + ".0/24"
+    return json.dumps({"deprecated-key-path": str(host.dir / "key.json"), "insecure-registries": [subnet]},
+                      indent=2)
 
 
 def dockerd_argv(host: HostLayout) -> list[str]:

@@ -88,6 +88,7 @@ def build_parser() -> argparse.ArgumentParser:
     up.add_argument("--pull", action="store_true", help="pull the image on the nodes instead of sending it")
     up.add_argument("--detach", action="store_true", help="return once every container runs")
     up.add_argument("--dry-run", action="store_true", help="print the plan; touch nothing")
+    up.add_argument("--timings", action="store_true", help="print each phase's time (seconds) at the end")
     up.add_argument("--resume", action="store_true", help="continue from the newest valid checkpoint")
     up.add_argument("--replace", action="store_true", help="stop a running job of the same name first")
     up.add_argument("--stop-on-interrupt", action="store_true", help="Ctrl-C stops the job without asking")
@@ -147,7 +148,7 @@ def up_config(ns: argparse.Namespace) -> UpConfig:
         gpus=_gpus(ns.gpus), nproc_per_node=ns.nproc_per_node, master_addr=ns.master_addr,
         master_port=ns.master_port, data_dir=ns.data_dir, ckpt_dir=ns.ckpt_dir, log_dir=ns.log_dir,
         data_url=ns.data_url, data_from=ns.data_from, data_md5=ns.data_md5, env=_env(ns.env), pull=ns.pull,
-        detach=ns.detach, dry_run=ns.dry_run, resume=ns.resume, replace=ns.replace,
+        detach=ns.detach, dry_run=ns.dry_run, timings=ns.timings, resume=ns.resume, replace=ns.replace,
         stop_on_interrupt=ns.stop_on_interrupt, min_free_gb=ns.min_free_gb, shm_size=ns.shm_size, grace=ns.grace,
         trainer_args=tuple(ns.trainer_args), entry=ns.entry,
     )

@@ -91,6 +91,7 @@ class UpConfig:
     pull: bool = False
     detach: bool = False
     dry_run: bool = False
+    timings: bool = False
     resume: bool = False
     replace: bool = False
     stop_on_interrupt: bool = False

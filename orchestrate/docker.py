@@ -1,4 +1,4 @@
-"""Docker SDK clients tunnelled over each host's one SSH connection, image transfer, containers by label.
+"""Docker SDK clients tunnelled over each host's one SSH connection, containers by label.
 
 docker-py's own ssh:// adapter opens a second SSH connection and ignores the ssh config's Port for aliases.
 Here the SDK gets HTTP connections whose socket is a paramiko channel running `docker system dial-stdio` on
@@ -8,8 +8,6 @@ the host (with DOCKER_HOST set when the hosts file gives docker_host=), over the
 from __future__ import annotations
 
 import logging
-import zlib
-from collections.abc import Callable, Iterator
 from typing import Any
 
 import docker
@@ -75,11 +73,13 @@ class _TunnelAdapter(SSHHTTPAdapter):
         super(SSHHTTPAdapter, self).__init__()
 
     def get_connection(self, url: str, proxies: Any = None) -> _ChannelPool:
+        # One pool per client, whatever the URL: keyed by URL (docker-py's way) each API path kept its own idle
+        # channel, up to 4 per client, which overran sshd's stock MaxSessions of 10 with 3 clients per host.
         with self.pools.lock:
-            pool = self.pools.get(url)
+            pool = self.pools.get("tunnel")
             if pool is None:
                 pool = _ChannelPool(self._conn, self._command, self.timeout, self.max_pool_size)
-                self.pools[url] = pool
+                self.pools["tunnel"] = pool
             return pool
 
     def close(self) -> None:
@@ -127,30 +127,6 @@ def image_id(client: docker.DockerClient, name: str) -> str | None:
         return str(client.images.get(name).id)
     except docker.errors.ImageNotFound:
         return None
-
-
-def gzip_stream(chunks: Iterator[bytes], on_bytes: Callable[[int], None]) -> Iterator[bytes]:
-    """Compress a byte stream as gzip (docker load accepts it), reporting raw bytes consumed."""
-    packer = zlib.compressobj(3, zlib.DEFLATED, 31)
-    buffered = bytearray()
-    for chunk in chunks:
-        on_bytes(len(chunk))
-        buffered += packer.compress(chunk)
-        if len(buffered) >= 1 << 20:
-            yield bytes(buffered)
-            buffered.clear()
-    buffered += packer.flush()
-    yield bytes(buffered)
-
-
-def send_image(local: docker.DockerClient, remote: docker.DockerClient, name: str,
-               on_bytes: Callable[[int], None]) -> None:
-    """docker save (named, so tags survive) → gzip → the tunnel → docker load on the host."""
-    image = local.images.get(name)
-    stream = image.save(named=True, chunk_size=1 << 20)
-    for event in remote.api.load_image(gzip_stream(stream, on_bytes)):
-        if isinstance(event, dict) and event.get("error"):
-            raise SSHError(f"docker load failed: {event['error']}")
 
 
 def job_containers(client: docker.DockerClient, job: str) -> list[Any]:

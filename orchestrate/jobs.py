@@ -6,7 +6,7 @@ import io
 import tarfile
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import Any
@@ -251,14 +251,28 @@ def rank_logs(nodes: Nodes, job: str, console: Console, rank: int, tail: int) ->
 
 
 def _follow(console: Console, rank: int, container: Any) -> None:
-    secrets = _secrets_of(container)
+    follow_lines(console, rank, container.logs(stream=True, follow=True, tail=100), _secrets_of(container))
+
+
+def follow_lines(console: Console, rank: int, chunks: Iterable[bytes], secrets: Sequence[str],
+                 stop: threading.Event | None = None) -> None:
+    """Print a followed log stream line by line with the node prefix (`logs -f` and `up`'s watcher)."""
     pending = ""
-    for chunk in container.logs(stream=True, follow=True, tail=100):
-        pending += chunk.decode(errors="replace")
-        *lines, pending = pending.split("\n")
-        print_lines(console, rank, "\n".join(lines), secrets)
-    if pending:
-        print_lines(console, rank, pending, secrets)
+    try:
+        for chunk in chunks:
+            if stop is not None and stop.is_set():
+                return
+            pending += chunk.decode(errors="replace")
+            *lines, pending = pending.split("\n")
+            print_lines(console, rank, "\n".join(lines), secrets)
+        if pending:
+            print_lines(console, rank, pending, secrets)
+    finally:
+        # docker-py's log stream (a CancellableStream) keeps its HTTP connection, an SSH channel, out of the
+        # pool after the end; its close() refuses SSH sockets. Closing the response hands the connection back.
+        response = getattr(chunks, "_response", None)
+        if response is not None:
+            response.close()
 
 
 def print_lines(console: Console, rank: int, text: str, secrets: Sequence[str]) -> None:

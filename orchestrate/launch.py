@@ -1,9 +1,8 @@
-"""Apply a plan: move the image, start one container per node, stream the logs, watch, stop on failure."""
+"""Apply a plan: find the resume checkpoint, start one container per node, stream the logs, watch, stop on failure."""
 
 from __future__ import annotations
 
 import os
-import tempfile
 import threading
 import time
 from collections.abc import Sequence
@@ -11,13 +10,11 @@ from dataclasses import dataclass
 from typing import Any
 
 from rich.console import Console
-from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TransferSpeedColumn
 
 from .checkpoints import Checkpoint, copy_checkpoint, last_metrics, newest_valid, validate
 from .config import UpConfig, secret_values
-from .docker import client_over_ssh, gzip_stream, image_id
-from .errors import JobError, SSHError
-from .jobs import kill_job, kill_on_host, print_lines
+from .errors import JobError
+from .jobs import follow_lines, kill_job, kill_on_host, print_lines
 from .nodes import Nodes
 from .plan import NodeSpec
 from .ssh import fan_out
@@ -29,68 +26,7 @@ REMOVED = "removed"  # a pseudo-status: the daemon answered that the container n
 UNREACHABLE_S = 15.0  # a host that answers no poll for this long counts as down
 LAST_LINES = 20
 FAILED_GRACE_S = 10.0
-
-
-# ---- image -------------------------------------------------------------------------------------------
-
-
-def ensure_images(nodes: Nodes, config: UpConfig, local: Any, local_id: str | None, console: Console,
-                  remote_ids: Sequence[str | None]) -> dict[str, str]:
-    """Give every node the image: nothing for nodes that have the same ID; pull or send to the others.
-
-    `remote_ids`: the image ID on each node as preflight found it (None: missing).
-    """
-    ranks = list(range(len(nodes.hosts)))
-    if config.pull:
-        need = [r for r in ranks if remote_ids[r] is None or (local_id and remote_ids[r] != local_id)]
-        fan_out("image pull", need, lambda r: nodes.docker(r, timeout=3600).images.pull(config.image),
-                lambda r: nodes.hosts[r].label)
-        actions = {nodes.hosts[r].label: ("pulled" if r in need else "present") for r in ranks}
-    else:
-        need = [r for r in ranks if remote_ids[r] != local_id] if local_id else []
-        if need:
-            _send_image(nodes, need, config.image, local, console)
-        actions = {nodes.hosts[r].label: ("sent" if r in need else "present") for r in ranks}
-    for r in need:  # whatever happened, the node must now hold the image by name
-        got = image_id(nodes.docker(r), config.image)
-        if got is None or (local_id and not config.pull and got != local_id):
-            raise SSHError(f"{nodes.hosts[r].label}: image {config.image} still missing after transfer")
-    for label, action in actions.items():
-        what = "already there, nothing sent" if action == "present" else action
-        console.print(f"image {config.image} on {label}: {what}", markup=False, highlight=False)
-    return actions
-
-
-def _send_image(nodes: Nodes, ranks: Sequence[int], name: str, local: Any, console: Console) -> None:
-    """docker save (named=True: keeps the tags) compressed once into a temp file, then streamed to each node."""
-    image = local.images.get(name)
-    size = int(image.attrs.get("Size", 0))
-    with tempfile.TemporaryDirectory(prefix="ddp-cifar-image-") as tmp, Progress(
-            TextColumn("{task.description}"), BarColumn(), DownloadColumn(), TransferSpeedColumn(),
-            console=console, transient=True) as bars:
-        archive = os.path.join(tmp, "image.tar.gz")
-        task = bars.add_task(f"save+compress {name}", total=size or None)
-        with open(archive, "wb") as out:
-            for block in gzip_stream(image.save(named=True, chunk_size=1 << 20),
-                                     lambda n: bars.advance(task, n)):
-                out.write(block)
-        total = os.path.getsize(archive)
-        tasks = {r: bars.add_task(f"image -> {nodes.hosts[r].label}", total=total) for r in ranks}
-
-        def send(rank: int) -> None:
-            def chunks() -> Any:
-                with open(archive, "rb") as fh:
-                    while block := fh.read(1 << 20):
-                        bars.advance(tasks[rank], len(block))
-                        yield block
-            client = nodes.docker(rank, timeout=3600)
-            for event in client.api.load_image(chunks()):
-                if isinstance(event, dict) and event.get("error"):
-                    raise SSHError(f"docker load failed: {event['error']}")
-
-        fan_out("image transfer", list(ranks), send, lambda r: nodes.hosts[r].label)
-    console.print(f"image {name}: {total / 1e6:.0f} MB compressed, sent to {len(ranks)} node(s)",
-                  markup=False, highlight=False)
+STREAM_DRAIN_S = 2.0  # at most this long for the log streams' last lines once the job has ended
 
 
 # ---- resume ------------------------------------------------------------------------------------------
@@ -162,7 +98,11 @@ class Outcome:
 
 
 class Watcher:
-    """Streams every node's log with a `[node R]` prefix and polls each container's state with a timeout."""
+    """Streams every node's log with a `[node R]` prefix, learns of each container's exit from the Docker API's
+    wait, and polls each container's state with a timeout (which also finds unreachable hosts).
+
+    SSH channels held per host while watching: the log stream, the wait, and the polls' pooled connection: 3.
+    """
 
     def __init__(self, nodes: Nodes, specs: Sequence[NodeSpec], containers: Sequence[Any], console: Console,
                  secrets: list[str]) -> None:
@@ -170,29 +110,43 @@ class Watcher:
         self.ids = [c.id for c in containers]
         self.last_seen = [time.monotonic()] * len(specs)
         self.stop_event = threading.Event()
+        self.exited = threading.Event()  # a container exited (or its wait broke): poll now, not at the next tick
+        self.streams: list[threading.Thread] = []
 
     def start_streams(self) -> None:
         for rank in range(len(self.specs)):
-            threading.Thread(target=self._stream, args=(rank,), daemon=True).start()
+            self.streams.append(threading.Thread(target=self._stream, args=(rank,), daemon=True))
+            threading.Thread(target=self._wait, args=(rank,), daemon=True).start()
+        for t in self.streams:
+            t.start()
 
     def _stream(self, rank: int) -> None:
         try:
             # A client without a read timeout: logs may be quiet for long; liveness is the poller's job.
-            client = client_over_ssh(self.nodes.conn(rank), timeout=None)  # type: ignore[arg-type]
-            pending = ""
-            for chunk in client.api.logs(self.ids[rank], stream=True, follow=True):
-                if self.stop_event.is_set():
-                    return
-                pending += chunk.decode(errors="replace")
-                *lines, pending = pending.split("\n")
-                print_lines(self.console, rank, "\n".join(lines), self.secrets)
-            if pending:
-                print_lines(self.console, rank, pending, self.secrets)
+            client = self.nodes.docker(rank, timeout=None)
+            follow_lines(self.console, rank, client.api.logs(self.ids[rank], stream=True, follow=True),
+                         self.secrets, self.stop_event)
         except Exception:  # the stream is best effort; the poller decides what happened
             return
 
+    def _wait(self, rank: int) -> None:
+        """Block in the daemon's wait until the container exits: the exit is seen at once, without polling.
+        Same client as the log stream (no read timeout), one more channel of its pool."""
+        try:
+            self.nodes.docker(rank, timeout=None).api.wait(self.ids[rank])
+        except Exception:  # unreachable or removed: the poller tells which
+            pass
+        self.exited.set()
+
+    def drain_streams(self, timeout: float) -> None:
+        """Let the log streams print the last lines: they end with their containers (bounded wait)."""
+        deadline = time.monotonic() + timeout
+        for t in self.streams:
+            t.join(max(0.0, deadline - time.monotonic()))
+
     def _state(self, rank: int) -> dict[str, Any]:
-        return dict(self.nodes.docker(rank, timeout=10).api.inspect_container(self.ids[rank])["State"])
+        # The client the earlier phases used (its idle pooled channel): no extra channel for the polls.
+        return dict(self.nodes.docker(rank).api.inspect_container(self.ids[rank])["State"])
 
     def poll(self) -> Outcome | None:
         """One round: None while running; an Outcome once the job succeeded or a node failed."""
@@ -239,7 +193,7 @@ class Watcher:
 
     def last_lines(self, rank: int) -> str:
         try:
-            return self.nodes.docker(rank, timeout=10).api.logs(self.ids[rank], tail=LAST_LINES).decode(
+            return self.nodes.docker(rank).api.logs(self.ids[rank], tail=LAST_LINES).decode(
                 errors="replace")
         except Exception as err:
             return f"(logs unavailable: {err})"
@@ -261,11 +215,12 @@ def watch(nodes: Nodes, specs: Sequence[NodeSpec], containers: Sequence[Any], co
             outcome = watcher.poll()
             if outcome is not None:
                 break
-            time.sleep(POLL_S)
+            watcher.exited.wait(POLL_S)
+            watcher.exited.clear()
     except KeyboardInterrupt:
         watcher.stop_event.set()
         return _interrupted(nodes, config, console)
-    time.sleep(1.0)  # let the log streams print the last lines
+    watcher.drain_streams(STREAM_DRAIN_S)
     watcher.stop_event.set()
     if not outcome.ok:
         rank = outcome.failed_rank if outcome.failed_rank is not None else 0

@@ -3,6 +3,10 @@
 from __future__ import annotations
 
 import dataclasses
+import time
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -13,9 +17,10 @@ from .config import UpConfig
 from .entry import check_image
 from .errors import JobError
 from .hosts import Host, parse_hosts_file
-from .launch import ensure_images, find_resume_checkpoint, remove_leftovers, start_containers, summary, watch
+from .image import ensure_images
+from .launch import find_resume_checkpoint, remove_leftovers, start_containers, summary, watch
 from .nodes import Nodes
-from .plan import NodeFacts, build_plan, render_plan
+from .plan import NodeFacts, NodeSpec, build_plan, render_plan
 from .prefetch import make_dirs, prefetch_all
 from .preflight import run_preflight
 from .ssh import fan_out
@@ -42,54 +47,77 @@ def local_image(name: str) -> tuple[Any, str | None]:
         return client, None
 
 
+class Timings:
+    """Wall time of each phase of `up`, in order (`up --timings`)."""
+
+    def __init__(self) -> None:
+        self.start = time.monotonic()
+        self.phases: list[tuple[str, float]] = []
+
+    @contextmanager
+    def phase(self, name: str) -> Iterator[None]:
+        t0 = time.monotonic()
+        try:
+            yield
+        finally:
+            self.phases.append((name, time.monotonic() - t0))
+
+
+    def render(self) -> str:
+        parts = [f"{name} {took:.2f}" for name, took in self.phases]
+        return f"timings (s): {', '.join(parts)}; total {time.monotonic() - self.start:.2f}"
+
+
 def up(config: UpConfig, console: Console) -> int:
+    timings = Timings()
+    try:
+        return _up(config, console, timings)
+    finally:
+        if config.timings and not config.dry_run:
+            console.print(timings.render(), markup=False, highlight=False)
+
+
+def _up(config: UpConfig, console: Console, timings: Timings) -> int:
     hosts = load_hosts(config)
     if config.dry_run:
         # Offline: nothing is contacted; interfaces and GPU counts are shown as detected at launch.
         specs = build_plan(config, hosts, config.master_addr or hosts[0].hostname)
         console.print(render_plan(specs), markup=False, highlight=False, soft_wrap=True)
         return 0
-    local, local_id = local_image(config.image)
-    nodes = Nodes.connect(hosts, config.ssh.accept_new_host_keys)
+    with timings.phase("connect"), ThreadPoolExecutor(1) as pool:
+        local_lookup = pool.submit(local_image, config.image)  # the local daemon, while SSH handshakes run
+        nodes = Nodes.connect(hosts, config.ssh.accept_new_host_keys)
+        local, local_id = local_lookup.result()
     try:
         master = config.master_addr or nodes.conn(0).peer_address
-        reports = run_preflight(nodes.conns, config, master, local_id, console)  # type: ignore[arg-type]
+        with timings.phase("preflight"):
+            reports = run_preflight(nodes.conns, config, master, local_id, console)  # type: ignore[arg-type]
         for rank, report in enumerate(reports):
             nodes.adopt_docker(rank, report.docker)
         facts = [NodeFacts(iface=r.iface, gpus=r.gpus) for r in reports]
         specs = build_plan(config, hosts, master, facts)
         if config.resume:
-            try:
-                find_resume_checkpoint(nodes, specs, console)
-            except JobError:
-                if config.is_trainer:
-                    raise
-                # Another program that writes no manifest (docs/DESIGN.md §7) finds its own state: RESUME=1 only.
-                console.print("--resume: no valid checkpoint (manifest and matching .pt); the program gets RESUME=1 "
-                              "and finds its own state (resume by flag only)", markup=False, highlight=False)
-        ensure_images(nodes, config, local, local_id, console, [r.image_id for r in reports])
-        # The image is on every node now: one short container on node 0 checks torch and the entry.
-        launcher = check_image(nodes.conn(0), config)
+            with timings.phase("resume"):
+                _resume(nodes, specs, config, console)
+        with timings.phase("image"):
+            ensure_images(nodes, config, local, local_id, console, [r.image_id for r in reports])
+            # The image is on every node now: one short container on node 0 checks torch and the entry.
+            launcher = check_image(nodes.conn(0), config)
         specs = build_plan(config, hosts, master, facts, launcher)
-        # CIFAR-10 is the trainer's data; another program brings its own (in the data dir): only make the dirs.
-        results = prefetch_all(nodes.conns, lambda r: nodes.docker(r, timeout=3600), config,  # type: ignore[arg-type]
-                               console) if config.is_trainer else []
-        if not config.is_trainer:
-            fan_out("dirs", nodes.conns, lambda c: make_dirs(c, config), lambda c: c.host.label)
-        for res in results:
-            what = {"present": "verified copy present, nothing moved", "downloaded": f"downloaded {res.bytes_moved} bytes",
-                    "sent": f"sent {res.bytes_moved} bytes"}[res.action]
-            console.print(f"data on {res.label}: {what}", markup=False, highlight=False)
-        remove_leftovers(nodes, config, config.grace, [i for i, r in enumerate(reports) if r.containers])
-        remember(config)
-        containers = start_containers(nodes, specs)
+        with timings.phase("data"):
+            _data(nodes, config, console)
+        with timings.phase("start"):
+            remove_leftovers(nodes, config, config.grace, [i for i, r in enumerate(reports) if r.containers])
+            remember(config)
+            containers = start_containers(nodes, specs)
         console.print(f"job {config.job!r} started: {len(specs)} node(s), master {master}:{config.master_port}",
                       markup=False, highlight=False)
         if config.detach:
             console.print(f"detached; follow with 'logs -f --job {config.job}', stop with 'kill --job {config.job}'",
                           markup=False)
             return 0
-        outcome = watch(nodes, specs, containers, config, console)
+        with timings.phase("run"):
+            outcome = watch(nodes, specs, containers, config, console)
         if not outcome.ok:
             where = f"node {outcome.failed_rank} ({specs[outcome.failed_rank].host.label}) " \
                 if outcome.failed_rank is not None else ""
@@ -97,10 +125,34 @@ def up(config: UpConfig, console: Console) -> int:
                        if outcome.leftovers else "the job was stopped on all nodes")
             raise JobError(f"job {config.job!r} failed: {where}{outcome.reason}; {cleaned}")
         if outcome.reason != "detached":
-            summary(nodes, specs, console)
+            with timings.phase("summary"):
+                summary(nodes, specs, console)
         return 0
     finally:
         nodes.close()
+
+
+def _resume(nodes: Nodes, specs: list[NodeSpec], config: UpConfig, console: Console) -> None:
+    try:
+        find_resume_checkpoint(nodes, specs, console)
+    except JobError:
+        if config.is_trainer:
+            raise
+        # Another program that writes no manifest (docs/DESIGN.md §7) finds its own state: RESUME=1 only.
+        console.print("--resume: no valid checkpoint (manifest and matching .pt); the program gets RESUME=1 and "
+                      "finds its own state (resume by flag only)", markup=False, highlight=False)
+
+
+def _data(nodes: Nodes, config: UpConfig, console: Console) -> None:
+    """CIFAR-10 is the trainer's data; another program brings its own (in the data dir): only make the dirs."""
+    if not config.is_trainer:
+        fan_out("dirs", nodes.conns, lambda c: make_dirs(c, config), lambda c: c.host.label)  # type: ignore[arg-type]
+        return
+    for res in prefetch_all(nodes.conns, lambda r: nodes.docker(r, timeout=3600), config,  # type: ignore[arg-type]
+                            console):
+        what = {"present": "verified copy present, nothing moved", "downloaded": f"downloaded {res.bytes_moved} bytes",
+                "sent": f"sent {res.bytes_moved} bytes"}[res.action]
+        console.print(f"data on {res.label}: {what}", markup=False, highlight=False)
 
 
 def remember(config: UpConfig) -> Path:

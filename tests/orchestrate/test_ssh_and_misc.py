@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import gzip
 import socket
 import subprocess
 import sys
@@ -12,7 +11,7 @@ import paramiko
 import pytest
 
 from orchestrate.config import mask_text, masked_env
-from orchestrate.docker import dial_command, gzip_stream
+from orchestrate.docker import dial_command
 from orchestrate.errors import MultiHostError, SSHError
 from orchestrate.hosts import Host
 from orchestrate.ssh import Connection, fan_out, find_known_host_line, quote_command
@@ -73,13 +72,6 @@ def test_fan_out_collects_every_failure() -> None:
     with pytest.raises(MultiHostError) as info:
         fan_out("preflight", [0, 1, 2, 3], work, lambda n: f"h{n}")
     assert info.value.lines() == ["h1: node1 broke", "h3: node3 broke"]
-
-
-def test_gzip_stream_round_trip() -> None:
-    data = [b"a" * 1000, b"b" * (3 << 20), b"c"]
-    seen: list[int] = []
-    packed = b"".join(gzip_stream(iter(data), seen.append))
-    assert gzip.decompress(packed) == b"".join(data) and sum(seen) == sum(map(len, data))
 
 
 def test_secret_masking() -> None:

@@ -1,0 +1,104 @@
+"""Launch latency: command to exit for a 1-step job on 1, 2 and 4 test hosts (image and data present), beside
+DeepSpeed's launcher (pdsh) running a trivial gloo all_reduce on the same hosts, interleaved in one run.
+
+    sudo .venv/bin/python bench/launch_latency.py [--repeats 3] [--image ddp-cifar:cpu]
+
+Needs root, the local dockerd, the CPU image, Debian's `pdsh`, and a bench venv with DeepSpeed:
+    python3 -m venv .venv-bench-ds && .venv-bench-ds/bin/pip install torch==2.13.0 deepspeed
+One 4-host devcluster is made (and removed). A warm-up `up` moves the image and the data. `up` does its
+preflight, image and data checks, starts one container per host, trains 1 step and waits for every exit;
+DeepSpeed (DS_ACCELERATOR=cpu, GLOO_SOCKET_IFNAME through .deepspeed_env, --no_ssh_check) starts one process per
+host that joins gloo, all_reduces one tensor and exits. Prints median seconds and the ratio up / DeepSpeed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path[:0] = [str(REPO), str(REPO / "tests" / "cluster")]
+
+from orchestrate_kit import host_dirs, serve_data  # noqa: E402
+
+from devcluster import Cluster  # noqa: E402
+
+DS_PYTHON = REPO / ".venv-bench-ds" / "bin" / "python"
+TRAIN = ["--model", "tiny", "--batch-size", "16", "--allow-unverified-data", "--max-steps", "1"]
+ALL_REDUCE = """import os, torch, torch.distributed as dist
+dist.init_process_group("gloo")
+t = torch.ones(1)
+dist.all_reduce(t)
+assert t.item() == dist.get_world_size()
+print("DONE", dist.get_rank(), flush=True)
+dist.destroy_process_group()
+"""
+
+
+def timed(argv: list[str], env: dict[str, str], cwd: Path) -> float:
+    t0 = time.monotonic()
+    res = subprocess.run(argv, env=env, cwd=cwd, capture_output=True, text=True, timeout=600)
+    took = time.monotonic() - t0
+    if res.returncode != 0:
+        raise SystemExit(f"{argv[:3]} failed ({res.returncode}):\n{res.stdout[-3000:]}\n{res.stderr[-3000:]}")
+    return took
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--image", default="ddp-cifar:cpu")
+    args = parser.parse_args()
+    if not DS_PYTHON.exists():
+        raise SystemExit(f"error: {DS_PYTHON} missing: python3 -m venv .venv-bench-ds && "
+                         ".venv-bench-ds/bin/pip install torch==2.13.0 deepspeed")
+    work = Path(tempfile.mkdtemp(prefix="launch-latency-"))
+    ds_dir = work / "ds"
+    ds_dir.mkdir()
+    (ds_dir / "allreduce.py").write_text(ALL_REDUCE)
+    (ds_dir / ".deepspeed_env").write_text("GLOO_SOCKET_IFNAME=eth0\nDS_ACCELERATOR=cpu\n")
+    rows = []
+    with Cluster.create(4) as cluster, serve_data(work / "served", cluster.gateway) as data:
+        env = {**cluster.client_env(), "PYTHONPATH": str(REPO), "XDG_STATE_HOME": str(work / "state")}
+        # pdsh runs OpenSSH, which reads ~/.ssh from the account entry: give it the cluster's config.
+        ds_env = {**env, "DS_ACCELERATOR": "cpu", "PDSH_RCMD_TYPE": "ssh",
+                  "PDSH_SSH_ARGS": f"-F {cluster.ssh_config} -x %h", "PYTHONPATH": ""}
+
+        def up(n: int, job: str) -> float:
+            hosts = cluster.write_hosts_file(work / f"hosts{n}.txt", keys=host_dirs(work, 4),
+                                             hosts=cluster.hosts[:n])
+            return timed([sys.executable, "-m", "orchestrate", "up", "--hosts", str(hosts), "--job", job, "--gpus",
+                          "0", "--image", args.image, "--data-url", data.url, "--data-md5", data.md5, "--", *TRAIN],
+                         env, REPO)
+
+        def deepspeed(n: int) -> float:
+            hostfile = ds_dir / f"hostfile{n}"
+            hostfile.write_text("".join(f"{h.name} slots=1\n" for h in cluster.hosts[:n]))
+            return timed([str(DS_PYTHON), "-m", "deepspeed.launcher.runner", "--hostfile", str(hostfile),
+                          "--launcher", "pdsh", "--no_ssh_check", "--force_multi", "--master_addr", cluster.hosts[0].addr,
+                          "--master_port", "29610", "--num_gpus", "1", "allreduce.py"], ds_env, ds_dir)
+
+        print(f"warm-up (image + data to 4 hosts): {up(4, 'warm'):.1f} s", flush=True)
+        for n in (1, 2, 4):
+            ours, theirs = [], []
+            for i in range(args.repeats):  # interleaved: both see the same machine load
+                ours.append(up(n, f"lat{n}-{i}"))
+                theirs.append(deepspeed(n))
+            rows.append((n, statistics.median(ours), statistics.median(theirs)))
+            print(f"{n} host(s): up {ours}, deepspeed {theirs}", flush=True)
+    print("\n| hosts | `up` 1-step job, command to exit | DeepSpeed launcher, trivial all_reduce | up / DeepSpeed |")
+    print("|---:|---:|---:|---:|")
+    for n, ours_s, ds_s in rows:
+        print(f"| {n} | {ours_s:.2f} s | {ds_s:.2f} s | {ours_s / ds_s:.2f}x |")
+    print(f"\nmedian of {args.repeats}; goal: up <= 1.0x DeepSpeed on 2 hosts; {os.cpu_count()} CPU cores shared")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

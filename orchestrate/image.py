@@ -1,0 +1,416 @@
+"""Give every node the job's image, sending only the layers its daemon lacks.
+
+How (Docker 20.10's `docker save` layout, checked on this machine):
+    <config-sha>.json                     the image config
+    <v1-id>/VERSION, <v1-id>/json         per layer: legacy metadata (small)
+    <v1-id>/layer.tar                     per layer: the uncompressed layer (its sha256 is the layer's diff ID)
+    manifest.json, repositories           last (entries are in name order)
+`docker load` skips every layer whose chain ID the daemon already holds and never opens its layer.tar, so an
+archive without those files loads (FIELD-NOTES). A node holds layer i when the chain ID of the image's first
+i+1 diff IDs is among the chain IDs of its images' RootFS layers. Chain IDs nest, so what a node holds is a
+prefix of the image's layers, and nodes that hold the same prefix share one filtered, compressed stream.
+
+The v1 ID of a layer folder is a hash over its `json` (minus "id") and the layer's chain ID, so the folder's
+`json`, which comes just before its layer.tar, says which layer it is. A layer that cannot be identified is sent.
+Newer Docker (OCI layout: blobs/sha256/<diff-id>) names layers by diff ID directly; both are understood.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import queue
+import tarfile
+import threading
+import zlib
+from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from rich.console import Console
+from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TransferSpeedColumn
+
+from .config import UpConfig
+from .docker import image_id
+from .errors import SSHError
+from .nodes import Nodes
+from .ssh import fan_out
+
+log = logging.getLogger(__name__)
+CHUNK = 1 << 20
+QUEUE_CHUNKS = 16  # per node: bounded, so one local `save` stream moves at the pace of the slowest node
+PUT_WAIT_S = 1.0
+
+
+class DeltaLoadError(SSHError):
+    """`docker load` of a layer delta failed on a node (the caller then sends the full archive)."""
+
+
+# ---- pure: chain IDs, which layers a node holds, which layer a save entry is ----------------------------
+
+
+def chain_ids(diff_ids: Sequence[str]) -> list[str]:
+    """OCI chain IDs: ChainID(L0) = DiffID(L0); ChainID(L0..n) = sha256(ChainID(L0..n-1) + " " + DiffID(Ln))."""
+    chains: list[str] = []
+    for diff in diff_ids:
+        chains.append(diff if not chains else "sha256:" + hashlib.sha256(f"{chains[-1]} {diff}".encode()).hexdigest())
+    return chains
+
+
+def held_prefix(diff_ids: Sequence[str], held_chains: set[str]) -> int:
+    """How many leading layers of the image the node holds (chain IDs nest: a held layer implies its parents)."""
+    held = 0
+    for chain in chain_ids(diff_ids):
+        if chain not in held_chains:
+            break
+        held += 1
+    return held
+
+
+def all_chain_ids(layer_lists: Iterable[Sequence[str]]) -> set[str]:
+    """Every chain ID that a daemon's images (given as their RootFS diff-ID lists) make it hold."""
+    return {chain for layers in layer_lists for chain in chain_ids(layers)}
+
+
+def _go_json(obj: dict[str, Any]) -> bytes:
+    """Go's json.Marshal of a map: keys sorted, compact, <>& escaped (nested objects keep their order)."""
+    text = json.dumps(dict(sorted(obj.items())), separators=(",", ":"), ensure_ascii=False)
+    return text.replace("<", "\\u003c").replace(">", "\\u003e").replace("&", "\\u0026").encode()
+
+
+def v1_layer_index(folder: str, legacy_json: bytes, chains: Sequence[str]) -> int | None:
+    """Which layer a `docker save` folder holds: the index whose chain ID reproduces the folder's v1 ID.
+
+    Docker computes the v1 ID (daemon/images/tarexport, image/v1.CreateID) before adding "os" to all but the
+    last layer's json, so both forms are tried.
+    """
+    try:
+        meta = json.loads(legacy_json)
+    except ValueError:
+        return None
+    if not isinstance(meta, dict):
+        return None
+    meta.pop("id", None)
+    if meta.get("parent"):
+        meta["parent"] = "sha256:" + meta["parent"]
+    forms = [meta, {k: v for k, v in meta.items() if k != "os"}]
+    for index, chain in enumerate(chains):
+        for form in forms:
+            if hashlib.sha256(_go_json({**form, "layer_id": chain})).hexdigest() == folder:
+                return index
+    return None
+
+
+def oci_layer_index(path: str, diff_ids: Sequence[str]) -> int | None:
+    """Newer `docker save` (OCI layout) stores an uncompressed layer as blobs/sha256/<diff ID>."""
+    if not path.startswith("blobs/sha256/"):
+        return None
+    digest = "sha256:" + path.rsplit("/", 1)[-1]
+    return diff_ids.index(digest) if digest in diff_ids else None
+
+
+def _plural(n: int, what: str) -> str:
+    return f"{n} {what}" if n == 1 else f"{n} {what}s"
+
+
+def summary_line(name: str, label: str, sent: int, layers_sent: int, layers: int, total: int) -> str:
+    """The per-node line the tests and the benchmark read: sent N MB (k of m layers) of T MB."""
+    return (f"image {name} on {label}: sent {sent / 1e6:.1f} MB ({layers_sent} of {_plural(layers, 'layer')}) "
+            f"of {total / 1e6:.0f} MB")
+
+
+# ---- one save stream, filtered per group of nodes, compressed once per group ------------------------------
+
+
+class _Feed:
+    """The compressed chunks for one node: a bounded queue the node's `docker load` request reads."""
+
+    def __init__(self) -> None:
+        self.chunks: queue.Queue[bytes | None] = queue.Queue(QUEUE_CHUNKS)
+        self.closed = threading.Event()  # the node gave up: the producer stops waiting for it
+
+    def put(self, chunk: bytes | None) -> None:
+        while not self.closed.is_set():
+            try:
+                self.chunks.put(chunk, timeout=PUT_WAIT_S)
+                return
+            except queue.Full:
+                continue
+
+    def __iter__(self) -> Iterator[bytes]:
+        while (chunk := self.chunks.get()) is not None:
+            yield chunk
+
+
+@dataclass
+class _Sink:
+    """A filtered archive for the nodes that hold the first `keep_from` layers: tar + gzip, written once."""
+
+    keep_from: int
+    feeds: list[_Feed]
+    sent: int = 0  # compressed bytes
+    layers_sent: int = 0
+    packer: Any = field(default_factory=lambda: zlib.compressobj(3, zlib.DEFLATED, 31))
+    buffered: bytearray = field(default_factory=bytearray)
+    offset: int = 0  # uncompressed tar bytes written (for block padding)
+
+    def write(self, data: bytes | memoryview) -> None:
+        self.offset += len(data)
+        self.buffered += self.packer.compress(data)
+        if len(self.buffered) >= CHUNK:
+            self._emit(bytes(self.buffered))
+            self.buffered.clear()
+
+    def finish(self) -> None:
+        self.write(b"\0" * (2 * tarfile.BLOCKSIZE))  # end-of-archive marker
+        self.buffered += self.packer.flush()
+        self._emit(bytes(self.buffered))
+        for feed in self.feeds:
+            feed.put(None)
+
+    def abort(self) -> None:
+        for feed in self.feeds:
+            feed.put(None)
+
+    def _emit(self, chunk: bytes) -> None:
+        if chunk:
+            self.sent += len(chunk)
+            for feed in self.feeds:
+                feed.put(chunk)
+
+
+class _Blocks:
+    """Exact reads over the save stream's chunks, without joining what is only passed on."""
+
+    def __init__(self, chunks: Iterator[bytes]) -> None:
+        self._chunks = chunks
+        self._rest = memoryview(b"")
+        self.total = 0
+
+    def pieces(self, n: int) -> Iterator[memoryview]:
+        """The next n bytes, as they arrive (the caller uses each piece before asking for the next)."""
+        while n > 0:
+            if not self._rest:
+                try:
+                    self._rest = memoryview(next(self._chunks))
+                except StopIteration:
+                    raise ValueError("docker save stream ended inside an entry") from None
+            piece, self._rest = self._rest[:n], self._rest[n:]
+            self.total += len(piece)
+            n -= len(piece)
+            yield piece
+
+    def read(self, n: int) -> bytes:
+        return b"".join(bytes(p) for p in self.pieces(n))
+
+    def drain(self) -> int:
+        """Read to the end (the archive's zero padding); return the stream's size."""
+        self.total += len(self._rest) + sum(len(c) for c in self._chunks)
+        self._rest = memoryview(b"")
+        return self.total
+
+
+def _padded(size: int) -> int:
+    return size + (-size % tarfile.BLOCKSIZE)
+
+
+def _long_name(kind: bytes, data: bytes) -> str | None:
+    """The name a GNU long-name ('L') or pax ('x') header gives the next entry, if any."""
+    if kind == tarfile.GNUTYPE_LONGNAME:
+        return data.rstrip(b"\0").decode("utf-8", "surrogateescape")
+    for record in data.decode("utf-8", "surrogateescape").splitlines():
+        _, _, keyval = record.partition(" ")
+        key, _, value = keyval.partition("=")
+        if key == "path":
+            return value
+    return None
+
+
+def filter_save(chunks: Iterator[bytes], diff_ids: Sequence[str], sinks: Sequence[_Sink]) -> int:
+    """Copy a `docker save` stream into every sink, leaving out each sink's held layers; return its size.
+
+    Entries are copied byte for byte (header, data, padding); only the decision per entry needs parsing.
+    Long-name headers travel with the entry they name.
+    """
+    chains = chain_ids(diff_ids)
+    stream = _Blocks(chunks)
+    folder_index: dict[str, int | None] = {}
+    prefix = b""  # pax / GNU long-name headers of the next entry
+    name_override: str | None = None
+    while True:
+        header = stream.read(tarfile.BLOCKSIZE)
+        if header.count(0) == tarfile.BLOCKSIZE:
+            return stream.drain()  # end of archive
+        info = tarfile.TarInfo.frombuf(header, "utf-8", "surrogateescape")
+        size = info.size if info.type in tarfile.REGULAR_TYPES or info.type in (
+            tarfile.XHDTYPE, tarfile.XGLTYPE, tarfile.GNUTYPE_LONGNAME, tarfile.GNUTYPE_LONGLINK) else 0
+        if info.type in (tarfile.XHDTYPE, tarfile.GNUTYPE_LONGNAME):
+            data = stream.read(_padded(size))
+            name_override = _long_name(info.type, data[:size]) or name_override
+            prefix += header + data
+            continue
+        name = (name_override or info.name).lstrip("./")
+        folder, _, base = name.rpartition("/")
+        is_layer = base == "layer.tar" or name.startswith("blobs/sha256/")
+        index = folder_index.get(folder) if base == "layer.tar" else (
+            oci_layer_index(name, diff_ids) if is_layer else None)
+        if is_layer and index is None and base == "layer.tar":
+            log.info("save entry %s: layer not identified, sent to every node", name)
+        targets = [s for s in sinks if not (is_layer and index is not None and index < s.keep_from)]
+        for sink in targets:
+            sink.write(prefix + header)
+            if base == "layer.tar" or (is_layer and index is not None):
+                sink.layers_sent += 1
+        prefix, name_override = b"", None
+        if base == "json" and folder and size < 1 << 20:
+            data = stream.read(_padded(size))
+            folder_index[folder] = v1_layer_index(folder, data[:size], chains)
+            for sink in targets:
+                sink.write(data)
+            continue
+        for piece in stream.pieces(_padded(size)):
+            for sink in targets:
+                sink.write(piece)
+
+
+# ---- apply -------------------------------------------------------------------------------------------
+
+
+@dataclass
+class Delivery:
+    """What one node got: compressed bytes sent, layers sent of the image's layers, the full archive's size."""
+
+    action: str  # "present" | "sent" | "pulled"
+    sent: int = 0
+    layers_sent: int = 0
+    layers: int = 0
+    total: int = 0
+    fallback: str = ""  # why the delta was replaced by the full archive ("" when it was not)
+
+
+def node_chain_ids(client: Any) -> set[str]:
+    """Chain IDs of every layer the node's daemon holds (its images' RootFS layers), over the node's tunnel."""
+    layer_lists = []
+    for summary in client.api.images(all=True):
+        rootfs = client.api.inspect_image(summary["Id"]).get("RootFS") or {}
+        layer_lists.append(rootfs.get("Layers") or [])
+    return all_chain_ids(layer_lists)
+
+
+def send_layers(nodes: Nodes, ranks: Sequence[int], local: Any, name: str, held: dict[int, int],
+                bars: Progress) -> dict[int, Delivery]:
+    """One local save stream, filtered per distinct held prefix, loaded on every node in `ranks` in parallel."""
+    image = local.images.get(name)
+    diff_ids = list(image.attrs["RootFS"]["Layers"])
+    feeds = {r: _Feed() for r in ranks}
+    sinks = [_Sink(p, [feeds[r] for r in ranks if held[r] == p]) for p in sorted({held[r] for r in ranks})]
+    tasks = {r: bars.add_task(f"image -> {nodes.hosts[r].label}", total=None) for r in ranks}
+    total = [0]
+    errors: dict[int, BaseException] = {}
+
+    def produce() -> None:
+        try:
+            total[0] = filter_save(image.save(named=True, chunk_size=CHUNK), diff_ids, sinks)
+            for sink in sinks:
+                sink.finish()
+        except BaseException:
+            for sink in sinks:
+                sink.abort()
+            raise
+
+    def consume(rank: int) -> None:
+        feed = feeds[rank]
+        client = nodes.docker(rank, timeout=3600)
+
+        def counted() -> Iterator[bytes]:
+            for chunk in feed:
+                bars.advance(tasks[rank], len(chunk))
+                yield chunk
+
+        try:
+            for event in client.api.load_image(counted()):
+                if isinstance(event, dict) and event.get("error"):
+                    raise DeltaLoadError(f"docker load: {event['error']}")
+        except BaseException as err:
+            errors[rank] = err
+        finally:
+            feed.closed.set()
+
+    threads = [threading.Thread(target=consume, args=(r,), daemon=True) for r in ranks]
+    for t in threads:
+        t.start()
+    try:
+        produce()
+    finally:
+        for t in threads:
+            t.join()
+    out: dict[int, Delivery] = {}
+    for sink in sinks:
+        for r in ranks:
+            if held[r] == sink.keep_from:
+                out[r] = Delivery("sent", sink.sent, sink.layers_sent, len(diff_ids), total[0])
+    for rank, err in errors.items():
+        out[rank].fallback = str(err) or type(err).__name__
+    return out
+
+
+def deliver(nodes: Nodes, ranks: Sequence[int], local: Any, local_id: str, name: str,
+            console: Console) -> dict[int, Delivery]:
+    """Send each node in `ranks` the layers it lacks; where a delta does not load, send the full archive."""
+    diff_ids = list(local.images.get(name).attrs["RootFS"]["Layers"])
+    found = fan_out("image layers", list(ranks), lambda r: node_chain_ids(nodes.docker(r)),
+                    lambda r: nodes.hosts[r].label)
+    held = {r: held_prefix(diff_ids, chains) for r, chains in zip(ranks, found, strict=True)}
+    with Progress(TextColumn("{task.description}"), BarColumn(), DownloadColumn(), TransferSpeedColumn(),
+                  console=console, transient=True) as bars:
+        done = send_layers(nodes, ranks, local, name, held, bars)
+        for rank in ranks:
+            if not done[rank].fallback and image_id(nodes.docker(rank), name) != local_id:
+                done[rank].fallback = "the loaded image has another ID"
+        retry = [r for r in ranks if done[r].fallback and held[r] > 0]
+        for rank in retry:
+            console.print(f"image {name} on {nodes.hosts[rank].label}: layer delta failed "
+                          f"({done[rank].fallback}); sending the full image", markup=False, highlight=False)
+        if retry:
+            full = send_layers(nodes, retry, local, name, dict.fromkeys(retry, 0), bars)
+            for rank in retry:
+                full[rank].sent += done[rank].sent
+                done[rank] = full[rank]
+    failed = {nodes.hosts[r].label: done[r].fallback for r in ranks if done[r].fallback}
+    if failed:
+        raise SSHError("image transfer failed: " + "; ".join(f"{k}: {v}" for k, v in failed.items()))
+    return done
+
+
+def ensure_images(nodes: Nodes, config: UpConfig, local: Any, local_id: str | None, console: Console,
+                  remote_ids: Sequence[str | None]) -> dict[str, Delivery]:
+    """Give every node the image: nothing for nodes that have the same ID; pull or send to the others.
+
+    `remote_ids`: the image ID on each node as preflight found it (None: missing).
+    """
+    ranks = list(range(len(nodes.hosts)))
+    result: dict[int, Delivery] = {r: Delivery("present") for r in ranks}
+    if config.pull:
+        need = [r for r in ranks if remote_ids[r] is None or (local_id and remote_ids[r] != local_id)]
+        fan_out("image pull", need, lambda r: nodes.docker(r, timeout=3600).images.pull(config.image),
+                lambda r: nodes.hosts[r].label)
+        result.update({r: Delivery("pulled") for r in need})
+    else:
+        need = [r for r in ranks if remote_ids[r] != local_id] if local_id else []
+        if need:
+            assert local_id is not None
+            result.update(deliver(nodes, need, local, local_id, config.image, console))
+    for r in need:  # whatever happened, the node must now hold the image by name
+        got = image_id(nodes.docker(r), config.image)
+        if got is None or (local_id and not config.pull and got != local_id):
+            raise SSHError(f"{nodes.hosts[r].label}: image {config.image} still missing after transfer")
+    for r in ranks:
+        d, label = result[r], nodes.hosts[r].label
+        if d.action == "sent":
+            line = summary_line(config.image, label, d.sent, d.layers_sent, d.layers, d.total)
+        else:
+            line = f"image {config.image} on {label}: " + ("already there, nothing sent" if d.action == "present"
+                                                           else "pulled")
+        console.print(line, markup=False, highlight=False)
+    return {nodes.hosts[r].label: result[r] for r in ranks}
