@@ -38,6 +38,7 @@ class StopFlag:
 
 def _atomic_write(path: Path, data: bytes) -> None:
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
+    os.fchmod(fd, 0o644)  # mkstemp's 0600 would hide it from the orchestrator's login (it checks the sha256)
     with os.fdopen(fd, "wb") as fh:
         fh.write(data)
         fh.flush()

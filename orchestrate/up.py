@@ -139,8 +139,8 @@ def _resume(nodes: Nodes, specs: list[NodeSpec], config: UpConfig, console: Cons
         if config.is_trainer:
             raise
         # Another program that writes no manifest (docs/DESIGN.md §7) finds its own state: RESUME=1 only.
-        console.print("--resume: no checkpoint manifest found; the program gets RESUME=1 and finds its "
-                      "own state (resume by flag only)", markup=False, highlight=False)
+        console.print("--resume: no valid checkpoint (manifest and matching .pt); the program gets RESUME=1 and "
+                      "finds its own state (resume by flag only)", markup=False, highlight=False)
 
 
 def _data(nodes: Nodes, config: UpConfig, console: Console) -> None:
