@@ -41,13 +41,13 @@ dist.destroy_process_group()
 """
 
 
-def timed(argv: list[str], env: dict[str, str], cwd: Path) -> float:
+def timed(argv: list[str], env: dict[str, str], cwd: Path) -> tuple[float, str]:
     t0 = time.monotonic()
     res = subprocess.run(argv, env=env, cwd=cwd, capture_output=True, text=True, timeout=600)
     took = time.monotonic() - t0
     if res.returncode != 0:
-        raise SystemExit(f"{argv[:3]} failed ({res.returncode}):\n{res.stdout[-3000:]}\n{res.stderr[-3000:]}")
-    return took
+        raise SystemExit(f"{argv[:3]} failed ({res.returncode}):\n{res.stdout[-6000:]}\n{res.stderr[-3000:]}")
+    return took, res.stdout
 
 
 def main() -> int:
@@ -73,16 +73,18 @@ def main() -> int:
         def up(n: int, job: str) -> float:
             hosts = cluster.write_hosts_file(work / f"hosts{n}.txt", keys=host_dirs(work, 4),
                                              hosts=cluster.hosts[:n])
-            return timed([sys.executable, "-m", "orchestrate", "up", "--hosts", str(hosts), "--job", job, "--gpus",
-                          "0", "--image", args.image, "--data-url", data.url, "--data-md5", data.md5, "--", *TRAIN],
-                         env, REPO)
+            took, out = timed([sys.executable, "-m", "orchestrate", "up", "--timings", "--hosts", str(hosts), "--job",
+                               job, "--gpus", "0", "--image", args.image, "--data-url", data.url, "--data-md5",
+                               data.md5, "--", *TRAIN], env, REPO)
+            print(f"  {job}: {next(ln for ln in out.splitlines() if ln.startswith('timings'))}", flush=True)
+            return took
 
         def deepspeed(n: int) -> float:
             hostfile = ds_dir / f"hostfile{n}"
             hostfile.write_text("".join(f"{h.name} slots=1\n" for h in cluster.hosts[:n]))
             return timed([str(DS_PYTHON), "-m", "deepspeed.launcher.runner", "--hostfile", str(hostfile),
                           "--launcher", "pdsh", "--no_ssh_check", "--force_multi", "--master_addr", cluster.hosts[0].addr,
-                          "--master_port", "29610", "--num_gpus", "1", "allreduce.py"], ds_env, ds_dir)
+                          "--master_port", "29610", "--num_gpus", "1", "allreduce.py"], ds_env, ds_dir)[0]
 
         print(f"warm-up (image + data to 4 hosts): {up(4, 'warm'):.1f} s", flush=True)
         for n in (1, 2, 4):

@@ -153,10 +153,8 @@ class _Sink:
     layers_sent: int = 0
     packer: Any = field(default_factory=lambda: zlib.compressobj(3, zlib.DEFLATED, 31))
     buffered: bytearray = field(default_factory=bytearray)
-    offset: int = 0  # uncompressed tar bytes written (for block padding)
 
     def write(self, data: bytes | memoryview) -> None:
-        self.offset += len(data)
         self.buffered += self.packer.compress(data)
         if len(self.buffered) >= CHUNK:
             self._emit(bytes(self.buffered))

@@ -116,24 +116,28 @@ class Watcher:
     def start_streams(self) -> None:
         for rank in range(len(self.specs)):
             self.streams.append(threading.Thread(target=self._stream, args=(rank,), daemon=True))
-            threading.Thread(target=self._wait, args=(rank,), daemon=True).start()
         for t in self.streams:
             t.start()
 
     def _stream(self, rank: int) -> None:
         try:
             # A client without a read timeout: logs may be quiet for long; liveness is the poller's job.
+            # Made here, once per node, then shared with the wait (Nodes.docker is not for concurrent first use).
             client = self.nodes.docker(rank, timeout=None)
+        except Exception:  # unreachable: the poller reports it
+            self.exited.set()
+            return
+        threading.Thread(target=self._wait, args=(client, rank), daemon=True).start()
+        try:
             follow_lines(self.console, rank, client.api.logs(self.ids[rank], stream=True, follow=True),
                          self.secrets, self.stop_event)
         except Exception:  # the stream is best effort; the poller decides what happened
             return
 
-    def _wait(self, rank: int) -> None:
-        """Block in the daemon's wait until the container exits: the exit is seen at once, without polling.
-        Same client as the log stream (no read timeout), one more channel of its pool."""
+    def _wait(self, client: Any, rank: int) -> None:
+        """Block in the daemon's wait until the container exits: the exit is seen at once, without polling."""
         try:
-            self.nodes.docker(rank, timeout=None).api.wait(self.ids[rank])
+            client.api.wait(self.ids[rank])
         except Exception:  # unreachable or removed: the poller tells which
             pass
         self.exited.set()
