@@ -28,7 +28,7 @@ help:
 	@echo "make cpu-base   build $(CPU_BASE) from nothing (debootstrap + local CPU torch wheel)"
 	@echo "make image-cpu  build $(CPU_IMAGE) on $(CPU_BASE)"
 	@echo "make test       setup + image-cpu + lint + pytest: the whole test suite"
-	@echo "make bench      run the benchmarks in bench/ (input pipeline, launch scaling)"
+	@echo "make bench      run the benchmarks in bench/ (input pipeline, launch scaling, image delta, launch latency)"
 	@echo "make demo       the end-to-end demo on 2 simulated nodes (scripts/demo.sh)"
 	@echo "make compose-cpu  two-node training on this host with compose/docker-compose.yml"
 	@echo "make clean      remove build caches (docker/wheels, .cache/cpu-base, __pycache__); images stay"
@@ -59,11 +59,18 @@ test: setup image-cpu lint
 # The input-pipeline benchmark compares with torchvision, which the project venv does not carry: it gets
 # its own venv (.venv-bench, made once). launch_scaling needs root, dockerd and the CPU image.
 BENCH_VENV ?= .venv-bench
+# DeepSpeed's launcher, the baseline of bench/launch_latency.py, in a venv of its own (CPU torch).
+DS_VENV    ?= .venv-bench-ds
 bench: setup image-cpu
 	@test -x $(BENCH_VENV)/bin/python || { $(PYTHON3) -m venv $(BENCH_VENV) && \
 		$(BENCH_VENV)/bin/pip install --quiet torch==2.14.1 torchvision==0.29.1 numpy; }
 	$(BENCH_VENV)/bin/python bench/input_pipeline.py
 	$(PY) bench/launch_scaling.py
+	$(PY) bench/image_delta.py --image $(CPU_IMAGE)
+	@test -x $(DS_VENV)/bin/deepspeed || { $(PYTHON3) -m venv $(DS_VENV) && \
+		$(DS_VENV)/bin/pip install --quiet torch==2.13.0 deepspeed; }
+	@command -v pdsh >/dev/null || apt-get install -y -q pdsh
+	$(PY) bench/launch_latency.py --image $(CPU_IMAGE)
 
 demo: setup image-cpu
 	scripts/demo.sh
