@@ -9,6 +9,7 @@ import hashlib
 import os
 import sys
 import tarfile
+import tempfile
 import urllib.request
 
 ARCHIVE = "cifar-10-python.tar.gz"
@@ -25,20 +26,25 @@ def md5_of(path):
 
 
 def download(url, dest):
-    part = dest + ".part"
-    with urllib.request.urlopen(url, timeout=60) as resp, open(part, "wb") as out:
-        total = int(resp.headers.get("Content-Length") or 0)
-        done, last = 0, -1
-        while True:
-            block = resp.read(1 << 20)
-            if not block:
-                break
-            out.write(block)
-            done += len(block)
-            step = done * 20 // total if total else done >> 24
-            if step != last:
-                print(f"PROGRESS {done} {total}", flush=True)
-                last = step
+    # An unpredictable temporary name created with O_EXCL: a file or symlink planted beforehand is never opened.
+    fd, part = tempfile.mkstemp(dir=os.path.dirname(dest), prefix=".ddp-cifar.")
+    try:
+        with urllib.request.urlopen(url, timeout=60) as resp, os.fdopen(fd, "wb") as out:
+            total = int(resp.headers.get("Content-Length") or 0)
+            done, last = 0, -1
+            while True:
+                block = resp.read(1 << 20)
+                if not block:
+                    break
+                out.write(block)
+                done += len(block)
+                step = done * 20 // total if total else done >> 24
+                if step != last:
+                    print(f"PROGRESS {done} {total}", flush=True)
+                    last = step
+    except BaseException:
+        os.unlink(part)
+        raise
     os.replace(part, dest)
     return done
 
@@ -77,9 +83,11 @@ def main(url, md5, data_dir):
     if not os.path.isdir(batches):
         print(f"error: {archive} holds no {BATCHES}/ folder", flush=True)
         return 5
-    with open(marker + ".tmp", "w") as fh:
+    fd, tmp = tempfile.mkstemp(dir=data_dir, prefix=".ddp-cifar.")
+    with os.fdopen(fd, "w") as fh:
         fh.write(md5 + "\n")
-    os.replace(marker + ".tmp", marker)
+    os.chmod(tmp, 0o644)
+    os.replace(tmp, marker)
     print(f"DONE {fetched}", flush=True)
     return 0
 

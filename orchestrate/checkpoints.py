@@ -9,7 +9,6 @@ from __future__ import annotations
 import json
 import posixpath
 import re
-import stat
 from dataclasses import dataclass
 from typing import Any
 
@@ -36,16 +35,11 @@ class Checkpoint:
 
 
 def _read_json(conn: Connection, path: str) -> Any:
-    with conn.sftp().open(path) as fh:
-        return json.loads(fh.read().decode())
+    return json.loads(conn.read_file(path).decode())
 
 
 def list_manifests(conn: Connection, folder: str) -> list[str]:
-    try:
-        names = conn.sftp().listdir(folder)
-    except OSError:
-        return []
-    return sorted((n for n in names if MANIFEST_RE.match(n)), reverse=True)
+    return sorted((n for n in conn.list_dir(folder) if MANIFEST_RE.match(n)), reverse=True)
 
 
 def validate(conn: Connection, folder: str, name: str) -> Checkpoint | None:
@@ -53,11 +47,11 @@ def validate(conn: Connection, folder: str, name: str) -> Checkpoint | None:
     try:
         data = _read_json(conn, posixpath.join(folder, name))
         pt = posixpath.join(folder, posixpath.basename(str(data["file"])))
-        info = conn.sftp().stat(pt)
-        if not stat.S_ISREG(info.st_mode or 0) or info.st_size != int(data["bytes"]):
-            return None
-        res = conn.run(["sha256sum", "--", pt], timeout=300)
-        if res.rc != 0 or res.out.split()[:1] != [str(data["sha256"])]:
+        # One exec: a regular file (-f, not a planted symlink: -L) of the manifest's size, then its hash.
+        res = conn.run(["sh", "-c", 'test -f "$1" && ! test -L "$1" && stat -c %s -- "$1" && sha256sum -- "$1"',
+                        "check", pt], timeout=300)
+        words = res.out.split()
+        if res.rc != 0 or words[:2] != [str(int(data["bytes"])), str(data["sha256"])]:
             return None
         return Checkpoint(conn.host.label, folder, posixpath.basename(pt), int(data["step"]), int(data["epoch"]),
                           bool(data.get("epoch_complete", True)), int(data["bytes"]), str(data["sha256"]),
@@ -87,22 +81,15 @@ def newest_manifest(conn: Connection, folder: str) -> dict[str, Any] | None:
 
 def last_metrics(conn: Connection, folder: str) -> dict[str, Any] | None:
     try:
-        with conn.sftp().open(posixpath.join(folder, "metrics.jsonl")) as fh:
-            lines = [ln for ln in fh.read().decode(errors="replace").splitlines() if ln.strip()]
+        text = conn.read_file(posixpath.join(folder, "metrics.jsonl")).decode(errors="replace")
+        lines = [ln for ln in text.splitlines() if ln.strip()]
         return dict(json.loads(lines[-1])) if lines else None
     except (OSError, ValueError):
         return None
 
 
 def copy_checkpoint(src: Connection, ckpt: Checkpoint, dst: Connection, folder: str) -> None:
-    """Copy a checkpoint (.pt first, manifest last, each via a temp name) to another node's checkpoint dir."""
+    """Copy a checkpoint to another node's checkpoint dir: the .pt first, the manifest last (so it counts only
+    once complete), each streamed into an unpredictable temporary name and renamed into place."""
     for name in (ckpt.file, posixpath.basename(ckpt.manifest)):
-        tmp = posixpath.join(folder, f".{name}.copy")
-        with src.sftp().open(posixpath.join(ckpt.folder, name), "rb") as fin, dst.sftp().open(tmp, "wb") as fout:
-            fin.prefetch()
-            while True:
-                block = fin.read(1 << 20)
-                if not block:
-                    break
-                fout.write(block)
-        dst.sftp().posix_rename(tmp, posixpath.join(folder, name))
+        dst.write_file(posixpath.join(folder, name), src.stream_file(posixpath.join(ckpt.folder, name)))

@@ -34,6 +34,8 @@ def run_jobs_command(command: str, config: JobsConfig, console: Console) -> int:
             if not ok:
                 raise MultiHostError("status", unreachable)
             return 0
+        if not nodes.reachable():  # "no container found" would hide that no host answered at all
+            raise MultiHostError("logs", unreachable)
         if config.rank is not None:
             rank_logs(nodes, config.job, console, config.rank, config.tail)
         else:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import posixpath
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -24,9 +25,10 @@ DEFAULT_JOB = "cifar"
 DEFAULT_IMAGE = "ddp-cifar:latest"
 DEFAULT_DATA_URL = "https://www.cs.toronto.edu/~kriz/cifar-10-python.tar.gz"
 DEFAULT_DATA_MD5 = "c58f30108f718f92721af3b95e74349a"
-DEFAULT_DATA_DIR = "/var/tmp/ddp-cifar/data"
-DEFAULT_CKPT_DIR = "/var/tmp/ddp-cifar/jobs/{job}/checkpoints"
-DEFAULT_LOG_DIR = "/var/tmp/ddp-cifar/jobs/{job}/logs"
+# Per user on each node (~ is the SSH login's home there): never a fixed folder in world-writable /var/tmp.
+DEFAULT_DATA_DIR = "~/.cache/ddp-cifar/data"
+DEFAULT_CKPT_DIR = "~/.local/share/ddp-cifar/jobs/{job}/checkpoints"
+DEFAULT_LOG_DIR = "~/.local/share/ddp-cifar/jobs/{job}/logs"
 GPUS_ALL = -1
 TRAINER_ENTRY = "-m trainer"
 MODULE_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$")
@@ -115,8 +117,9 @@ class UpConfig:
         if self.master_addr is not None and not re.match(r"^[A-Za-z0-9.:-]+$", self.master_addr):
             raise ConfigError(f"--master-addr {self.master_addr!r} is not a host address; give an IP address")
         for flag, path in (("--data-dir", self.data_dir), ("--ckpt-dir", self.ckpt_dir), ("--log-dir", self.log_dir)):
-            if not path.startswith("/") or "\x00" in path:
-                raise ConfigError(f"{flag} {path!r} must be an absolute path on the hosts")
+            problem = host_dir_problem(path)
+            if problem:
+                raise ConfigError(f"{flag} {path!r}: {problem}")
         if self.data_from is not None and not self.data_from.is_file():
             raise ConfigError(f"--data-from {self.data_from} is not a file; give the path of cifar-10-python.tar.gz")
         if not re.match(r"^(https?|ftp)://\S+$", self.data_url):
@@ -178,6 +181,23 @@ class JobsConfig:
             raise ConfigError(f"--tail {self.tail} must not be negative")
         if self.rank is not None and (self.rank < 0 or self.node is not None or self.follow):
             raise ConfigError(f"--rank {self.rank}: give a global rank (0 or more), without --node or -f")
+
+
+# Folders a container must never get as a bind mount: the host's root, its system trees, the Docker socket's
+# folder (/run, /var/run) and Docker's data root. A job writes into its dirs, and containers get them read-write.
+SYSTEM_DIRS = ("/etc", "/run", "/var/run", "/proc", "/sys", "/dev", "/boot", "/usr", "/bin", "/sbin", "/lib",
+               "/var/lib/docker")
+
+
+def host_dir_problem(path: str) -> str | None:
+    """PURE: why `path` cannot be a data/checkpoint/log dir on the hosts (None when it can)."""
+    if "\x00" in path or not (path.startswith("/") or path == "~" or path.startswith("~/")):
+        return "must be an absolute path on the hosts (or start with ~/ for the login's home there)"
+    norm = posixpath.normpath(path)
+    if norm == "/" or any(norm == d or norm.startswith(d + "/") for d in SYSTEM_DIRS):
+        return ("is a system folder (or under one) that would be mounted into the containers; "
+                "choose a folder of your own, e.g. under your home")
+    return None
 
 
 def check_job(job: str) -> None:

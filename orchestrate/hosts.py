@@ -13,6 +13,7 @@ from pathlib import Path
 
 import paramiko
 
+from .config import host_dir_problem
 from .errors import HostsFileError
 
 # Host names and users are restricted to plain characters: nothing that a shell could interpret.
@@ -176,6 +177,7 @@ def _checked(text: str | None, pattern: re.Pattern[str], key: str, where: str, h
 def _abs_path(text: str | None, key: str, where: str) -> str | None:
     if text is None:
         return None
-    if not text.startswith("/") or "\x00" in text:
-        raise HostsFileError(f"{where}: {key} must be an absolute path on the host, got {text!r}")
-    return os.path.normpath(text)
+    problem = host_dir_problem(text)
+    if problem:
+        raise HostsFileError(f"{where}: {key} {problem}; got {text!r}")
+    return text if text.startswith("~") else os.path.normpath(text)

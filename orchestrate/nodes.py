@@ -6,7 +6,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from .docker import client_over_ssh
-from .errors import MultiHostError, SSHError
+from .errors import SSHError
 from .hosts import Host
 from .ssh import Connection, connect_all, fan_out
 
@@ -69,7 +69,3 @@ class Nodes:
             if conn is not None:
                 conn.close()
 
-
-def raise_failures(what: str, failures: dict[str, str]) -> None:
-    if failures:
-        raise MultiHostError(what, failures)

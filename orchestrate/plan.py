@@ -35,6 +35,9 @@ class NodeFacts:
 
     iface: str | None = None  # interface carrying the master address on this node
     gpus: int | None = None  # GPUs visible on the node (None: not queried)
+    home: str | None = None  # the SSH login's home on the node ("~" stays in the dirs until known)
+    user: str | None = None  # "uid:gid" of the SSH login: containers run as that user (None: not known yet)
+    login: str | None = None  # the login's name, for programs that ask who they are (getpass)
 
 
 @dataclass(frozen=True)
@@ -63,10 +66,12 @@ class NodeSpec:
     init: bool = True
     network_mode: str = "host"
     dirs: dict[str, str] = field(default_factory=dict)  # data/ckpt/log dirs on the host
+    user: str | None = None  # "uid:gid" the container runs as (the SSH login's, so files in the dirs are theirs)
 
     def docker_run_argv(self, mask: bool = True) -> list[str]:
         """The equivalent `docker run` command line (what --dry-run prints)."""
         argv = ["docker", "run", "--detach", "--name", self.name, f"--network={self.network_mode}"]
+        argv += [f"--user={self.user}"] if self.user else []
         argv += ["--init"] if self.init else []
         argv += [f"--ipc={self.ipc_mode}"] if self.ipc_mode else []
         argv += [f"--shm-size={self.shm_size}"] if self.shm_size else []
@@ -95,15 +100,31 @@ class NodeSpec:
             ulimits=[docker.types.Ulimit(name=n, soft=s, hard=h) for n, s, h in self.ulimits],
             mounts=[docker.types.Mount(m.target, m.source, type="bind", read_only=m.read_only)
                     for m in self.mounts],
-            privileged=False, stop_signal="SIGTERM",
+            privileged=False, stop_signal="SIGTERM", user=self.user,
         )
 
 
-def host_dirs(config: UpConfig, host: Host) -> dict[str, str]:
-    """The data/checkpoint/log dirs on a host: hosts-file keys win over the command line; {job} expands."""
+def host_dirs(config: UpConfig, host: Host, home: str | None = None) -> dict[str, str]:
+    """The data/checkpoint/log dirs on a host: hosts-file keys win over the command line; {job} expands, and a
+    leading ~ becomes the login's home on that host once known (the defaults are per user, never a shared
+    world-writable folder another account could have made first)."""
     chosen = {"data": host.data_dir or config.data_dir, "ckpt": host.ckpt_dir or config.ckpt_dir,
               "log": host.log_dir or config.log_dir}
-    return {k: v.replace("{job}", config.job) for k, v in chosen.items()}
+    dirs = {k: v.replace("{job}", config.job) for k, v in chosen.items()}
+    if home is not None:
+        dirs = {k: home.rstrip("/") + v[1:] if v == "~" or v.startswith("~/") else v for k, v in dirs.items()}
+    return dirs
+
+
+def user_env(facts: NodeFacts) -> dict[str, str]:
+    """What a program needs to run as an arbitrary uid: a writable HOME (the image's is root's), and the name
+    getpass and torch's cache paths ask for (a uid of the host has no entry in the image's /etc/passwd)."""
+    if facts.user is None or facts.user.startswith("0:"):
+        return {}
+    env = {"HOME": "/tmp"}
+    if facts.login:
+        env |= {"USER": facts.login, "LOGNAME": facts.login}
+    return env
 
 
 def nproc_for(config: UpConfig, host: Host, facts: NodeFacts) -> int | str:
@@ -132,7 +153,7 @@ def _node(config: UpConfig, host: Host, rank: int, nnodes: int, master_addr: str
           launcher: tuple[str, ...]) -> NodeSpec:
     nproc = nproc_for(config, host, facts)
     iface = host.iface or facts.iface or UNKNOWN
-    dirs = host_dirs(config, host)
+    dirs = host_dirs(config, host, facts.home)
     command = [
         *launcher, "--nnodes", str(nnodes), "--node_rank", str(rank), "--master_addr", master_addr,
         "--master_port", str(config.master_port), "--nproc_per_node", str(nproc), *TORCHRUN_LOG_ARGS,
@@ -148,7 +169,7 @@ def _node(config: UpConfig, host: Host, rank: int, nnodes: int, master_addr: str
         "NNODES": str(nnodes), "NPROC_PER_NODE": str(nproc), "GLOO_SOCKET_IFNAME": iface,
         "DDP_CIFAR_JOB": config.job,
         # The contract with any program (docs/DESIGN.md §7); torchrun adds RANK, LOCAL_RANK, WORLD_SIZE.
-        "DATA_DIR": DATA_MOUNT, "CKPT_DIR": CKPT_MOUNT, "LOG_DIR": LOG_MOUNT,
+        "DATA_DIR": DATA_MOUNT, "CKPT_DIR": CKPT_MOUNT, "LOG_DIR": LOG_MOUNT, **user_env(facts),
     }
     if config.resume:
         env["RESUME"] = "1"
@@ -164,7 +185,7 @@ def _node(config: UpConfig, host: Host, rank: int, nnodes: int, master_addr: str
                 Mount(dirs["log"], LOG_MOUNT)),
         labels={JOB_LABEL: config.job, RANK_LABEL: str(rank), NNODES_LABEL: str(nnodes), VERSION_LABEL: __version__},
         gpus=gpus, ipc_mode=None if config.shm_size else "host", shm_size=config.shm_size, dirs=dirs,
-        ulimits=CPU_ULIMITS if config.cpu_mode else GPU_ULIMITS,
+        ulimits=CPU_ULIMITS if config.cpu_mode else GPU_ULIMITS, user=facts.user,
     )
 
 

@@ -8,7 +8,8 @@ verified marker for the expected md5 is left alone: nothing is downloaded or sen
 from __future__ import annotations
 
 import posixpath
-from collections.abc import Callable, Sequence
+import secrets
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -26,53 +27,56 @@ ARCHIVE = "cifar-10-python.tar.gz"
 @dataclass(frozen=True)
 class PrefetchResult:
     label: str
-    action: str  # "present" | "downloaded" | "sent"
+    action: str  # "present" | "downloaded" | "sent" | "shared"
     bytes_moved: int
+    shared_with: str = ""  # for "shared": the node whose fetch filled the same folder
 
 
 def make_dirs(conn: Connection, config: UpConfig) -> dict[str, str]:
-    dirs = host_dirs(config, conn.host)
+    """Create the node's dirs as the SSH login (so they are the user's); ~ is that login's home there."""
+    dirs = host_dirs(config, conn.host, conn.identity().home)
     conn.run(["mkdir", "-p", "--", *dirs.values()], timeout=30, check=True)
     return dirs
 
 
 def has_verified_copy(conn: Connection, data_dir: str, md5: str) -> bool:
-    sftp = conn.sftp()
-    try:
-        with sftp.open(posixpath.join(data_dir, MARKER)) as fh:
-            marker = fh.read().decode().strip()
-        sftp.stat(posixpath.join(data_dir, BATCHES))
-    except OSError:
-        return False
-    return marker == md5
+    res = conn.run(["sh", "-c", 'test -d "$2" && cat -- "$1"', "marker", posixpath.join(data_dir, MARKER),
+                    posixpath.join(data_dir, BATCHES)], timeout=30)
+    return res.rc == 0 and res.out.strip() == md5
 
 
 def prefetch_node(conn: Connection, docker_client: Callable[[], object], config: UpConfig,
                   progress: Callable[[int, int], None]) -> PrefetchResult:
-    """Make the dirs and a verified CIFAR-10 copy on one node. Raises SSHError saying what went wrong."""
-    dirs = make_dirs(conn, config)
-    data_dir = dirs["data"]
+    """A verified CIFAR-10 copy in the node's (existing) data dir. Raises SSHError saying what went wrong."""
+    data_dir = host_dirs(config, conn.host, conn.identity().home)["data"]
     if has_verified_copy(conn, data_dir, config.data_md5):
         return PrefetchResult(conn.host.label, "present", 0)
     sent = 0
     url = config.data_url
     if config.data_from is not None:
-        sent = _send_archive(conn, config.data_from, posixpath.join(data_dir, ARCHIVE), progress)
+        sent = _send_archive(conn, config.data_from, config.data_md5, posixpath.join(data_dir, ARCHIVE), progress)
         url = "-"
     fetched = _run_fetch(conn, docker_client(), config, url, data_dir, progress)  # a client only when needed
     return PrefetchResult(conn.host.label, "sent" if sent else "downloaded", sent or fetched)
 
 
-def _send_archive(conn: Connection, local: Path, remote: str, progress: Callable[[int, int], None]) -> int:
+def _send_archive(conn: Connection, local: Path, md5: str, remote: str, progress: Callable[[int, int], None]) -> int:
+    """Upload the archive unless the node holds one with the expected md5 (a corrupt copy of the same size is
+    replaced, not trusted); the upload goes through a temporary name (Connection.write_file)."""
+    have = conn.run(["md5sum", "--", remote], timeout=300)
+    if have.rc == 0 and have.out.split()[:1] == [md5]:
+        return 0
     size = local.stat().st_size
-    sftp = conn.sftp()
-    try:
-        if sftp.stat(remote).st_size == size:
-            return 0  # same size already there; the md5 check in the container decides
-    except OSError:
-        pass
-    sftp.put(str(local), remote + ".part", callback=progress)
-    sftp.posix_rename(remote + ".part", remote)
+
+    def blocks() -> Iterator[bytes]:
+        done = 0
+        with open(local, "rb") as fh:
+            while block := fh.read(1 << 20):
+                done += len(block)
+                progress(done, size)
+                yield block
+
+    conn.write_file(remote, blocks())
     return size
 
 
@@ -85,6 +89,8 @@ def _run_fetch(conn: Connection, docker_client: object, config: UpConfig, url: s
         config.image, command=["python", "-c", SCRIPT, url, config.data_md5, "/data"], detach=True,
         network_mode="host", mounts=[docker.types.Mount("/data", data_dir, type="bind")],
         labels={"ddp-cifar.prefetch": config.job}, name=None,
+        # As the SSH login, so the extracted files are theirs (root stays root); HOME: the image's is root's.
+        user=conn.identity().user_spec, environment={"HOME": "/tmp"},
     )
     lines: list[str] = []
     try:
@@ -107,20 +113,51 @@ def _run_fetch(conn: Connection, docker_client: object, config: UpConfig, url: s
     return int(done.split()[1])
 
 
+def shared_folders(conns: Sequence[Connection], folders: Sequence[str]) -> list[int]:
+    """For each node, the first node that sees the same folder (itself when it shares with none earlier).
+
+    Each node writes a file with a random token and its index into its folder; a node that lists the files of
+    others there shares the folder with them (an NFS home, a /data mount), whatever the paths are called."""
+    from .ssh import fan_out
+
+    prefix = f".ddp-cifar-share-{secrets.token_hex(8)}-"
+    ranks = list(range(len(conns)))
+    fan_out("shared-storage check", ranks,
+            lambda i: conns[i].write_file(posixpath.join(folders[i], f"{prefix}{i}"), iter((b"",)), timeout=30),
+            lambda i: conns[i].host.label)
+    try:
+        seen = fan_out("shared-storage check", ranks, lambda i: conns[i].list_dir(folders[i]),
+                       lambda i: conns[i].host.label)
+    finally:
+        fan_out("shared-storage check", ranks,
+                lambda i: conns[i].run(["rm", "-f", "--", posixpath.join(folders[i], f"{prefix}{i}")], timeout=30),
+                lambda i: conns[i].host.label)
+    return [min([i] + [int(n[len(prefix):]) for n in seen[i] if n.startswith(prefix) and n[len(prefix):].isdigit()])
+            for i in ranks]
+
+
 def prefetch_all(conns: Sequence[Connection], client_for: Callable[[int], object], config: UpConfig,
                  console: object) -> list[PrefetchResult]:
-    """Prefetch on every node in parallel with one progress bar per node; every failure is reported."""
+    """Dirs on every node, then one fetch per distinct data folder (nodes that share a folder, as on NFS, get
+    it once), in parallel with one progress bar per node; every failure is reported."""
     from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn
 
     from .ssh import fan_out
 
+    dirs = fan_out("data dirs", list(conns), lambda c: make_dirs(c, config), lambda c: c.host.label)
+    leaders = shared_folders(conns, [d["data"] for d in dirs])
+    fetching = [i for i, lead in enumerate(leaders) if lead == i]
     with Progress(TextColumn("data {task.description}"), BarColumn(), DownloadColumn(),
                   console=console, transient=True) as bars:  # type: ignore[arg-type]
-        tasks = [bars.add_task(c.host.label, total=None) for c in conns]
+        tasks = {i: bars.add_task(conns[i].host.label, total=None) for i in fetching}
 
         def one(i: int) -> PrefetchResult:
             def update(done: int, total: int) -> None:
                 bars.update(tasks[i], completed=done, total=total or None)
             return prefetch_node(conns[i], lambda: client_for(i), config, update)
 
-        return fan_out("data prefetch", list(range(len(conns))), one, lambda i: conns[i].host.label)
+        fetched = dict(zip(fetching, fan_out("data prefetch", fetching, one, lambda i: conns[i].host.label),
+                           strict=True))
+    return [fetched[i] if i in fetched else
+            PrefetchResult(conns[i].host.label, "shared", 0, shared_with=conns[leaders[i]].host.label)
+            for i in range(len(conns))]

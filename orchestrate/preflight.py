@@ -15,18 +15,27 @@ from .config import UpConfig
 from .docker import client_over_ssh, image_id, job_containers
 from .errors import MultiHostError, PreflightError, SSHError
 from .plan import host_dirs
-from .ssh import Connection
+from .ssh import Connection, Identity
 
 # Every shell fact preflight needs, gathered in ONE exec per host (each exec costs a process spawn on the
 # host, which is what limits fan-out on small machines). A fixed script: the values arrive as positional
-# arguments ($1..$6), are only ever expanded inside double quotes, and never become code.
+# arguments ($1..$7), are only ever expanded inside double quotes, and never become code.
 # Output: key=value records separated by NUL (so paths with newlines cannot break the parsing).
 PROBE_SCRIPT = r"""
 out() { printf '%s=%s\0' "$1" "$2"; }
-for kind in data ckpt; do
-  if [ "$kind" = data ]; then d=$1; else d=$2; fi
+for kind in data ckpt log; do
+  case $kind in data) d=$1;; ckpt) d=$2;; log) d=$7;; esac
   while [ ! -e "$d" ] && [ "$d" != / ]; do d=$(dirname -- "$d"); done
   out "${kind}_base" "$d"
+  # The first folder of the chain owned by another account (not the login, not root): it could swap files.
+  a=$d; me=$(id -u)
+  while :; do
+    o=$(stat -L -c %u -- "$a" 2>/dev/null)
+    if [ -n "$o" ] && [ "$o" != "$me" ] && [ "$o" != 0 ]; then
+      out "${kind}_foreign" "$a (owned by $(stat -L -c %U -- "$a"))"; break
+    fi
+    n=$(dirname -- "$a"); [ "$n" = "$a" ] && break; a=$n
+  done
   if [ -d "$d" ]; then out "${kind}_isdir" 1; else out "${kind}_isdir" 0; fi
   if [ -w "$d" ]; then out "${kind}_writable" 1; else out "${kind}_writable" 0; fi
   out "${kind}_free_kb" "$(df -Pk -- "$d" 2>/dev/null | awk 'NR==2 {print $4}')"
@@ -55,9 +64,10 @@ fi
 
 def probe_host(conn: Connection, config: UpConfig, rank: int, master_addr: str, master_ssh_port: int) -> dict[str, str]:
     """Run PROBE_SCRIPT once on the host; return its facts."""
-    dirs = host_dirs(config, conn.host)
+    dirs = host_dirs(config, conn.host, conn.identity().home)
     argv = ["sh", "-c", PROBE_SCRIPT, "probe", dirs["data"], dirs["ckpt"], master_addr,
-            "0" if rank == 0 else str(master_ssh_port), "1" if rank == 0 else "0", "0" if config.cpu_mode else "1"]
+            "0" if rank == 0 else str(master_ssh_port), "1" if rank == 0 else "0", "0" if config.cpu_mode else "1",
+            dirs["log"]]
     res = conn.run(argv, timeout=60)
     facts: dict[str, str] = {}
     for record in res.out.split("\0"):
@@ -84,6 +94,8 @@ class HostReport:
     image_id: str | None = None
     containers: list[Any] = field(default_factory=list)
     docker: Any = None
+    identity: Identity | None = None  # the SSH login there: containers run as it, ~ in the dirs is its home
+    dirs: dict[str, str] = field(default_factory=dict)  # the data/ckpt/log dirs, ~ resolved
 
     def add(self, name: str, ok: bool, text: str) -> None:
         self.checks[name] = Check(ok, text)
@@ -99,8 +111,9 @@ COLUMNS = ("ssh", "docker", "gpus", "disk", "port", "master", "iface", "image", 
 def check_host(conn: Connection, rank: int, config: UpConfig, master_addr: str, master_ssh_port: int,
                local_image_id: str | None) -> HostReport:
     """Run every check on one host; a failed check is recorded, never raised, so the table shows them all."""
-    report = HostReport(conn.host.label)
-    report.add("ssh", True, f"{conn.host.user or ''}@{conn.peer_address}".lstrip("@"))
+    report = HostReport(conn.host.label, identity=conn.identity())
+    report.dirs = host_dirs(config, conn.host, report.identity.home)  # type: ignore[union-attr]
+    report.add("ssh", True, f"{report.identity.name}@{conn.peer_address}")  # type: ignore[union-attr]
     try:
         report.docker = client_over_ssh(conn)
         report.add("docker", True, report.docker.server_version)
@@ -109,7 +122,7 @@ def check_host(conn: Connection, rank: int, config: UpConfig, master_addr: str, 
         return report
     facts = probe_host(conn, config, rank, master_addr, master_ssh_port)
     judge_gpus(facts, report, config, conn.host.slots)
-    judge_disk(facts, report, config, host_dirs(config, conn.host))
+    judge_disk(facts, report, config, report.dirs)
     if rank == 0:
         judge_port(facts, report, config.master_port)
     judge_master(facts, report, rank, master_addr, master_ssh_port, conn.host.iface)
@@ -144,10 +157,16 @@ def judge_gpus(facts: dict[str, str], report: HostReport, config: UpConfig, slot
 
 
 def judge_disk(facts: dict[str, str], report: HostReport, config: UpConfig, dirs: dict[str, str]) -> None:
-    """PURE: the data and checkpoint dirs can be created, are writable, and have the free space asked for."""
+    """PURE: the data, checkpoint and log dirs belong to no other account, can be created, are writable, and
+    (data, checkpoints) have the free space asked for."""
     texts = []
-    for kind in ("data", "ckpt"):
+    for kind in ("data", "ckpt", "log"):
         path, base = dirs[kind], facts.get(f"{kind}_base", "?")
+        if facts.get(f"{kind}_foreign"):
+            report.add("disk", False, f"{kind} dir {path}: {facts[f'{kind}_foreign']} belongs to another account, "
+                                      "which could replace what the job reads or writes; choose a dir of your own "
+                                      "or have that folder removed")
+            return
         if facts.get(f"{kind}_isdir") != "1":
             report.add("disk", False, f"{kind} dir {path} cannot be created: {base} is not a directory; "
                                       "choose another dir")
@@ -155,6 +174,8 @@ def judge_disk(facts: dict[str, str], report: HostReport, config: UpConfig, dirs
         if facts.get(f"{kind}_writable") != "1":
             report.add("disk", False, f"{kind} dir {path} not writable ({base}); choose another dir or fix permissions")
             return
+        if kind == "log":
+            continue
         try:
             free_gb = int(facts.get(f"{kind}_free_kb", "")) / 1024**2
         except ValueError:

@@ -15,7 +15,7 @@ import shlex
 import socket
 import threading
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import TypeVar
@@ -112,58 +112,63 @@ class _AcceptNew(paramiko.MissingHostKeyPolicy):
         log.warning("added host key of %s (%s) to %s", self.host.label, fingerprint(key), target)
 
 
-class Connection:
-    """One SSH connection to one host, reused for every phase (commands, SFTP, the Docker tunnel)."""
+# OpenSSH's stock MaxSessions is 10 channels per connection. We stay below it on each connection and open another
+# connection to the same host when a connection is full or the server refuses a channel anyway (another client
+# of ours, or a site with a lower limit): a refused channel is a resource limit, never an unreachable host.
+CHANNELS_PER_CONNECTION = 8
+MAX_CONNECTIONS_PER_HOST = 4
 
-    def __init__(self, host: Host, client: paramiko.SSHClient) -> None:
+# Files are read and written through exec channels: it works on hosts without the SFTP subsystem (hardened sites
+# remove it) and is one code path everywhere. A write goes to an unpredictable temporary name made by mktemp
+# (O_EXCL: a planted file or symlink is never opened) in the target's folder, then is renamed into place
+# (rename replaces a symlink at the target instead of following it). Paths arrive as positional arguments.
+WRITE_SCRIPT = r"""
+set -e
+t=$(mktemp -- "$(dirname -- "$1")/.ddp-cifar.XXXXXXXXXX")
+trap 'rm -f -- "$t"' EXIT
+cat > "$t"
+chmod 0644 -- "$t"
+mv -f -- "$t" "$1"
+trap - EXIT
+"""
+IDENTITY_SCRIPT = 'id -u && id -g && id -un && printf "%s\\n" "$HOME"'
+
+
+@dataclass(frozen=True)
+class Identity:
+    """Who the SSH login is on a host: containers run as uid:gid, default dirs live under home."""
+
+    uid: int
+    gid: int
+    name: str
+    home: str
+
+    @property
+    def user_spec(self) -> str:
+        return f"{self.uid}:{self.gid}"
+
+
+class ChannelLimitError(SSHError):
+    """Every connection to the host refused another channel: a resource limit, the host itself answers."""
+
+
+class Connection:
+    """The SSH connections to one host, reused for every phase (commands, file transfers, the Docker tunnel).
+
+    Usually one connection; more only when channels run past what one connection may hold (see above)."""
+
+    def __init__(self, host: Host, client: paramiko.SSHClient, accept_new_host_keys: bool = False) -> None:
         self.host = host
         self.client = client
-        self._sftp: paramiko.SFTPClient | None = None
-        self._sftp_lock = threading.Lock()
+        self._accept_new = accept_new_host_keys
+        self._clients = [client]
+        self._lock = threading.Lock()
+        self._identity: Identity | None = None
+        self.peak_channels = 0  # the most channels this process held on the host at once (all connections)
 
     @classmethod
     def open(cls, host: Host, accept_new_host_keys: bool = False, timeout: float = CONNECT_TIMEOUT) -> Connection:
-        client = paramiko.SSHClient()
-        for path in known_hosts_files(host):
-            if os.path.exists(path):
-                client.load_host_keys(path)
-        client.set_missing_host_key_policy(_AcceptNew(host) if accept_new_host_keys else _RejectUnknown(host))
-        try:
-            client.connect(
-                host.hostname, port=host.port, username=host.user, key_filename=list(host.key_filenames) or None,
-                timeout=timeout, banner_timeout=timeout, auth_timeout=timeout, channel_timeout=timeout,
-                look_for_keys=not host.identities_only, allow_agent=not host.identities_only,
-            )
-        except HostKeyError:
-            raise
-        except paramiko.BadHostKeyException as err:
-            where = find_known_host_line(known_hosts_files(host), host_key_name(host))
-            at = f"{where[0]}:{where[1]}" if where else " or ".join(known_hosts_files(host))
-            raise HostKeyError(
-                f"host key of {host.label} CHANGED (now {err.key.get_name()} {fingerprint(err.key)}), refusing to "
-                f"connect; if the host was really reinstalled, remove the old key at {at} "
-                f"(ssh-keygen -R {shlex.quote(host_key_name(host))}) and connect again"
-            ) from None
-        except paramiko.AuthenticationException:
-            keys = ", ".join(host.key_filenames) or "the default keys and agent"
-            raise SSHError(f"cannot log in to {host.label} as {host.user or os.environ.get('USER', '?')} with "
-                           f"{keys}: authentication failed; check User/IdentityFile in the ssh config") from None
-        except socket.gaierror:
-            raise SSHError(f"host name {host.hostname!r} of {host.label} does not resolve; check the hosts file "
-                           "and HostName in the ssh config") from None
-        except TimeoutError:
-            raise SSHError(f"connecting to {host.label} ({host.hostname}:{host.port}) timed out after "
-                           f"{timeout:.0f} s; is the host up and the port right?") from None
-        except (ConnectionRefusedError, paramiko.ssh_exception.NoValidConnectionsError):
-            raise SSHError(f"connection to {host.label} ({host.hostname}:{host.port}) refused; is sshd running "
-                           "on that port?") from None
-        except (OSError, paramiko.SSHException) as err:
-            raise SSHError(f"cannot connect to {host.label} ({host.hostname}:{host.port}): {err}") from None
-        transport = client.get_transport()
-        assert transport is not None
-        # Keepalives keep NAT/firewall state fresh; dead links are caught by the timeouts on every channel.
-        transport.set_keepalive(KEEPALIVE_S)
-        return cls(host, client)
+        return cls(host, _connect(host, accept_new_host_keys, timeout), accept_new_host_keys)
 
     @property
     def transport(self) -> paramiko.Transport:
@@ -177,21 +182,61 @@ class Connection:
         return str(self.transport.getpeername()[0])
 
     def open_channel(self, timeout: float = CONNECT_TIMEOUT) -> paramiko.Channel:
+        """A session channel on a connection with room; another connection when all are full or refuse."""
+        with self._lock:
+            self.transport  # noqa: B018 - raises SSHError naming the host when the main connection is dead
+            refused = 0
+            for client in list(self._clients):
+                transport = client.get_transport()
+                if transport is None or not transport.is_active() or _open_count(transport) >= CHANNELS_PER_CONNECTION:
+                    continue
+                chan = self._try_open(transport, timeout)
+                if chan is not None:
+                    return self._counted(chan)
+                refused += 1
+            if len(self._clients) >= MAX_CONNECTIONS_PER_HOST:
+                raise ChannelLimitError(f"{self.host.label}: sshd refused another channel on all "
+                                        f"{len(self._clients)} connections (MaxSessions); the host answers, but "
+                                        "fewer parallel operations are needed")
+            log.debug("%s: opening connection %d (%d refused channels)", self.host.label, len(self._clients) + 1,
+                      refused)
+            extra = _connect(self.host, self._accept_new, CONNECT_TIMEOUT)
+            self._clients.append(extra)
+            chan = self._try_open(extra.get_transport(), timeout)  # type: ignore[arg-type]
+            if chan is None:
+                raise ChannelLimitError(f"{self.host.label}: sshd refuses every session channel on a new connection; "
+                                        "check MaxSessions in its sshd_config")
+            return self._counted(chan)
+
+    def _try_open(self, transport: paramiko.Transport, timeout: float) -> paramiko.Channel | None:
         try:
-            return self.transport.open_session(timeout=timeout)
+            return transport.open_session(timeout=timeout)
+        except paramiko.ChannelException:  # the server said no: MaxSessions, not a dead host
+            return None
         except (paramiko.SSHException, OSError, EOFError) as err:
             raise SSHError(f"{self.host.label} unreachable: cannot open an SSH channel ({err or 'timeout'})") from None
+
+    def _counted(self, chan: paramiko.Channel) -> paramiko.Channel:
+        held = sum(_open_count(t) for t in (c.get_transport() for c in self._clients) if t is not None)
+        self.peak_channels = max(self.peak_channels, held)
+        return chan
 
     def run(self, argv: Sequence[str], env: Mapping[str, str] | None = None, timeout: float = 60.0,
             check: bool = False, stdin: bytes | None = None) -> Result:
         """Run one command (every word quoted); return its exit code and output. Bounded by `timeout`."""
+        chunks = None if stdin is None else iter((stdin,))
+        return self.run_streaming(argv, chunks, env=env, timeout=timeout, check=check)
+
+    def run_streaming(self, argv: Sequence[str], chunks: Iterator[bytes] | None, env: Mapping[str, str] | None = None,
+                      timeout: float = 60.0, check: bool = False) -> Result:
+        """Like run, with standard input fed from `chunks` as they come (large files never sit in memory)."""
         command = quote_command(argv, env)
         chan = self.open_channel()
         try:
             chan.settimeout(timeout)
             chan.exec_command(command)
-            if stdin is not None:
-                chan.sendall(stdin)
+            for block in chunks or ():
+                chan.sendall(block)
             chan.shutdown_write()
             out, err = _drain(chan, time.monotonic() + timeout, self.host.label, argv[0])
             rc = chan.recv_exit_status()
@@ -206,15 +251,113 @@ class Connection:
             raise SSHError(f"{self.host.label}: {' '.join(argv[:2])} failed (exit {rc}): {last[0]}")
         return result
 
-    def sftp(self) -> paramiko.SFTPClient:
-        with self._sftp_lock:
-            if self._sftp is None:
-                self._sftp = self.client.open_sftp()
-                self._sftp.get_channel().settimeout(60)
-            return self._sftp
+    def identity(self) -> Identity:
+        """uid, gid, name and home of the login on this host (asked once)."""
+        if self._identity is None:
+            res = self.run(["sh", "-c", IDENTITY_SCRIPT], timeout=30, check=True)
+            uid, gid, name, home = (res.out.splitlines() + ["", "", "", ""])[:4]
+            try:
+                self._identity = Identity(int(uid), int(gid), name, home.rstrip("/") or "/")
+            except ValueError:
+                raise SSHError(f"{self.host.label}: cannot tell the login's uid/gid (id printed {res.out!r})") from None
+        return self._identity
+
+    def read_file(self, path: str, timeout: float = 60.0) -> bytes:
+        """A file's bytes; FileNotFoundError when it cannot be read (missing, not a file, no permission)."""
+        chan = self.open_channel()
+        try:
+            chan.settimeout(timeout)
+            chan.exec_command(quote_command(["cat", "--", path]))
+            chan.shutdown_write()
+            out, _ = _drain(chan, time.monotonic() + timeout, self.host.label, "cat")
+            rc = chan.recv_exit_status()
+        except TimeoutError:
+            raise SSHError(f"{self.host.label}: reading {path} did not finish within {timeout:.0f} s") from None
+        finally:
+            chan.close()
+        if rc != 0:
+            raise FileNotFoundError(f"{self.host.label}:{path}")
+        return out
+
+    def stream_file(self, path: str, timeout: float = 3600.0) -> Iterator[bytes]:
+        """A file's bytes in blocks, as they arrive (for copies between hosts); SSHError if it cannot be read."""
+        chan = self.open_channel()
+        try:
+            chan.settimeout(timeout)
+            chan.exec_command(quote_command(["cat", "--", path]))
+            chan.shutdown_write()
+            while block := chan.recv(1 << 20):
+                yield block
+            if chan.recv_exit_status() != 0:
+                raise SSHError(f"{self.host.label}: cannot read {path}")
+        finally:
+            chan.close()
+
+    def list_dir(self, path: str) -> list[str]:
+        """Names in a folder ([] when it does not exist or cannot be read)."""
+        res = self.run(["ls", "-1A", "--", path], timeout=30)
+        return res.out.splitlines() if res.rc == 0 else []
+
+    def write_file(self, path: str, chunks: Iterator[bytes], timeout: float = 3600.0) -> None:
+        """Stream `chunks` into `path` atomically (temporary name, then rename); SSHError on failure."""
+        res = self.run_streaming(["sh", "-c", WRITE_SCRIPT, "write", path], chunks, timeout=timeout)
+        if res.rc != 0:
+            why = (res.err.strip().splitlines() or ["no output"])[-1]
+            raise SSHError(f"{self.host.label}: cannot write {path}: {why}")
 
     def close(self) -> None:
-        self.client.close()
+        for client in self._clients:
+            client.close()
+
+
+def _open_count(transport: paramiko.Transport) -> int:
+    """Open channels on one connection (paramiko keeps no public count)."""
+    return sum(1 for chan in list(transport._channels.values()) if not chan.closed)  # type: ignore[attr-defined]
+
+
+def _connect(host: Host, accept_new_host_keys: bool, timeout: float) -> paramiko.SSHClient:
+    """One authenticated SSH connection, host key verified; every failure as one SSHError naming the host."""
+    client = paramiko.SSHClient()
+    for path in known_hosts_files(host):
+        if os.path.exists(path):
+            client.load_host_keys(path)
+    client.set_missing_host_key_policy(_AcceptNew(host) if accept_new_host_keys else _RejectUnknown(host))
+    try:
+        client.connect(
+            host.hostname, port=host.port, username=host.user, key_filename=list(host.key_filenames) or None,
+            timeout=timeout, banner_timeout=timeout, auth_timeout=timeout, channel_timeout=timeout,
+            look_for_keys=not host.identities_only, allow_agent=not host.identities_only,
+        )
+    except HostKeyError:
+        raise
+    except paramiko.BadHostKeyException as err:
+        where = find_known_host_line(known_hosts_files(host), host_key_name(host))
+        at = f"{where[0]}:{where[1]}" if where else " or ".join(known_hosts_files(host))
+        raise HostKeyError(
+            f"host key of {host.label} CHANGED (now {err.key.get_name()} {fingerprint(err.key)}), refusing to "
+            f"connect; if the host was really reinstalled, remove the old key at {at} "
+            f"(ssh-keygen -R {shlex.quote(host_key_name(host))}) and connect again"
+        ) from None
+    except paramiko.AuthenticationException:
+        keys = ", ".join(host.key_filenames) or "the default keys and agent"
+        raise SSHError(f"cannot log in to {host.label} as {host.user or os.environ.get('USER', '?')} with "
+                       f"{keys}: authentication failed; check User/IdentityFile in the ssh config") from None
+    except socket.gaierror:
+        raise SSHError(f"host name {host.hostname!r} of {host.label} does not resolve; check the hosts file "
+                       "and HostName in the ssh config") from None
+    except TimeoutError:
+        raise SSHError(f"connecting to {host.label} ({host.hostname}:{host.port}) timed out after "
+                       f"{timeout:.0f} s; is the host up and the port right?") from None
+    except (ConnectionRefusedError, paramiko.ssh_exception.NoValidConnectionsError):
+        raise SSHError(f"connection to {host.label} ({host.hostname}:{host.port}) refused; is sshd running "
+                       "on that port?") from None
+    except (OSError, paramiko.SSHException) as err:
+        raise SSHError(f"cannot connect to {host.label} ({host.hostname}:{host.port}): {err}") from None
+    transport = client.get_transport()
+    assert transport is not None
+    # Keepalives keep NAT/firewall state fresh; dead links are caught by the timeouts on every channel.
+    transport.set_keepalive(KEEPALIVE_S)
+    return client
 
 
 def _drain(chan: paramiko.Channel, deadline: float, label: str, what: str) -> tuple[bytes, bytes]:

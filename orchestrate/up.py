@@ -53,6 +53,7 @@ class Timings:
     def __init__(self) -> None:
         self.start = time.monotonic()
         self.phases: list[tuple[str, float]] = []
+        self.channels: dict[str, int] = {}  # host -> the most SSH channels held there at once
 
     @contextmanager
     def phase(self, name: str) -> Iterator[None]:
@@ -65,7 +66,10 @@ class Timings:
 
     def render(self) -> str:
         parts = [f"{name} {took:.2f}" for name, took in self.phases]
-        return f"timings (s): {', '.join(parts)}; total {time.monotonic() - self.start:.2f}"
+        line = f"timings (s): {', '.join(parts)}; total {time.monotonic() - self.start:.2f}"
+        if self.channels:  # OpenSSH allows 10 per connection by default (MaxSessions)
+            line += "\npeak SSH channels per host: " + ", ".join(f"{h} {n}" for h, n in self.channels.items())
+        return line
 
 
 def up(config: UpConfig, console: Console) -> int:
@@ -94,7 +98,9 @@ def _up(config: UpConfig, console: Console, timings: Timings) -> int:
             reports = run_preflight(nodes.conns, config, master, local_id, console)  # type: ignore[arg-type]
         for rank, report in enumerate(reports):
             nodes.adopt_docker(rank, report.docker)
-        facts = [NodeFacts(iface=r.iface, gpus=r.gpus) for r in reports]
+        facts = [NodeFacts(iface=r.iface, gpus=r.gpus, home=r.identity.home, user=r.identity.user_spec,
+                           login=r.identity.name) if r.identity else NodeFacts(iface=r.iface, gpus=r.gpus)
+                 for r in reports]
         specs = build_plan(config, hosts, master, facts)
         if config.resume:
             with timings.phase("resume"):
@@ -129,6 +135,7 @@ def _up(config: UpConfig, console: Console, timings: Timings) -> int:
                 summary(nodes, specs, console)
         return 0
     finally:
+        timings.channels = {c.host.label: c.peak_channels for c in nodes.conns if c is not None}
         nodes.close()
 
 
@@ -151,7 +158,8 @@ def _data(nodes: Nodes, config: UpConfig, console: Console) -> None:
     for res in prefetch_all(nodes.conns, lambda r: nodes.docker(r, timeout=3600), config,  # type: ignore[arg-type]
                             console):
         what = {"present": "verified copy present, nothing moved", "downloaded": f"downloaded {res.bytes_moved} bytes",
-                "sent": f"sent {res.bytes_moved} bytes"}[res.action]
+                "sent": f"sent {res.bytes_moved} bytes",
+                "shared": f"same folder as on {res.shared_with} (shared storage), nothing moved"}[res.action]
         console.print(f"data on {res.label}: {what}", markup=False, highlight=False)
 
 

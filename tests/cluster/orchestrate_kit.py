@@ -14,6 +14,7 @@ import hashlib
 import http.server
 import json
 import os
+import re
 import subprocess
 import sys
 import threading
@@ -110,6 +111,32 @@ def wait_for(predicate, timeout: float, what: str, every: float = 1.0) -> None: 
             return
         time.sleep(every)
     raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}")
+
+
+def default_dirs(cluster: Cluster, node: int, job: str) -> dict[str, str]:
+    """The job's default data/checkpoint/log dirs on a host, as the HOST sees them (under the login's home)."""
+    home = cluster.hosts[node].home
+    return {"data": f"{home}/.cache/ddp-cifar/data", "ckpt": f"{home}/.local/share/ddp-cifar/jobs/{job}/checkpoints",
+            "log": f"{home}/.local/share/ddp-cifar/jobs/{job}/logs"}
+
+
+def job_dir(cluster: Cluster, node: int, job: str, kind: str = "checkpoints") -> Path:
+    """A job's default checkpoint (or log: kind "logs") dir on a host, as seen from this machine."""
+    return cluster.hosts[node].path(default_dirs(cluster, node, job)["log" if kind == "logs" else "ckpt"])
+
+
+def data_dir(cluster: Cluster, node: int) -> Path:
+    """The default data dir on a host, as seen from this machine."""
+    return cluster.hosts[node].path(default_dirs(cluster, node, "-")["data"])
+
+
+def sigterm_step(cluster: Cluster, node: int, job: str) -> int | None:
+    """The step of the trainer's "stopped by SIGTERM at step N" line in the node's per-rank log files."""
+    for log in sorted(job_dir(cluster, node, job, "logs").rglob("*.log")):
+        found = re.search(r"stopped by SIGTERM at step (\d+)", log.read_text(errors="replace"))
+        if found:
+            return int(found.group(1))
+    return None
 
 
 def host_dirs(base: Path, n: int) -> dict[int, dict[str, str]]:

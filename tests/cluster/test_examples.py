@@ -53,13 +53,13 @@ def contract_lines(text: str) -> list[dict[str, object]]:
     return [json.loads(line.split("CONTRACT ", 1)[1]) for line in text.splitlines() if "CONTRACT " in line]
 
 
-# The default dirs (the hosts file names none); each test host has its own /var/tmp.
-DATA = "/var/tmp/ddp-cifar/data"
+# The default dirs (the hosts file names none): under the login's home, which each test host has of its own.
+DATA = "/home/ddp/.cache/ddp-cifar/data"
 
 
 def job_dir(cluster: Cluster, node: int, job: str, kind: str) -> Path:
     """A job's checkpoints/logs folder on a host, as this machine sees it."""
-    return cluster.hosts[node].path(f"/var/tmp/ddp-cifar/jobs/{job}/{kind}")
+    return cluster.hosts[node].path(f"/home/ddp/.local/share/ddp-cifar/jobs/{job}/{kind}")
 
 
 def rank_files(cluster: Cluster, node: int, job: str) -> list[Path]:

@@ -27,7 +27,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from orchestrate_kit import Data, host_dirs, job_containers, orchestrate, up_args
+from orchestrate_kit import Data, job_containers, orchestrate, up_args
 
 from devcluster import Cluster
 from devcluster.proc import in_netns
@@ -36,8 +36,8 @@ pytestmark = [pytest.mark.cluster, pytest.mark.docker]
 
 
 @pytest.fixture
-def hosts(cluster: Cluster, tmp_path: Path) -> Path:
-    return cluster.write_hosts_file(tmp_path / "hosts.txt", keys=host_dirs(tmp_path, 2))
+def hosts(cluster: Cluster) -> Path:
+    return cluster.hosts_file  # the default dirs: per user, under each host's own home
 
 
 def ssh_config_with(cluster: Cluster, tmp_path: Path, **replace: str) -> Path:
@@ -161,21 +161,25 @@ def test_unwritable_data_dir_and_full_checkpoint_disk(cluster: Cluster, tmp_path
     (A tmpfs mounted here is not seen by the test hosts' sshd, which has a mount namespace of its own, so
     a full disk is simulated with a free-space requirement no disk meets.)
     """
-    blocker = tmp_path / "a-file"
-    blocker.write_text("not a directory")
-    keys = host_dirs(tmp_path, 2)
-    keys[0]["data_dir"] = str(blocker / "data")
-    hosts = cluster.write_hosts_file(tmp_path / "hosts.txt", keys=keys)
+    blocker = tmp_path / "a-file"  # a path as host 0 sees it (its own /tmp)
+    on_host = cluster.hosts[0].path(str(blocker))
+    on_host.parent.mkdir(parents=True, exist_ok=True)
+    on_host.write_text("not a directory")
+    hosts = cluster.write_hosts_file(tmp_path / "hosts.txt", keys={0: {"data_dir": str(blocker / "data")}})
     res = orchestrate(cluster, tmp_path / "state", *up_args(hosts, data, "disk", "--min-free-gb", "1000000"))
     assert_refused(res, {cluster.hosts[0].name: f"data dir {blocker / 'data'} cannot be created",
                          cluster.hosts[1].name: "GB free, 1000000 GB needed"})
     assert job_containers(cluster, "disk") == []
 
 
-def test_wrong_md5_archive(cluster: Cluster, tmp_path: Path, hosts: Path, data: Data) -> None:
+def test_wrong_md5_archive(cluster: Cluster, tmp_path: Path, data: Data) -> None:
+    fresh_dir = f"~/md5-{tmp_path.name}"  # a data dir no other test filled
+    hosts = cluster.write_hosts_file(tmp_path / "hosts.txt", keys={i: {"data_dir": fresh_dir} for i in range(2)})
     args = up_args(hosts, data, "md5")
     args[args.index("--data-md5") + 1] = "0" * 32
     res = orchestrate(cluster, tmp_path / "state", *args, timeout=600)
     assert_refused(res, {h.name: f"expected {'0' * 32}" for h in cluster.hosts})
     assert job_containers(cluster, "md5") == []
-    assert not (tmp_path / "n0" / "data" / "cifar-10-batches-py").exists()
+    h0 = cluster.hosts[0]
+    assert h0.path(f"{h0.home}/{fresh_dir[2:]}").is_dir()  # the dir was made, then nothing was extracted
+    assert not h0.path(f"{h0.home}/{fresh_dir[2:]}/cifar-10-batches-py").exists()

@@ -15,11 +15,12 @@ from pathlib import Path
 import pytest
 from orchestrate_kit import (
     Data,
-    host_dirs,
     job_containers,
+    job_dir,
     kill_process_group,
     manifests,
     orchestrate,
+    sigterm_step,
     start,
     up_args,
     wait_for,
@@ -48,7 +49,7 @@ def finish(proc: subprocess.Popen[str], timeout: float) -> tuple[int, str, float
 
 
 def test_node_container_sigkilled_then_resume(cluster: Cluster, work: Path, data: Data, hosts: Path) -> None:
-    state, ckpt = work / "state", work / "n0" / "ckpt" / "crash"
+    state, ckpt = work / "state", job_dir(cluster, 0, "crash")
     proc = start(cluster, state, *up_args(hosts, data, "crash", trainer=("--epochs", "40")))
     try:
         wait_for(lambda: running(cluster, "crash") == 2 and len(manifests(ckpt)) >= 1, 300,
@@ -77,8 +78,8 @@ def test_link_down_mid_run(cluster: Cluster, work: Path, data: Data, hosts: Path
     h1 = cluster.hosts[1]
     proc = start(cluster, state, *up_args(hosts, data, "cut", trainer=("--epochs", "40")))
     try:
-        wait_for(lambda: running(cluster, "cut") == 2, 300, "the job to run")
-        time.sleep(3)
+        wait_for(lambda: running(cluster, "cut") == 2 and len(manifests(job_dir(cluster, 0, "cut"))) >= 1, 300,
+                 "the job to run and write a checkpoint")
         h1.link_down()
         try:
             code, out, took = finish(proc, 150)
@@ -106,11 +107,7 @@ def test_hostile_values_run_nothing_and_secrets_are_masked(cluster: Cluster, wor
     secret = "s3cr3t-model"
     state = work / "state"
     common = ["--ckpt-dir", ckpt_dir, "--env", f"EVIL={evil}", "--env", f"API_TOKEN={secret}"]
-    # The hosts file sets the dirs per host; drop ckpt_dir so the hostile --ckpt-dir is used.
-    keys = host_dirs(work, 2)
-    for k in keys.values():
-        del k["ckpt_dir"]
-    hostile_hosts = cluster.write_hosts_file(tmp_path / "hosts.txt", keys=keys)
+    hostile_hosts = hosts  # the hosts file names no dirs: the hostile --ckpt-dir is used
     # The model name is the secret, so the trainer's own error line carries it: it must be masked.
     trainer = ("--epochs", "1", "--model", secret)
     attached = orchestrate(cluster, state, *up_args(hostile_hosts, data, "hostile", *common, trainer=trainer))
@@ -132,15 +129,15 @@ def test_hostile_values_run_nothing_and_secrets_are_masked(cluster: Cluster, wor
         env = dict(e.split("=", 1) for e in c.attrs["Config"]["Env"])
         assert env["EVIL"] == evil and env["API_TOKEN"] == secret  # the container got the values, verbatim
     orchestrate(cluster, state, "kill", "--job", "hostile", "--grace", "5")
-    assert not marker.exists()
-    assert Path(ckpt_dir.replace("{job}", "hostile")).is_dir()  # created under its literal name
+    assert not marker.exists() and not any(h.path(str(marker)).exists() for h in cluster.hosts)
+    assert cluster.hosts[0].path(ckpt_dir.replace("{job}", "hostile")).is_dir()  # created under its literal name
 
 
 def test_ctrl_c_stops_the_job_and_logs_follow_ends_with_it(cluster: Cluster, work: Path, data: Data,
                                                            hosts: Path) -> None:
     """Ctrl-C on an attached `up --stop-on-interrupt` stops the job everywhere (SIGTERM first, so the trainer
     writes a checkpoint); a `logs -f` running beside it follows the node's lines and ends when the job does."""
-    state, ckpt = work / "state", work / "n0" / "ckpt" / "intr"
+    state, ckpt = work / "state", job_dir(cluster, 0, "intr")
     up = start(cluster, state, *up_args(hosts, data, "intr", "--stop-on-interrupt", trainer=("--epochs", "40")))
     follow = None
     try:
@@ -148,8 +145,8 @@ def test_ctrl_c_stops_the_job_and_logs_follow_ends_with_it(cluster: Cluster, wor
         wait_for(lambda: running(cluster, "intr") == 2 and len(manifests(ckpt)) >= 1, 300,
                  "the job to run and write a checkpoint")
         follow = start(cluster, state, "logs", "-f", "--job", "intr", "--node", "0")
-        before = {m["step"] for m in manifests(ckpt)}
-        time.sleep(3)  # let the follower attach and the trainer take a few more steps
+        first = max(m["step"] for m in manifests(ckpt))
+        wait_for(lambda: max(m["step"] for m in manifests(ckpt)) > first, 300, "the trainer to go on training")
         kill_process_group(up, signal.SIGINT)  # what a terminal's Ctrl-C sends to the foreground group
         code, out, _ = finish(up, 120)
         followed, _ = follow.communicate(timeout=60)  # ends by itself once the containers are gone
@@ -159,7 +156,9 @@ def test_ctrl_c_stops_the_job_and_logs_follow_ends_with_it(cluster: Cluster, wor
             kill_process_group(follow, signal.SIGKILL)
     assert code != 0 and "stopped by Ctrl-C" in out
     assert job_containers(cluster, "intr") == []
-    assert {m["step"] for m in manifests(ckpt)} - before, "no checkpoint written on the way out"
+    # The checkpoint written on the way out is the newest, at exactly the step the trainer says it stopped at.
+    stopped = sigterm_step(cluster, 0, "intr")
+    assert stopped is not None and max(m["step"] for m in manifests(ckpt)) == stopped
     assert follow.returncode == 0
     assert any(line.startswith("[node 0] ") for line in followed.splitlines())
     assert not any(line.startswith("[node 1] ") for line in followed.splitlines())  # --node 0 only

@@ -43,8 +43,8 @@ def test_gpu_plan_all_gpus() -> None:
     assert n0.gpus == GPUS_ALL and ("memlock", -1, -1) in n0.ulimits and ("stack", 67108864, 67108864) in n0.ulimits
     assert n0.ipc_mode == "host" and n0.init and n0.network_mode == "host"
     assert [(m.source, m.target) for m in n1.mounts] == [
-        ("/var/tmp/ddp-cifar/data", "/data"), ("/scratch/exp1/ck", "/checkpoints"),
-        ("/var/tmp/ddp-cifar/jobs/exp1/logs", "/logs")]
+        ("~/.cache/ddp-cifar/data", "/data"), ("/scratch/exp1/ck", "/checkpoints"),
+        ("~/.local/share/ddp-cifar/jobs/exp1/logs", "/logs")]
     kwargs = n0.sdk_kwargs()
     assert kwargs["privileged"] is False and kwargs["init"] is True and kwargs["network_mode"] == "host"
     assert kwargs["device_requests"][0]["Count"] == -1 and kwargs["device_requests"][0]["Capabilities"] == [["gpu"]]

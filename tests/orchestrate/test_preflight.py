@@ -11,7 +11,8 @@ from orchestrate.preflight import PROBE_SCRIPT, HostReport, judge_disk, judge_gp
 SSH = SSHOptions(Path("h"), None, False)
 DIRS = {"data": "/d", "ckpt": "/c/j", "log": "/l"}
 DISK_OK = {"data_base": "/", "data_isdir": "1", "data_writable": "1", "data_free_kb": str(50 * 1024**2),
-           "ckpt_base": "/", "ckpt_isdir": "1", "ckpt_writable": "1", "ckpt_free_kb": str(50 * 1024**2)}
+           "ckpt_base": "/", "ckpt_isdir": "1", "ckpt_writable": "1", "ckpt_free_kb": str(50 * 1024**2),
+           "log_base": "/", "log_isdir": "1", "log_writable": "1"}
 
 
 def report() -> HostReport:
@@ -46,6 +47,12 @@ def test_disk() -> None:
     r = report()
     judge_disk(DISK_OK | {"data_writable": "0", "data_base": "/ro"}, r, UpConfig(ssh=SSH, gpus=0), DIRS)
     assert "data dir /d not writable (/ro)" in r.problems[0]
+    # A folder of the chain that another account owns (e.g. made first in a world-writable /var/tmp) is refused.
+    r = report()
+    judge_disk(DISK_OK | {"log_foreign": "/var/tmp/ddp-cifar (owned by mallory)"}, r, UpConfig(ssh=SSH, gpus=0), DIRS)
+    assert r.problems == ["disk: log dir /l: /var/tmp/ddp-cifar (owned by mallory) belongs to another account, which "
+                          "could replace what the job reads or writes; choose a dir of your own or have that folder "
+                          "removed"]
 
 
 def test_port_and_master() -> None:
@@ -73,8 +80,9 @@ def test_port_and_master() -> None:
 def test_probe_script_runs_locally_and_quotes_nothing_into_code(tmp_path: Path) -> None:
     marker = tmp_path / "owned"
     evil = str(tmp_path / f"x $(touch {marker}); `touch {marker}`")
-    res = subprocess.run(["sh", "-c", PROBE_SCRIPT, "probe", evil, str(tmp_path), "127.0.0.1", "0", "0", "0"],
+    res = subprocess.run(["sh", "-c", PROBE_SCRIPT, "probe", evil, str(tmp_path), "127.0.0.1", "0", "0", "0", evil],
                          capture_output=True, timeout=30)
     facts = dict(rec.decode().split("=", 1) for rec in res.stdout.split(b"\0") if b"=" in rec)
     assert facts["data_base"] == str(tmp_path) and facts["data_isdir"] == "1" and int(facts["ckpt_free_kb"]) > 0
     assert not marker.exists()
+    assert "data_foreign" not in facts and "log_foreign" not in facts  # tmp_path is ours, / is root's

@@ -85,3 +85,39 @@ def test_cli_does_not_import_torch() -> None:
     code = ("import sys, orchestrate.cli, orchestrate.up, orchestrate.commands, orchestrate.launch;"
             "sys.exit(1 if 'torch' in sys.modules or 'trainer' in sys.modules else 0)")
     assert subprocess.run([sys.executable, "-c", code], timeout=60).returncode == 0
+
+
+def test_logs_with_every_host_unreachable_names_the_hosts(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Not "no container found": with no host answering, that says nothing about the job."""
+    from rich.console import Console
+
+    from orchestrate import commands
+    from orchestrate.config import JobsConfig, SSHOptions
+    from orchestrate.nodes import Nodes
+
+    hosts_file = tmp_path / "hosts.txt"
+    hosts_file.write_text("gpu-a\n")
+    monkeypatch.setattr(Nodes, "connect_reachable", classmethod(
+        lambda cls, hosts, accept: (cls(hosts, [None]), {"gpu-a": "connection to gpu-a refused"})))
+    config = JobsConfig(ssh=SSHOptions(hosts_file, None, False), job="j")
+    with pytest.raises(MultiHostError) as err:
+        commands.run_jobs_command("logs", config, Console(file=open(tmp_path / "out", "w")))  # noqa: SIM115
+    assert err.value.lines() == ["gpu-a: connection to gpu-a refused"]
+
+
+def test_write_and_read_files_through_exec_channels(tmp_path: Path) -> None:
+    """The file transfer scripts, run by a local shell as sshd would: an unpredictable temporary name (never a
+    planted symlink), the target replaced atomically, a symlink at the target replaced rather than followed."""
+    from orchestrate.ssh import WRITE_SCRIPT
+
+    victim = tmp_path / "victim"
+    victim.write_text("keep")
+    target = tmp_path / "archive.tar.gz"
+    target.symlink_to(victim)
+    (tmp_path / "archive.tar.gz.part").symlink_to(victim)  # where the old code wrote first
+    res = subprocess.run(["sh", "-c", WRITE_SCRIPT, "write", str(target)], input=b"new bytes", capture_output=True,
+                         timeout=30)
+    assert res.returncode == 0, res.stderr
+    assert victim.read_text() == "keep"
+    assert not target.is_symlink() and target.read_bytes() == b"new bytes"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["archive.tar.gz", "archive.tar.gz.part", "victim"]

@@ -1,0 +1,108 @@
+"""`up` on hosts as they come (issue "Real hosts as they come"): OpenSSH's stock limits (10 channels per
+connection), a non-root login in the docker group, one host without the SFTP subsystem, and traps another
+account could set: a folder of the chain that is not ours, a symlink planted where a temporary file used to go.
+"""
+
+from __future__ import annotations
+
+import re
+import signal
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from orchestrate_kit import (
+    Data,
+    data_dir,
+    default_dirs,
+    job_containers,
+    job_dir,
+    kill_process_group,
+    manifests,
+    orchestrate,
+    start,
+    up_args,
+    wait_for,
+)
+
+from devcluster import Cluster
+
+pytestmark = [pytest.mark.cluster, pytest.mark.docker, pytest.mark.slow]
+
+
+@pytest.fixture(scope="module")
+def target(cluster_no_sftp: Cluster) -> Cluster:
+    """Host 1 of this cluster has no SFTP subsystem; both log in as the non-root user."""
+    return cluster_no_sftp
+
+
+@pytest.fixture
+def planted(target: Cluster) -> Iterator[tuple[Path, Path]]:
+    """A file of the user's, and a symlink to it where the archive's temporary name used to be (`.part`)."""
+    h = target.hosts[1]
+    victim = h.path(f"{h.home}/precious.txt")
+    h.run(["sh", "-c", 'printf keep > "$0"', f"{h.home}/precious.txt"], user=target.user)
+    data = f"{h.home}/.cache/ddp-cifar/data"
+    h.run(["mkdir", "-p", data], user=target.user)
+    h.run(["ln", "-sf", f"{h.home}/precious.txt", f"{data}/cifar-10-python.tar.gz.part"], user=target.user)
+    yield victim, h.path(f"{data}/cifar-10-python.tar.gz.part")
+
+
+def test_trains_to_the_end_without_sftp_with_status_and_logs_beside(
+        target: Cluster, work: Path, data: Data, hosts: Path, planted: tuple[Path, Path]) -> None:
+    state, job = work / "state", "stock"
+    # The archive is sent from here (file writes without SFTP on host 1), 2 processes per node, and enough
+    # epochs that `status` and `logs -f` run beside the attached `up` while it trains.
+    up = start(target, state, *up_args(hosts, data, job, "--nproc-per-node", "2", "--data-from", str(data.archive),
+                                       "--timings", trainer=("--epochs", "6")))
+    follow = None
+    try:
+        wait_for(lambda: len([c for _, c in job_containers(target, job) if c.status == "running"]) == 2, 300,
+                 "the job's containers to run")
+        follow = start(target, state, "logs", "-f", "--job", job)
+        polls = 0
+        while up.poll() is None and polls < 30:  # bounded: a status every round while the job trains
+            status = orchestrate(target, state, "status", "--job", job)
+            assert status.returncode == 0, status.stderr
+            polls += 1
+        out, _ = up.communicate(timeout=600)
+        followed, _ = follow.communicate(timeout=120)
+    finally:
+        kill_process_group(up, signal.SIGKILL)
+        if follow is not None:
+            kill_process_group(follow, signal.SIGKILL)
+    print(out)
+    assert up.returncode == 0, out
+    assert polls >= 2, "status never ran beside the job"
+    assert "finished: epochs=6" in out and "world_size=4" in out
+    assert "unreachable" not in out and "ChannelException" not in out
+    assert follow.returncode == 0 and "[node 1] " in followed
+    # Within OpenSSH's default of 10 channels per connection, whatever ran beside.
+    peak = dict(re.findall(r"(\S+) (\d+)", out.split("peak SSH channels per host:", 1)[1].splitlines()[0]))
+    assert set(peak) == {h.name for h in target.hosts} and all(1 <= int(n) <= 10 for n in peak.values()), peak
+
+    killed = orchestrate(target, state, "kill", "--job", job)
+    assert killed.returncode == 0 and job_containers(target, job) == []
+    # Everything the job and the data fetch wrote belongs to the login user, on both hosts.
+    assert manifests(job_dir(target, 0, job))  # rank 0 writes the checkpoints
+    for i, h in enumerate(target.hosts):
+        assert list(data_dir(target, i).iterdir()) and list(job_dir(target, i, job, "logs").iterdir())
+        for folder in default_dirs(target, i, job).values():
+            assert h.path(folder).is_dir() and h.foreign_files(folder) == [], folder
+    # The symlink planted at the old temporary name was not followed: its target is unchanged.
+    victim, link = planted
+    assert victim.read_text() == "keep" and link.is_symlink()
+
+
+def test_a_dir_of_another_account_in_the_chain_is_refused(target: Cluster, work: Path, data: Data,
+                                                          tmp_path: Path) -> None:
+    h = target.hosts[0]
+    folder = f"/var/tmp/ddp-cifar-{tmp_path.name}"  # made first by another account, as on a shared machine
+    h.run(["mkdir", "-m", "1777", folder], user="nobody")
+    hosts = target.write_hosts_file(tmp_path / "hosts.txt", keys={0: {"data_dir": f"{folder}/data"}})
+    res = orchestrate(target, work / "state", *up_args(hosts, data, "foreign"))
+    assert res.returncode != 0
+    lines = [ln for ln in res.stderr.strip().splitlines() if h.name in ln]
+    assert len(lines) == 1 and f"{folder} (owned by nobody) belongs to another account" in lines[0], res.stderr
+    assert job_containers(target, "foreign") == []
+    assert not h.path(f"{folder}/data").exists()  # nothing was created in it
