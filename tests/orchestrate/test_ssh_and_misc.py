@@ -121,3 +121,64 @@ def test_write_and_read_files_through_exec_channels(tmp_path: Path) -> None:
     assert victim.read_text() == "keep"
     assert not target.is_symlink() and target.read_bytes() == b"new bytes"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["archive.tar.gz", "archive.tar.gz.part", "victim"]
+
+
+class _FakeChannel:
+    def __init__(self) -> None:
+        self.closed = False
+
+
+class _FakeTransport:
+    """A server that refuses channels past `limit` on one connection, as sshd does past MaxSessions."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self._channels: dict[int, _FakeChannel] = {}
+
+    def is_active(self) -> bool:
+        return True
+
+    def open_session(self, timeout: float) -> _FakeChannel:
+        if sum(not c.closed for c in self._channels.values()) >= self.limit:
+            raise paramiko.ChannelException(2, "Connect failed")
+        chan = _FakeChannel()
+        self._channels[len(self._channels)] = chan
+        return chan
+
+
+class _FakeClient:
+    def __init__(self, limit: int) -> None:
+        self.transport = _FakeTransport(limit)
+
+    def get_transport(self) -> _FakeTransport:
+        return self.transport
+
+    def close(self) -> None:
+        pass
+
+
+def test_a_refused_channel_opens_another_connection_not_an_unreachable_host(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A site whose sshd allows 3 channels per connection: 7 channels at once still open (3 connections), and
+    once every allowed connection is full the error is a channel limit, never 'unreachable'."""
+    from orchestrate import ssh
+
+    made: list[_FakeClient] = []
+
+    def connect(host: Host, accept: bool, timeout: float) -> _FakeClient:
+        made.append(_FakeClient(limit=3))
+        return made[-1]
+
+    monkeypatch.setattr(ssh, "_connect", connect)
+    host = Host(name="h", hostname="h", port=22, user="ddp")
+    conn = Connection(host, connect(host, False, 1), False)  # type: ignore[arg-type]
+    chans = [conn.open_channel() for _ in range(7)]
+    assert len(chans) == 7 and len(made) == 3 and conn.peak_channels == 7
+    chans[0].closed = True  # a channel handed back makes room on its connection again
+    conn.open_channel()
+    assert len(made) == 3
+    for _ in range(5):  # 3 connections x 3 + room on a 4th: then every connection refuses
+        conn.open_channel()
+    with pytest.raises(ssh.ChannelLimitError) as err:
+        conn.open_channel()
+    assert "unreachable" not in str(err.value) and "MaxSessions" in str(err.value)
