@@ -7,6 +7,7 @@ import threading
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
+from enum import Enum
 from typing import Any
 
 from rich.console import Console
@@ -89,9 +90,21 @@ def _create(client: Any, spec: NodeSpec) -> Any:
 # ---- watch -------------------------------------------------------------------------------------------
 
 
+class End(Enum):
+    """How an attached `up` ended; callers decide on this, never on the wording of `reason`."""
+
+    DONE = "done"
+    DETACHED = "detached"  # Ctrl-C, the user chose to leave the job running
+    INTERRUPTED = "interrupted"  # Ctrl-C, the job was stopped
+    EXITED = "exited"  # a node's container exited non-zero (or was OOM-killed)
+    UNREACHABLE = "unreachable"  # a host answered no poll for UNREACHABLE_S
+    REMOVED = "removed"  # a node's container is gone (another terminal ran `kill`)
+
+
 @dataclass
 class Outcome:
     ok: bool
+    end: End
     failed_rank: int | None = None
     reason: str = ""
     leftovers: bool = False  # some node could not be cleaned (unreachable): `kill` later
@@ -168,12 +181,12 @@ class Watcher:
         for rank, state in enumerate(results):
             if state is None:
                 if now - self.last_seen[rank] > UNREACHABLE_S:
-                    return Outcome(False, rank, f"host unreachable for {UNREACHABLE_S:.0f} s")
+                    return Outcome(False, End.UNREACHABLE, rank, f"host unreachable for {UNREACHABLE_S:.0f} s")
                 continue
             self.last_seen[rank] = now
             status, code = state.get("Status"), int(state.get("ExitCode", 0))
             if status == REMOVED:
-                return Outcome(False, rank, "its container was removed (stopped with 'kill'?)")
+                return Outcome(False, End.REMOVED, rank, "its container was removed (stopped with 'kill'?)")
             if status in ("exited", "dead"):
                 if code != 0:
                     why = "killed (OOM)" if state.get("OOMKilled") else f"exited with code {code}"
@@ -182,8 +195,8 @@ class Watcher:
         if failed:
             # Name the node that went first: the others usually fail *because* it did (a lost peer).
             _, rank, why = min(failed)
-            return Outcome(False, rank, why)
-        return Outcome(True) if done == len(self.specs) else None
+            return Outcome(False, End.EXITED, rank, why)
+        return Outcome(True, End.DONE) if done == len(self.specs) else None
 
     def _poll_one(self, rank: int, results: list[dict[str, Any] | None]) -> None:
         import docker.errors
@@ -230,7 +243,7 @@ def watch(nodes: Nodes, specs: Sequence[NodeSpec], containers: Sequence[Any], co
         rank = outcome.failed_rank if outcome.failed_rank is not None else 0
         host = specs[rank].host.label
         console.print(f"[bold red]node {rank} ({host}) failed: {outcome.reason}[/]")
-        if "unreachable" not in outcome.reason and "removed" not in outcome.reason:
+        if outcome.end is End.EXITED:  # its logs are there to show
             lines = watcher.last_lines(rank)
             console.print(f"last lines of node {rank}:", markup=False)
             print_lines(console, rank, lines, watcher.secrets)
@@ -257,10 +270,10 @@ def _interrupted(nodes: Nodes, config: UpConfig, console: Console) -> Outcome:
         stop = answer.strip().lower() in ("y", "yes")
     if stop:
         kill_job(nodes, config.job, config.grace, console)
-        return Outcome(False, None, "stopped by Ctrl-C")
+        return Outcome(False, End.INTERRUPTED, None, "stopped by Ctrl-C")
     console.print(f"job {config.job!r} keeps running; see it with 'status --job {config.job}', "
                   f"stop it with 'kill --job {config.job}'", markup=False)
-    return Outcome(True, None, "detached")
+    return Outcome(True, End.DETACHED, None, "detached")
 
 
 def summary(nodes: Nodes, specs: Sequence[NodeSpec], console: Console) -> None:

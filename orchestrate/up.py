@@ -18,7 +18,7 @@ from .entry import check_image
 from .errors import JobError
 from .hosts import Host, parse_hosts_file
 from .image import ensure_images
-from .launch import find_resume_checkpoint, remove_leftovers, start_containers, summary, watch
+from .launch import End, find_resume_checkpoint, remove_leftovers, start_containers, summary, watch
 from .nodes import Nodes
 from .plan import NodeFacts, NodeSpec, build_plan, render_plan
 from .prefetch import make_dirs, prefetch_all
@@ -130,7 +130,7 @@ def _up(config: UpConfig, console: Console, timings: Timings) -> int:
             cleaned = (f"stopped where reachable; run 'kill --job {config.job}' once all hosts answer"
                        if outcome.leftovers else "the job was stopped on all nodes")
             raise JobError(f"job {config.job!r} failed: {where}{outcome.reason}; {cleaned}")
-        if outcome.reason != "detached":
+        if outcome.end is not End.DETACHED:
             with timings.phase("summary"):
                 summary(nodes, specs, console)
         return 0
