@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import posixpath
 import re
 from dataclasses import dataclass
@@ -105,7 +106,7 @@ class UpConfig:
 
     def __post_init__(self) -> None:
         check_job(self.job)
-        if not IMAGE_RE.match(self.image):
+        if not IMAGE_RE.fullmatch(self.image):
             raise ConfigError(f"--image {self.image!r} is not a valid image name; write e.g. ddp-cifar:latest")
         if self.gpus < GPUS_ALL:
             raise ConfigError(f"--gpus {self.gpus} is negative; give a number of GPUs per node, 'all', or 0 for CPU")
@@ -114,7 +115,7 @@ class UpConfig:
         if self.gpus > 0 and self.nproc_per_node is not None and self.nproc_per_node > self.gpus:
             raise ConfigError(f"--nproc-per-node {self.nproc_per_node} exceeds --gpus {self.gpus}: one process per GPU")
         check_port(self.master_port, "--master-port")
-        if self.master_addr is not None and not re.match(r"^[A-Za-z0-9.:-]+$", self.master_addr):
+        if self.master_addr is not None and not re.fullmatch(r"[A-Za-z0-9.:-]+", self.master_addr):
             raise ConfigError(f"--master-addr {self.master_addr!r} is not a host address; give an IP address")
         for flag, path in (("--data-dir", self.data_dir), ("--ckpt-dir", self.ckpt_dir), ("--log-dir", self.log_dir)):
             problem = host_dir_problem(path)
@@ -122,19 +123,19 @@ class UpConfig:
                 raise ConfigError(f"{flag} {path!r}: {problem}")
         if self.data_from is not None and not self.data_from.is_file():
             raise ConfigError(f"--data-from {self.data_from} is not a file; give the path of cifar-10-python.tar.gz")
-        if not re.match(r"^(https?|ftp)://\S+$", self.data_url):
+        if not re.fullmatch(r"(https?|ftp)://\S+", self.data_url):
             raise ConfigError(f"--data-url {self.data_url!r} is not an http(s) URL")
-        if not MD5_RE.match(self.data_md5):
+        if not MD5_RE.fullmatch(self.data_md5):
             raise ConfigError(f"--data-md5 {self.data_md5!r} is not an md5 (32 lowercase hex digits)")
         for name, _ in self.env:
-            if not ENV_NAME_RE.match(name):
+            if not ENV_NAME_RE.fullmatch(name):
                 raise ConfigError(f"--env {name!r}: not a valid variable name; write --env NAME=VALUE")
-        if self.min_free_gb < 0:
-            raise ConfigError("--min-free-gb must not be negative")
-        if self.shm_size is not None and not re.match(r"^[0-9]+[bkmgBKMG]?$", self.shm_size):
+        if not math.isfinite(self.min_free_gb) or self.min_free_gb < 0:
+            raise ConfigError(f"--min-free-gb {self.min_free_gb} must be a number of GB, 0 or more")
+        if self.shm_size is not None and not re.fullmatch(r"[0-9]+[bkmgBKMG]?", self.shm_size):
             raise ConfigError(f"--shm-size {self.shm_size!r} is not a size; write e.g. 16g")
-        if self.grace < 0:
-            raise ConfigError(f"--grace {self.grace} must not be negative")
+        if not math.isfinite(self.grace) or self.grace < 0:
+            raise ConfigError(f"--grace {self.grace} must be a number of seconds, 0 or more")
         if self.resume and self.replace:
             raise ConfigError("--resume and --replace together: kill the job first, then 'up --resume'")
         check_entry(self.entry)
@@ -173,8 +174,8 @@ class JobsConfig:
 
     def __post_init__(self) -> None:
         check_job(self.job)
-        if self.grace < 0:
-            raise ConfigError(f"--grace {self.grace} must not be negative")
+        if not math.isfinite(self.grace) or self.grace < 0:
+            raise ConfigError(f"--grace {self.grace} must be a number of seconds, 0 or more")
         if self.node is not None and self.node < 0:
             raise ConfigError(f"--node {self.node} must be a node rank (0 or more)")
         if self.tail < 0:
@@ -201,7 +202,7 @@ def host_dir_problem(path: str) -> str | None:
 
 
 def check_job(job: str) -> None:
-    if not JOB_RE.match(job):
+    if not JOB_RE.fullmatch(job):
         raise ConfigError(f"job name {job!r} is not allowed; use lowercase letters, digits, '.', '_', '-' "
                           "(at most 63, starting with a letter or digit)")
 
@@ -214,7 +215,7 @@ def check_port(port: int, flag: str) -> None:
 def check_entry(entry: str) -> None:
     """`-m pkg.mod` or a script path (no spaces); whether it exists in the image is preflight's question."""
     if entry.startswith("-m "):
-        if not MODULE_RE.match(entry[3:]):
+        if not MODULE_RE.fullmatch(entry[3:]):
             raise ConfigError(f"--entry {entry!r}: {entry[3:]!r} is not a module name; write e.g. --entry '-m pkg.train'")
         return
     if not entry or entry.startswith("-") or any(ch.isspace() or ch == "\x00" for ch in entry):

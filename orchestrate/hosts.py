@@ -71,12 +71,13 @@ def parse_hosts_file(path: str | os.PathLike[str], ssh_config: str | os.PathLike
             continue
         where = f"{path}:{number}"
         host = parse_line(line, where, config)
-        key = (host.hostname, host.port)
-        if key in seen or (host.name, host.port) in seen:
-            first = seen.get(key) or seen[(host.name, host.port)]
+        # Host names are case-insensitive (DNS, ssh): GPU-A and gpu-a are one machine.
+        key = (host.hostname.lower(), host.port)
+        if key in seen or (host.name.lower(), host.port) in seen:
+            first = seen.get(key) or seen[(host.name.lower(), host.port)]
             raise HostsFileError(f"{where}: duplicate host {host.label!r} (already on {first}); list each host once")
         seen[key] = where
-        seen[(host.name, host.port)] = where
+        seen[(host.name.lower(), host.port)] = where
         hosts.append(host)
     if not hosts:
         raise HostsFileError(f"hosts file {path} lists no hosts; write one host a line, e.g. 'gpu1 slots=8'")
@@ -125,7 +126,7 @@ def _split_target(text: str, where: str) -> tuple[str | None, str, int | None]:
     user: str | None = None
     if "@" in text:
         user, text = text.split("@", 1)
-        if not _USER_RE.match(user):
+        if not _USER_RE.fullmatch(user):
             raise HostsFileError(f"{where}: bad user name {user!r}; write [user@]host[:port]")
     port: int | None = None
     if text.count(":") == 1:
@@ -133,7 +134,7 @@ def _split_target(text: str, where: str) -> tuple[str | None, str, int | None]:
         port = _int(port_text, "port", where)
         if not 1 <= port <= 65535:
             raise HostsFileError(f"{where}: port {port} out of range; use 1-65535")
-    if not _NAME_RE.match(text):
+    if not _NAME_RE.fullmatch(text):
         raise HostsFileError(f"{where}: bad host name {text!r}; write [user@]host[:port] [slots=N] [key=value ...]")
     return user, text, port
 
@@ -169,7 +170,7 @@ def _slots(text: str | None, where: str) -> int | None:
 
 
 def _checked(text: str | None, pattern: re.Pattern[str], key: str, where: str, hint: str) -> str | None:
-    if text is not None and not pattern.match(text):
+    if text is not None and not pattern.fullmatch(text):
         raise HostsFileError(f"{where}: bad {key} value {text!r}; {hint}")
     return text
 

@@ -92,7 +92,17 @@ CASES: list[tuple[str, list[str], str]] = [
     ("relative data dir", ["up", "--data-dir", "data"], "must be an absolute path"),
     ("resume+replace", ["up", "--resume", "--replace"], "kill the job first"),
     ("unknown up option", ["up", "--frobnicate"], "unrecognized arguments: --frobnicate"),
-    ("kill grace", ["kill", "--grace", "-1"], "--grace -1.0 must not be negative"),
+    ("kill grace", ["kill", "--grace", "-1"], "--grace -1.0 must be a number of seconds, 0 or more"),
+    ("kill grace nan", ["kill", "--grace", "nan"], "--grace nan must be a number of seconds, 0 or more"),
+    ("up grace inf", ["up", "--grace", "inf"], "--grace inf must be a number of seconds, 0 or more"),
+    ("min-free-gb nan", ["up", "--min-free-gb", "nan"], "--min-free-gb nan must be a number of GB"),
+    ("job name newline", ["up", "--job", "j1\n"], "job name 'j1\\n' is not allowed"),
+    ("md5 newline", ["up", "--data-md5", "0" * 32 + "\n"], "is not an md5"),
+    ("url newline", ["up", "--data-url", "http://x/a\n"], "is not an http(s) URL"),
+    ("duplicate by case", ["up", "--hosts", "@gpu-a\nGPU-A\n"], ":2: duplicate host 'GPU-A'"),
+    ("log dir /var/run", ["up", "--log-dir", "/var/run"], "is a system folder"),
+    ("ckpt dir /", ["up", "--ckpt-dir", "/"], "is a system folder"),
+    ("hosts log_dir=/run", ["up", "--hosts", "@a log_dir=/run\n"], ":1: log_dir is a system folder"),
     ("kill unknown job", ["kill", "--job", "ghost", "--no-hosts"], "no record of job 'ghost'"),
     ("logs node", ["logs", "--node", "-1"], "--node -1 must be a node rank"),
 ]
@@ -116,7 +126,3 @@ def test_refused_with_one_line(argv: list[str], message: str, hosts: Path, tmp_p
     lines = err.strip().splitlines()
     assert len(lines) == 1, err
     assert lines[0].startswith("error: ") and message in lines[0], lines[0]
-
-
-def test_at_least_twenty_distinct_cases() -> None:
-    assert len({c[0] for c in CASES}) >= 20
