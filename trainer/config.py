@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import math
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -12,6 +13,7 @@ from typing import Any, NoReturn
 from .errors import ConfigError
 
 PRECISIONS = ("fp32", "bf16", "fp16")
+MAX_DIST_TIMEOUT_S = 7 * 24 * 3600
 COMPRESSIONS = ("none", "fp16", "bf16")
 DEVICES = ("auto", "cpu", "cuda")
 OPTIMIZERS = ("sgd", "apex-fused-sgd")
@@ -62,14 +64,21 @@ class Config:
         _positive("--keep-checkpoints", self.keep_checkpoints, "how many checkpoints to keep")
         _positive("--log-every", self.log_every, "steps between progress lines")
         _positive("--eval-batch-size", self.eval_batch_size, "images per evaluation batch")
+        for flag, value in (("--lr", self.lr), ("--warmup-epochs", self.warmup_epochs), ("--momentum", self.momentum),
+                            ("--weight-decay", self.weight_decay), ("--dist-timeout", self.dist_timeout)):
+            if not math.isfinite(value):  # nan passes every comparison below, inf overflows timedelta
+                raise ConfigError(f"{flag} must be a finite number, got {value}")
         if not self.lr > 0:
             raise ConfigError(f"--lr must be > 0, got {self.lr}; a usual value is 0.1 for batch 128")
         if self.warmup_epochs < 0:
             raise ConfigError(f"--warmup-epochs must be >= 0, got {self.warmup_epochs}")
         if self.max_steps < 0:
             raise ConfigError(f"--max-steps must be >= 0 (0 means no limit), got {self.max_steps}")
-        if not self.dist_timeout > 0:
-            raise ConfigError(f"--dist-timeout must be > 0 seconds, got {self.dist_timeout}")
+        if not 0 < self.dist_timeout <= MAX_DIST_TIMEOUT_S:
+            raise ConfigError(f"--dist-timeout must be > 0 and at most {MAX_DIST_TIMEOUT_S} seconds (a week), "
+                              f"got {self.dist_timeout}")
+        if not 0 <= self.seed < 2**63:  # torch's generators take a signed 64-bit seed
+            raise ConfigError(f"--seed must be between 0 and 2**63-1, got {self.seed}")
         if self.momentum < 0 or self.weight_decay < 0:
             raise ConfigError("--momentum and --weight-decay must be >= 0")
         _choice("--precision", self.precision, PRECISIONS)

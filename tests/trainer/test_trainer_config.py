@@ -31,6 +31,14 @@ def test_legacy_local_rank_is_accepted(flag: str) -> None:
     (["--keep-checkpoints", "0"], "--keep-checkpoints"),
     (["--dist-timeout", "0"], "--dist-timeout"),
     (["--max-steps", "-5"], "--max-steps"),
+    # nan passes every `< 0` check and inf overflows timedelta or the LR schedule: each is refused by name.
+    (["--lr", "nan"], "--lr must be a finite number"),
+    (["--lr", "inf"], "--lr must be a finite number"),
+    (["--warmup-epochs", "nan"], "--warmup-epochs must be a finite number"),
+    (["--momentum", "nan"], "--momentum must be a finite number"),
+    (["--dist-timeout", "inf"], "--dist-timeout must be a finite number"),
+    (["--dist-timeout", "1e9"], r"--dist-timeout must be > 0 and at most"),
+    (["--seed", str(2**64)], r"--seed must be between 0 and 2\*\*63-1"),
 ])
 def test_bad_values_raise_config_error_saying_how_to_fix(args: list[str], needle: str) -> None:
     with pytest.raises(ConfigError, match=needle):
