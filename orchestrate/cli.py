@@ -134,10 +134,11 @@ def _gpus(text: str) -> int:
 
 def _env(pairs: Sequence[str]) -> tuple[tuple[str, str], ...]:
     out = []
-    for pair in pairs:
+    for number, pair in enumerate(pairs, start=1):
         name, sep, value = pair.partition("=")
         if not sep or not name:
-            raise ConfigError(f"--env {pair!r}: write --env NAME=VALUE")
+            # Never echo the argument: a mistyped `--env HF_TOKEN:s3cr3t` holds a secret.
+            raise ConfigError(f"--env number {number} has no NAME=: write --env NAME=VALUE")
         out.append((name, value))
     return tuple(out)
 

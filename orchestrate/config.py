@@ -63,8 +63,12 @@ def secret_values(env: dict[str, str]) -> list[str]:
 
 
 def mask_text(text: str, secrets: list[str]) -> str:
+    """Every secret value hidden; a multi-line secret also line by line (logs are shown a line at a time)."""
     for value in secrets:
         text = text.replace(value, MASK)
+        for part in value.splitlines():
+            if len(part) >= 4:  # a very short piece would mask ordinary text
+                text = text.replace(part, MASK)
     return text
 
 

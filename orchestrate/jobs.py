@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import io
+import re
 import tarfile
 import threading
 import time
@@ -275,7 +276,13 @@ def follow_lines(console: Console, rank: int, chunks: Iterable[bytes], secrets: 
             response.close()
 
 
+# Terminal control sequences (ESC ... and other C0/C1 controls but tab) from a node's log could move the cursor,
+# rewrite the screen or set the window title: they are shown as printable escapes instead.
+_CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")
+
+
 def print_lines(console: Console, rank: int, text: str, secrets: Sequence[str]) -> None:
+    text = mask_text(text, list(secrets))  # before splitting: a secret may span lines
     for line in text.splitlines():
-        console.print(f"[node {rank}] {mask_text(line, list(secrets))}", markup=False, highlight=False,
-                      soft_wrap=True)
+        shown = _CONTROL.sub(lambda m: f"\\x{ord(m.group()):02x}", line)
+        console.print(f"[node {rank}] {shown}", markup=False, highlight=False, soft_wrap=True)

@@ -175,7 +175,10 @@ def _node(config: UpConfig, host: Host, rank: int, nnodes: int, master_addr: str
         env["RESUME"] = "1"
     if not config.cpu_mode:
         env["NCCL_SOCKET_IFNAME"] = iface
-        env["TORCH_NCCL_ASYNC_ERROR_HANDLING"] = "1"
+        # The image's TORCH_NCCL_ASYNC_ERROR_HANDLING=3 stays (tear down on a failed collective, with the flight
+        # recorder dumped first; 1 would skip the dump). The dumps go to the node's log dir, not the container's
+        # /tmp that goes away with it.
+        env["TORCH_FR_DUMP_TEMP_FILE"] = f"{LOG_MOUNT}/nccl_trace_rank_"
     env.update(config.env_dict)  # the user's --env last: it may override the defaults on purpose
     gpus = 0 if config.cpu_mode else config.gpus if config.gpus > 0 else host.slots or GPUS_ALL
     return NodeSpec(

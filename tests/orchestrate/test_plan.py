@@ -36,6 +36,10 @@ def test_gpu_plan_all_gpus() -> None:
     assert n1.command[n1.command.index("--node_rank") + 1] == "1"
     assert n0.env["NCCL_SOCKET_IFNAME"] == n0.env["GLOO_SOCKET_IFNAME"] == "eth0"
     assert n1.env["NCCL_SOCKET_IFNAME"] == "ib0"  # the hosts file's iface= wins over detection
+    # The image's async error handling (3: tear down after the flight recorder dumped) is not overridden, and
+    # the dumps land in the node's log dir, which outlives the container.
+    assert "TORCH_NCCL_ASYNC_ERROR_HANDLING" not in n0.env
+    assert n0.env["TORCH_FR_DUMP_TEMP_FILE"] == "/logs/nccl_trace_rank_"
     assert (n1.env["MASTER_ADDR"], n1.env["MASTER_PORT"], n1.env["NODE_RANK"], n1.env["NNODES"]) == \
         ("10.0.0.11", "29500", "1", "2")
     assert n0.labels == {"ddp-cifar.job": "exp1", "ddp-cifar.node-rank": "0", "ddp-cifar.nnodes": "2",

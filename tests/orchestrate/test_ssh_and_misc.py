@@ -182,3 +182,28 @@ def test_a_refused_channel_opens_another_connection_not_an_unreachable_host(
     with pytest.raises(ssh.ChannelLimitError) as err:
         conn.open_channel()
     assert "unreachable" not in str(err.value) and "MaxSessions" in str(err.value)
+
+
+def test_node_log_lines_are_masked_and_cannot_drive_the_terminal() -> None:
+    import io as _io
+
+    from rich.console import Console
+
+    from orchestrate.jobs import print_lines
+
+    out = _io.StringIO()
+    console = Console(file=out, width=200, force_terminal=False)
+    secret = "line-one-secret\nline-two-secret"
+    print_lines(console, 1, "title \x1b]0;pwned\x07 clear \x1b[2J\nkey line-one-secret\n(other)\nline-two-secret end\n",
+                [secret])
+    text = out.getvalue()
+    assert "\x1b" not in text and "\x07" not in text and "\\x1b]0;pwned\\x07" in text
+    assert "secret" not in text and text.count("****") == 2
+
+
+def test_a_mistyped_env_never_echoes_its_value(capsys: pytest.CaptureFixture[str]) -> None:
+    from orchestrate import cli
+
+    code = cli.main(["up", "--hosts", "h.txt", "--env", "HF_TOKEN:s3cr3t", "--dry-run"])
+    err = capsys.readouterr().err
+    assert code == 2 and "s3cr3t" not in err and "--env number 1 has no NAME=" in err
