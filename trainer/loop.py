@@ -151,8 +151,9 @@ def _train_epoch(cfg: Config, ctx: DistContext, st: TrainState, loader: TrainLoa
 
 
 def _record_epoch(cfg: Config, ctx: DistContext, st: TrainState, loader: TrainLoader, stats: EpochStats,
-                  acc: float | None) -> None:
-    """The epoch's log line and metrics.jsonl record (global rank 0; no collective)."""
+                  acc: float | None, partial: bool = False) -> None:
+    """The epoch's log line and metrics.jsonl record (global rank 0; no collective). `partial`: the run ended
+    inside the epoch (--max-steps, SIGTERM); `epoch` then counts the complete epochs before it."""
     if not ctx.is_main:
         return
     lr = lr_at(cfg, float(st.pos.epoch))
@@ -162,7 +163,7 @@ def _record_epoch(cfg: Config, ctx: DistContext, st: TrainState, loader: TrainLo
     metrics.append_metrics(cfg.ckpt_dir, {
         "epoch": st.pos.epoch, "step": st.pos.step, "train_loss": stats.loss, "test_acc": acc,
         "images_per_s": stats.images_per_s, "lr": lr, "world_size": ctx.world_size,
-        "global_batch": loader.global_batch})
+        "global_batch": loader.global_batch, **({"partial": True} if partial else {})})
 
 
 def _after_epoch(cfg: Config, ctx: DistContext, st: TrainState, loader: TrainLoader, test: Split,
@@ -183,8 +184,7 @@ def _stop(cfg: Config, ctx: DistContext, st: TrainState, loader: TrainLoader, st
     stop happened to complete still gets its metrics line, with test_acc null: there is no time to evaluate,
     and the resumed run starts the next epoch (the position, not this line, is what resume relies on)."""
     path = save(cfg, ctx, st, loader)
-    if stats.complete:
-        _record_epoch(cfg, ctx, st, loader, stats, acc=None)
+    _record_epoch(cfg, ctx, st, loader, stats, acc=None, partial=not stats.complete)
     log.warning("stopped by SIGTERM at step %d (epoch %d, sample %d); checkpoint %s",
                 st.pos.step, st.pos.epoch + 1, st.pos.sample, path)
     dist.barrier(ctx)
@@ -194,6 +194,7 @@ def _stop(cfg: Config, ctx: DistContext, st: TrainState, loader: TrainLoader, st
 def run(cfg: Config, ctx: DistContext, st: TrainState, loader: TrainLoader, test: Split, stop: StopRequest) -> int:
     """Train from st.pos to the last epoch (or --max-steps, or SIGTERM); returns the exit code."""
     acc: float | None = None
+    stats: EpochStats | None = None
     while st.pos.epoch < cfg.epochs:
         if cfg.max_steps and st.pos.step >= cfg.max_steps:
             break
@@ -204,6 +205,8 @@ def run(cfg: Config, ctx: DistContext, st: TrainState, loader: TrainLoader, test
             acc = _after_epoch(cfg, ctx, st, loader, test, stats)
     if acc is None or st.pos.sample != 0:
         acc = evaluate(st.model, test, ctx, cfg.precision, cfg.eval_batch_size)
+        if stats is not None and not stats.complete:  # --max-steps inside an epoch: its record, marked partial
+            _record_epoch(cfg, ctx, st, loader, stats, acc, partial=True)
     path = save(cfg, ctx, st, loader)
     # Every rank is past its last collective before any tears the process group down (gloo aborts a
     # rank whose peer closes the connection under it).

@@ -70,3 +70,12 @@ def test_resume_skips_a_cut_short_checkpoint_with_a_warning(data_dir: Path, tmp_
     assert "skipping invalid checkpoint" in err and "ckpt-00000016.json" in err
     assert "resuming from" in err and "ckpt-00000008.pt" in err
     assert newest_state(ck)["step"] == 24
+
+
+def test_a_run_that_ends_inside_an_epoch_leaves_a_partial_metrics_record(data_dir: Path, tmp_path: Path,
+                                                                        inprocess: None) -> None:
+    ck = tmp_path / "ck"
+    assert main(base_args(data_dir, ck, "--epochs", "2", "--batch-size", "64", "--max-steps", "3")) == 0  # 8/epoch
+    records = metrics_lines(ck)
+    assert len(records) == 1 and records[0]["partial"] is True
+    assert records[0]["step"] == 3 and records[0]["epoch"] == 0 and records[0]["test_acc"] is not None
