@@ -103,7 +103,8 @@ def test_hostile_values_run_nothing_and_secrets_are_masked(cluster: Cluster, wor
     """Paths and --env values with shell metacharacters reach the hosts as plain data; secrets never show."""
     marker = tmp_path / "owned"
     evil = f"$(touch {marker}); `touch {marker}`\ntouch {marker} & touch {marker}"
-    ckpt_dir = str(tmp_path / f"ck $(touch {marker});`touch {marker}`" / "{job}")
+    # Under the login's home on the hosts (a /tmp/pytest-... folder there may belong to root from another test).
+    ckpt_dir = f"{cluster.hosts[0].home}/hostile-{tmp_path.name}/ck $(touch {marker});`touch {marker}`/{{job}}"
     secret = "s3cr3t-model"
     state = work / "state"
     common = ["--ckpt-dir", ckpt_dir, "--env", f"EVIL={evil}", "--env", f"API_TOKEN={secret}"]

@@ -59,10 +59,11 @@ def test_two_processes_with_b_match_one_process_with_2b(two_procs: tuple[Path, s
     a, b = newest_state(ck1), newest_state(ck2)
     assert a["step"] == b["step"] == STEPS and b["world_size"] == 2
     for name, tensor in a["model"].items():
-        # Float sums in another order drift a little over 20 steps; a real mismatch (other samples, gradients
+        # Float sums in another order drift a little over 20 steps (a small bias vector reached 1.7e-3 on this
+        # machine, also on the unchanged tree of the session start); a real mismatch (other samples, gradients
         # summed instead of averaged) is off by tens of percent.
         rel = float((tensor - b["model"][name]).norm() / tensor.norm().clamp_min(1e-12))
-        assert rel < 1e-3, (name, rel)
+        assert rel < 1e-2, (name, rel)
 
 
 def test_distributed_accuracy_equals_single_process_accuracy(two_procs: tuple[Path, str], data_dir: Path) -> None:
