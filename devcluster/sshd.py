@@ -2,7 +2,8 @@
 
 Each host's sshd runs with OpenSSH's defaults as Debian ships them: only what makes it one host's
 daemon is set (ListenAddress, HostKey, PidFile), plus Debian's `Subsystem sftp` line unless the host
-is a no-SFTP variant. So MaxSessions is 10, MaxStartups 10:30:100, keys come from
+is a no-SFTP variant. So the stock limits hold (10 channels per connection, 10 unauthenticated
+connections at once), keys come from
 ~/.ssh/authorized_keys in the (per-host) home, and root logs in by key only if its own
 authorized_keys has the key (the root-login variant). It runs in the host's network and mount
 namespaces (hostfs), so a session sees the host's own /home, /tmp, ... and /var/run/docker.sock is the
