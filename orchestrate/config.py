@@ -43,11 +43,12 @@ TRAINER_OPTIONS: dict[str, object] = {
     "--optimizer": ("sgd", "apex-fused-sgd"), "--eval-every": "pos_int", "--ckpt-every": "pos_int",
     "--keep-checkpoints": "pos_int", "--seed": "nonneg_int", "--max-steps": "nonneg_int",
     "--allow-unverified-data": "flag", "--dist-timeout": "pos_float", "--device": ("auto", "cpu", "cuda"),
-    "--log-every": "pos_int", "--eval-batch-size": "pos_int",
+    "--log-every": "pos_int", "--eval-batch-size": "pos_int", "--ckpt-every-minutes": "nonneg_float",
 }
 # Set by the orchestrator itself; a user passing them would break the container layout.
 RESERVED_TRAINER_OPTIONS = {"--data-dir": "--data-dir of 'up'", "--ckpt-dir": "--ckpt-dir of 'up'",
-                            "--resume": "'up --resume'"}
+                            "--resume": "'up --resume'",
+                            "--keep-global-batch": "'up --min-nodes' (its restarts on fewer nodes pass it)"}
 
 
 def is_secret(name: str) -> bool:

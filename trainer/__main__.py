@@ -2,16 +2,20 @@
 
 from __future__ import annotations
 
+import faulthandler
 import logging
+import os
+import signal
 import sys
 from collections.abc import Callable
-from typing import TypeVar
+from pathlib import Path
+from typing import IO, TypeVar
 
 from . import checkpoint, data, dist, loop, models, state
 from .config import Config, parse
 from .dist import DistContext
 from .errors import ConfigError, TrainerError
-from .metrics import setup_logging
+from .metrics import Heartbeat, record_resume, setup_logging
 
 log = logging.getLogger("trainer")
 T = TypeVar("T")
@@ -48,10 +52,12 @@ def _train(cfg: Config, ctx: DistContext) -> int:
     train, test = _prepare_data(cfg, ctx)
     _agreed(ctx, lambda: checkpoint.check_writable(cfg.ckpt_dir) if ctx.is_main else None)
     st = state.build(cfg, ctx)
-    if cfg.resume:
-        _agreed(ctx, lambda: state.restore(cfg, ctx, st))
+    saved_batch = _agreed(ctx, lambda: state.restore(cfg, ctx, st)) if cfg.resume else 0
     state.wrap(cfg, ctx, st)
-    loader = data.TrainLoader(train, cfg.batch_size, ctx.rank, ctx.world_size, cfg.seed)
+    per_rank, micro = _batch_split(cfg, ctx, saved_batch)
+    loader = data.TrainLoader(train, per_rank, ctx.rank, ctx.world_size, cfg.seed)
+    if cfg.resume and ctx.is_main:
+        record_resume(cfg.ckpt_dir, st.pos.step, st.pos.epoch, ctx.world_size, loader.global_batch)
     log.info("model %s (%.2fM params) precision %s device %s backend %s world_size %d batch %d/process "
              "global batch %d, %d train / %d test images, %d steps/epoch",
              cfg.model, sum(p.numel() for p in st.model.parameters()) / 1e6, cfg.precision, ctx.device,
@@ -59,7 +65,51 @@ def _train(cfg: Config, ctx: DistContext) -> int:
              len(train), len(test), loader.steps())
     stop = loop.StopRequest()
     stop.install()
-    return loop.run(cfg, ctx, st, loader, test, stop)
+    beat = Heartbeat(cfg.ckpt_dir, ctx.is_main, _total_steps(cfg, st.pos, loader), cfg.epochs, loader.global_batch)
+    pace = loop.Pace(beat, ckpt_every_s=cfg.ckpt_every_minutes * 60, micro=micro)
+    return loop.run(cfg, ctx, st, loader, test, stop, pace)
+
+
+def _batch_split(cfg: Config, ctx: DistContext, saved_batch: int) -> tuple[int, int]:
+    """(images per rank and step, micro-batch size or 0). --keep-global-batch on a resume with another world
+    size keeps the checkpoint's global batch: each rank takes global/world images per step, in micro-batches of
+    at most --batch-size (gradient accumulation), so the schedule and the data order are the run's own."""
+    if not (cfg.keep_global_batch and saved_batch) or saved_batch == cfg.batch_size * ctx.world_size:
+        return cfg.batch_size, 0
+    if saved_batch % ctx.world_size:
+        raise ConfigError(f"--keep-global-batch: the checkpoint's global batch {saved_batch} does not split evenly "
+                          f"over {ctx.world_size} processes; resume with a process count that divides it")
+    per_rank = saved_batch // ctx.world_size
+    micro = cfg.batch_size if per_rank > cfg.batch_size else 0
+    log.info("global batch %d kept with %d processes: %d images per process and step%s", saved_batch,
+             ctx.world_size, per_rank, f", in micro-batches of {micro} (gradient accumulation)" if micro else "")
+    return per_rank, micro
+
+
+def _total_steps(cfg: Config, pos: state.Position, loader: data.TrainLoader) -> int:
+    total = pos.step + loader.steps(pos.sample) + max(0, cfg.epochs - pos.epoch - 1) * loader.steps()
+    return min(total, cfg.max_steps) if cfg.max_steps else total
+
+
+_stack_file: IO[str] | None = None  # kept open for faulthandler, which writes from its signal handler
+
+
+def _stack_dumps_on_sigusr1(rank: int) -> None:
+    """SIGUSR1 makes this rank write every thread's Python stack (docs/DESIGN.md §7): the orchestrator asks
+    for them when the job stalls. faulthandler writes from the signal handler itself, so a rank blocked in a
+    collective's C++ wait still answers; a rank that does not is frozen below Python (or stopped)."""
+    global _stack_file
+    folder = os.environ.get("LOG_DIR")
+    if not hasattr(signal, "SIGUSR1"):
+        return
+    try:
+        _stack_file = open(Path(folder) / f"stack-rank{rank}.txt", "w") if folder else sys.stderr  # noqa: SIM115
+    except OSError:
+        _stack_file = sys.stderr
+    try:
+        faulthandler.register(signal.SIGUSR1, file=_stack_file, all_threads=True)
+    except (OSError, ValueError):  # a stderr without a file descriptor (embedded, captured): no dumps
+        pass
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -67,6 +117,7 @@ def main(argv: list[str] | None = None) -> int:
         cfg, legacy_local_rank = parse(argv)
         ctx = dist.context_from_env(cfg.device, legacy_local_rank)
         setup_logging(ctx.rank, ctx.is_main)
+        _stack_dumps_on_sigusr1(ctx.rank)
         state.check_device(cfg, ctx)
         models.check_name(cfg.model)
     except TrainerError as e:

@@ -44,8 +44,12 @@ class Config:
     """Evaluate every N epochs (and always after the last one)."""
     ckpt_every: int = 1
     """Write a checkpoint every N epochs (and always at the end, at --max-steps and on SIGTERM)."""
+    ckpt_every_minutes: float = 0.0
+    """Also write one when this many minutes passed since the last, mid-epoch if need be (0: off)."""
     keep_checkpoints: int = 3
     resume: bool = False
+    keep_global_batch: bool = False
+    """On --resume with fewer processes: keep the checkpoint's global batch (gradient accumulation)."""
     seed: int = 0
     max_steps: int = 0
     """Stop after this many global steps (0: no limit)."""
@@ -65,13 +69,17 @@ class Config:
         _positive("--log-every", self.log_every, "steps between progress lines")
         _positive("--eval-batch-size", self.eval_batch_size, "images per evaluation batch")
         for flag, value in (("--lr", self.lr), ("--warmup-epochs", self.warmup_epochs), ("--momentum", self.momentum),
-                            ("--weight-decay", self.weight_decay), ("--dist-timeout", self.dist_timeout)):
+                            ("--weight-decay", self.weight_decay), ("--dist-timeout", self.dist_timeout),
+                            ("--ckpt-every-minutes", self.ckpt_every_minutes)):
             if not math.isfinite(value):  # nan passes every comparison below, inf overflows timedelta
                 raise ConfigError(f"{flag} must be a finite number, got {value}")
         if not self.lr > 0:
             raise ConfigError(f"--lr must be > 0, got {self.lr}; a usual value is 0.1 for batch 128")
         if self.warmup_epochs < 0:
             raise ConfigError(f"--warmup-epochs must be >= 0, got {self.warmup_epochs}")
+        if not 0 <= self.ckpt_every_minutes <= MAX_DIST_TIMEOUT_S / 60:
+            raise ConfigError(f"--ckpt-every-minutes must be between 0 (off) and {MAX_DIST_TIMEOUT_S // 60} "
+                              f"(a week), got {self.ckpt_every_minutes}")
         if self.max_steps < 0:
             raise ConfigError(f"--max-steps must be >= 0 (0 means no limit), got {self.max_steps}")
         if not 0 < self.dist_timeout <= MAX_DIST_TIMEOUT_S:
@@ -148,9 +156,14 @@ def build_parser() -> argparse.ArgumentParser:
                    help="apex-fused-sgd needs NVIDIA apex built from source (never the PyPI 'apex')")
     p.add_argument("--eval-every", type=int, default=d["eval_every"].default, help="epochs")
     p.add_argument("--ckpt-every", type=int, default=d["ckpt_every"].default, help="epochs")
+    p.add_argument("--ckpt-every-minutes", type=float, default=d["ckpt_every_minutes"].default,
+                   help="also checkpoint when this many minutes passed since the last, mid-epoch if need be (0: off)")
     p.add_argument("--keep-checkpoints", type=int, default=d["keep_checkpoints"].default,
                    help="older checkpoints are deleted")
     p.add_argument("--resume", action="store_true", help="continue from the newest valid checkpoint")
+    p.add_argument("--keep-global-batch", action="store_true",
+                   help="with --resume on fewer processes: keep the checkpoint's global batch by gradient "
+                        "accumulation (the orchestrator's restarts on fewer nodes pass it)")
     p.add_argument("--seed", type=int, default=0, help="model init, data order and augmentation")
     p.add_argument("--max-steps", type=int, default=0, help="stop after this many global steps (0: no limit)")
     p.add_argument("--allow-unverified-data", action="store_true", help="accept data whose md5 is not official")

@@ -111,11 +111,16 @@ def barrier(ctx: DistContext) -> None:
 
 def any_rank(ctx: DistContext, flag: bool) -> bool:
     """True on every rank if it is True on any rank (all_reduce MAX): all ranks take the same branch."""
+    return any_ranks(ctx, flag)[0]
+
+
+def any_ranks(ctx: DistContext, *flags: bool) -> tuple[bool, ...]:
+    """Several flags agreed in one all_reduce (MAX): one collective per step, whatever the number of flags."""
     if not ctx.distributed:
-        return flag
-    t = torch.tensor([1 if flag else 0], dtype=torch.int32, device=ctx.device)
+        return flags
+    t = torch.tensor([1 if f else 0 for f in flags], dtype=torch.int32, device=ctx.device)
     dist.all_reduce(t, op=dist.ReduceOp.MAX)
-    return bool(t.item())
+    return tuple(bool(v) for v in t.tolist())
 
 
 def sum_tensor(ctx: DistContext, t: torch.Tensor) -> torch.Tensor:

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
+import os
 import signal
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from types import FrameType
 
@@ -49,17 +51,27 @@ def _model_layout(x: torch.Tensor) -> torch.Tensor:
     return x.contiguous(memory_format=memory_format(x.device))
 
 
-def train_step(st: TrainState, x: torch.Tensor, y: torch.Tensor, lr: float, precision: str) -> torch.Tensor:
+def train_step(st: TrainState, x: torch.Tensor, y: torch.Tensor, lr: float, precision: str,
+               micro: int = 0) -> torch.Tensor:
+    """One optimizer step on this rank's share of the global batch, in micro-batches of at most `micro` images
+    (0: all at once) whose gradients add up to the full share's: gradient accumulation, DDP's all-reduce only on
+    the last one. Returns the share's mean loss."""
     for group in st.optimizer.param_groups:
         group["lr"] = lr
     x = _model_layout(x)
-    with autocast(x.device, precision):
-        loss = F.cross_entropy(st.ddp(x), y)
     st.optimizer.zero_grad(set_to_none=True)
-    st.scaler.scale(loss).backward()  # the scaler is a pass-through unless fp16
+    parts = list(zip(x.split(micro), y.split(micro), strict=True)) if 0 < micro < len(y) else [(x, y)]
+    total = torch.zeros((), device=x.device)
+    for i, (xs, ys) in enumerate(parts):
+        last = i == len(parts) - 1
+        with st.ddp.no_sync() if not last and hasattr(st.ddp, "no_sync") else contextlib.nullcontext():
+            with autocast(x.device, precision):
+                loss = F.cross_entropy(st.ddp(xs), ys) * (len(ys) / len(y))
+            st.scaler.scale(loss).backward()  # the scaler is a pass-through unless fp16
+        total += loss.detach()
     st.scaler.step(st.optimizer)
     st.scaler.update()
-    return loss.detach()
+    return total
 
 
 @torch.no_grad()
@@ -98,6 +110,25 @@ class StopRequest:
         self.requested = True  # only a flag: no I/O or locks inside a signal handler
 
 
+# Test-only (tests/cluster/test_self_healing.py): global rank 0 raises at this global step, as a deterministic bug would.
+CRASH_AT_STEP_ENV = "DDP_CIFAR_TEST_CRASH_AT_STEP"
+
+
+@dataclass
+class Pace:
+    """What runs beside the steps: the heartbeat, the time-based checkpoint clock, the test-only crash."""
+
+    heartbeat: metrics.Heartbeat
+    ckpt_every_s: float = 0.0  # 0: no time-based checkpoints
+    micro: int = 0  # micro-batch size for gradient accumulation (0: none)
+    last_save: float = field(default_factory=lambda: time.monotonic())
+    crash_at: int = field(default_factory=lambda: int(os.environ.get(CRASH_AT_STEP_ENV, "0") or 0))
+
+    def save_due(self, ctx: DistContext) -> bool:
+        """Rank 0's clock decides (the others agree through the step's flag all_reduce)."""
+        return ctx.is_main and self.ckpt_every_s > 0 and time.monotonic() - self.last_save >= self.ckpt_every_s
+
+
 @dataclass
 class EpochStats:
     loss: float
@@ -105,42 +136,53 @@ class EpochStats:
     complete: bool
 
 
-def save(cfg: Config, ctx: DistContext, st: TrainState, loader: TrainLoader) -> Path | None:
+def save(cfg: Config, ctx: DistContext, st: TrainState, loader: TrainLoader, pace: Pace) -> Path | None:
     """Global rank 0 writes; every rank learns whether it worked (a collective, so no rank is left waiting)."""
     path, err = None, None
+    pace.heartbeat.mark("checkpointing")
+    t0 = time.monotonic()
     if ctx.is_main:
         try:
             path = checkpoint.save(
                 cfg.ckpt_dir, to_checkpoint(cfg, ctx, st, loader.global_batch), step=st.pos.step,
                 epoch=st.pos.epoch, epoch_complete=st.pos.sample == 0, world_size=ctx.world_size,
                 keep=cfg.keep_checkpoints)
-            log.info("checkpoint %s", path)
+            log.info("checkpoint %s (training paused %.2f s)", path, time.monotonic() - t0)
         except CheckpointError as e:
             err = e
     if dist.any_rank(ctx, err is not None):
         raise err or CheckpointError("global rank 0 could not write the checkpoint; see its error line")
+    pace.last_save = time.monotonic()
+    pace.heartbeat.mark("training", ckpt_step=st.pos.step)
     return path
 
 
-def _train_epoch(cfg: Config, ctx: DistContext, st: TrainState, loader: TrainLoader, stop: StopRequest) -> EpochStats:
+def _train_epoch(cfg: Config, ctx: DistContext, st: TrainState, loader: TrainLoader, stop: StopRequest,
+                 pace: Pace) -> EpochStats:
     n = len(loader.split)
     total = torch.zeros(2, dtype=torch.float64, device=loader.split.images.device)
     steps_done, t0 = 0, time.perf_counter()
     for x, y in loader.batches(st.pos.epoch, st.pos.sample):
         lr = lr_at(cfg, st.pos.epoch + (st.pos.sample + loader.global_batch) / n)
-        loss = train_step(st, x, y, lr, cfg.precision)
+        loss = train_step(st, x, y, lr, cfg.precision, pace.micro)
         total[0] += loss.double() * len(y)
         total[1] += len(y)
         st.pos.step += 1
         st.pos.sample += loader.global_batch
         steps_done += 1
+        if ctx.is_main and st.pos.step == pace.crash_at:
+            raise RuntimeError(f"injected crash at step {st.pos.step} ({CRASH_AT_STEP_ENV}, tests only)")
+        pace.heartbeat.step_done(st.pos.step, st.pos.epoch + 1, loss.item)
         if st.pos.step % cfg.log_every == 0:
             log.info("epoch %d step %d loss %.4f lr %.5f", st.pos.epoch + 1, st.pos.step, loss.item(), lr)
         hit_max = cfg.max_steps > 0 and st.pos.step >= cfg.max_steps
-        # Every rank must stop at the same step, though the signal reaches them at different times.
-        stop.requested = dist.any_rank(ctx, stop.requested)
+        # Every rank must stop (or save) at the same step, though a signal or rank 0's clock tells them at
+        # different times: one all_reduce of both flags.
+        stop.requested, save_due = dist.any_ranks(ctx, stop.requested, pace.save_due(ctx))
         if stop.requested or hit_max:
             break
+        if save_due and loader.steps(st.pos.sample) > 0:  # at an epoch's end, _after_epoch's save is due anyway
+            save(cfg, ctx, st, loader, pace)
     elapsed = time.perf_counter() - t0
     total = dist.sum_tensor(ctx, total)
     complete = loader.steps(st.pos.sample) == 0
@@ -167,47 +209,53 @@ def _record_epoch(cfg: Config, ctx: DistContext, st: TrainState, loader: TrainLo
 
 
 def _after_epoch(cfg: Config, ctx: DistContext, st: TrainState, loader: TrainLoader, test: Split,
-                 stats: EpochStats) -> float | None:
+                 stats: EpochStats, pace: Pace) -> float | None:
     """Evaluate, log, append metrics and checkpoint when due; returns the test accuracy if evaluated."""
     last = st.pos.epoch >= cfg.epochs
     acc = None
     if last or st.pos.epoch % cfg.eval_every == 0:
+        pace.heartbeat.mark("evaluating")
         acc = evaluate(st.model, test, ctx, cfg.precision, cfg.eval_batch_size)
     _record_epoch(cfg, ctx, st, loader, stats, acc)
-    if not last and st.pos.epoch % cfg.ckpt_every == 0:
-        save(cfg, ctx, st, loader)
+    if not last and (st.pos.epoch % cfg.ckpt_every == 0 or pace.save_due(ctx)):
+        save(cfg, ctx, st, loader, pace)
     return acc
 
 
-def _stop(cfg: Config, ctx: DistContext, st: TrainState, loader: TrainLoader, stats: EpochStats) -> int:
+def _stop(cfg: Config, ctx: DistContext, st: TrainState, loader: TrainLoader, stats: EpochStats, pace: Pace) -> int:
     """SIGTERM: the checkpoint first (SIGKILL follows within torchrun's 30 s, docker stop's 10 s). An epoch the
     stop happened to complete still gets its metrics line, with test_acc null: there is no time to evaluate,
     and the resumed run starts the next epoch (the position, not this line, is what resume relies on)."""
-    path = save(cfg, ctx, st, loader)
+    path = save(cfg, ctx, st, loader, pace)
     _record_epoch(cfg, ctx, st, loader, stats, acc=None, partial=not stats.complete)
+    pace.heartbeat.mark("stopped")
     log.warning("stopped by SIGTERM at step %d (epoch %d, sample %d); checkpoint %s",
                 st.pos.step, st.pos.epoch + 1, st.pos.sample, path)
     dist.barrier(ctx)
     return EXIT_SIGTERM
 
 
-def run(cfg: Config, ctx: DistContext, st: TrainState, loader: TrainLoader, test: Split, stop: StopRequest) -> int:
+def run(cfg: Config, ctx: DistContext, st: TrainState, loader: TrainLoader, test: Split, stop: StopRequest,
+        pace: Pace) -> int:
     """Train from st.pos to the last epoch (or --max-steps, or SIGTERM); returns the exit code."""
     acc: float | None = None
     stats: EpochStats | None = None
+    pace.heartbeat.mark("training", step=st.pos.step, epoch=st.pos.epoch + 1)
     while st.pos.epoch < cfg.epochs:
         if cfg.max_steps and st.pos.step >= cfg.max_steps:
             break
-        stats = _train_epoch(cfg, ctx, st, loader, stop)
+        stats = _train_epoch(cfg, ctx, st, loader, stop, pace)
         if stop.requested:
-            return _stop(cfg, ctx, st, loader, stats)
+            return _stop(cfg, ctx, st, loader, stats, pace)
         if stats.complete:
-            acc = _after_epoch(cfg, ctx, st, loader, test, stats)
+            acc = _after_epoch(cfg, ctx, st, loader, test, stats, pace)
     if acc is None or st.pos.sample != 0:
+        pace.heartbeat.mark("evaluating")
         acc = evaluate(st.model, test, ctx, cfg.precision, cfg.eval_batch_size)
         if stats is not None and not stats.complete:  # --max-steps inside an epoch: its record, marked partial
             _record_epoch(cfg, ctx, st, loader, stats, acc, partial=True)
-    path = save(cfg, ctx, st, loader)
+    path = save(cfg, ctx, st, loader, pace)
+    pace.heartbeat.mark("done", step=st.pos.step, eta_s=0)
     # Every rank is past its last collective before any tears the process group down (gloo aborts a
     # rank whose peer closes the connection under it).
     dist.barrier(ctx)

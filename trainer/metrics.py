@@ -1,11 +1,14 @@
-"""Logging with the rank in every line (non-main ranks quiet) and the per-epoch metrics.jsonl."""
+"""What rank 0 tells the world: log lines (non-main ranks quiet), the per-epoch metrics.jsonl, the heartbeat."""
 
 from __future__ import annotations
 
 import datetime
 import json
 import logging
+import os
 import sys
+import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -35,3 +38,103 @@ def append_metrics(ckpt_dir: Path, record: dict[str, Any]) -> None:
         # Metrics are not worth a crash of rank 0 (which would leave the others waiting); a full disk is
         # reported clearly by the next checkpoint save.
         logging.getLogger(__name__).warning("cannot append to %s: %s", ckpt_dir / METRICS_FILE, e)
+
+
+# ---------------------------------------------------------------- heartbeat (docs/DESIGN.md §2)
+
+HEARTBEAT_FILE = "heartbeat.json"
+HEARTBEAT_S = 2.0  # at most one write per this many seconds: cheap next to a step, fresh enough for a stall check
+
+
+def write_json_atomic(path: Path, data: dict[str, Any]) -> None:
+    """Readers (the orchestrator over SSH) never see half a file: temp file in the same folder, then rename."""
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(json.dumps(data))
+    tmp.replace(path)
+
+
+class Heartbeat:
+    """Global rank 0's progress file, rewritten at most every HEARTBEAT_S seconds: step of total, epoch,
+    images/s and ETA over the last window, the slowest step seen (the orchestrator's stall check waits at least
+    3x that), the newest checkpoint's step. Other ranks hold a disabled one."""
+
+    def __init__(self, ckpt_dir: Path, enabled: bool, total_steps: int, epochs: int, global_batch: int) -> None:
+        self.path, self.enabled = ckpt_dir / HEARTBEAT_FILE, enabled
+        self.total_steps, self.epochs, self.global_batch = total_steps, epochs, global_batch
+        self.window_start = self.last_step_end = time.monotonic()
+        self.window_steps = 0
+        self.slowest_step_s = 0.0
+        self.fields: dict[str, Any] = {"state": "starting", "step": 0, "epoch": 0, "ckpt_step": None}
+
+    def step_done(self, step: int, epoch: int, loss: Callable[[], float]) -> None:
+        """After every global step. `loss` is called only when a beat is written (it syncs the device)."""
+        if not self.enabled:
+            return
+        now = time.monotonic()
+        self.slowest_step_s = max(self.slowest_step_s, now - self.last_step_end)
+        self.last_step_end = now
+        self.window_steps += 1
+        elapsed = now - self.window_start
+        if elapsed < HEARTBEAT_S:
+            return
+        step_s = elapsed / self.window_steps
+        self.fields.update(state="training", step=step, epoch=epoch, loss=loss(),
+                           images_per_s=self.global_batch / step_s,
+                           eta_s=max(0, self.total_steps - step) * step_s)
+        self.window_start, self.window_steps = now, 0
+        self._write()
+
+    def mark(self, state: str, **fields: Any) -> None:
+        """A phase without steps (evaluating, checkpointing, done), written at once; the step clock restarts
+        after it so a long evaluation is not taken for a slow step."""
+        if not self.enabled:
+            return
+        self.fields.update(state=state, **fields)
+        self._write()
+        self.window_start = self.last_step_end = time.monotonic()
+        self.window_steps = 0
+
+    def _write(self) -> None:
+        data = {**self.fields, "total_steps": self.total_steps, "epochs": self.epochs,
+                "slowest_step_s": round(self.slowest_step_s, 3), "time": time.time()}
+        try:
+            write_json_atomic(self.path, data)
+        except OSError as e:  # progress is not worth a crash of rank 0; the checkpoint save reports a full disk
+            logging.getLogger(__name__).warning("cannot write %s: %s", self.path, e)
+
+
+# ---------------------------------------------------------------- resume records
+
+# Set by the orchestrator on an automatic restart (docs/DESIGN.md §7): its number and the failure it follows.
+RESTART_ENV, RESTART_CAUSE_ENV = "DDP_RESTART", "DDP_RESTART_CAUSE"
+
+
+def record_resume(ckpt_dir: Path, step: int, epoch: int, world_size: int, global_batch: int) -> None:
+    """On a resume (global rank 0): drop the records of steps after the checkpoint (they are trained again, so
+    the curves stay continuous), then append one record of the resume itself: `event` "restart" with its number
+    and cause when the orchestrator restarted the job by itself, else "resume"."""
+    path = ckpt_dir / METRICS_FILE
+    try:
+        kept = [ln for ln in path.read_text().splitlines() if _step_of(ln) <= step]
+    except OSError:
+        kept = []
+    restart = os.environ.get(RESTART_ENV, "")
+    record: dict[str, Any] = {"event": "restart" if restart.isdigit() else "resume", "step": step, "epoch": epoch,
+                              "world_size": world_size, "global_batch": global_batch}
+    if restart.isdigit():
+        record.update(restart=int(restart), cause=os.environ.get(RESTART_CAUSE_ENV, ""))
+    record["time"] = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
+    try:
+        tmp = path.with_name(f".{path.name}.tmp")
+        tmp.write_text("".join(f"{ln}\n" for ln in kept) + json.dumps(record) + "\n")
+        tmp.replace(path)
+    except OSError as e:
+        logging.getLogger(__name__).warning("cannot rewrite %s: %s", path, e)
+
+
+def _step_of(line: str) -> float:
+    """A record's step; a line that is not a record (a torn last line) sorts after every step: dropped."""
+    try:
+        return float(json.loads(line)["step"])
+    except (ValueError, KeyError, TypeError):
+        return float("inf")

@@ -185,8 +185,9 @@ def _load_scaler(scaler: torch.amp.GradScaler, saved: dict[str, Any]) -> None:
         log.warning("checkpoint has no loss-scaler state (not trained in fp16): starting from a fresh scale")
 
 
-def restore(cfg: Config, ctx: DistContext, st: TrainState) -> None:
-    """Load the newest valid checkpoint on rank 0, share it with every rank, continue from its position."""
+def restore(cfg: Config, ctx: DistContext, st: TrainState) -> int:
+    """Load the newest valid checkpoint on rank 0, share it with every rank, continue from its position.
+    Returns the global batch the checkpoint was trained with."""
     payload: list[Any] = [None, None]
     if ctx.is_main:
         payload = list(_load_on_main(cfg, ctx))
@@ -206,3 +207,4 @@ def restore(cfg: Config, ctx: DistContext, st: TrainState) -> None:
     if state["world_size"] != ctx.world_size:
         log.warning("checkpoint was written with world size %d, continuing with %d at sample %d of epoch %d",
                     state["world_size"], ctx.world_size, st.pos.sample, st.pos.epoch + 1)
+    return int(state.get("global_batch", 0))

@@ -158,9 +158,12 @@ def test_resume_under_torchrun_shares_rank_0s_checkpoint(two_procs: tuple[Path, 
     proc = run_torchrun(2, base_args(data_dir, ck, "--epochs", "3", "--lr", "0.05", "--batch-size", "16", "--resume"))
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert newest_state(ck)["step"] == 3 * 16  # 20 done, 12 left in epoch 2, 16 in epoch 3
-    # Epoch 2 was cut at step 20 (--max-steps, a partial record), then completed by the resumed run.
-    assert [(r["epoch"], r.get("partial", False)) for r in metrics_lines(ck)] == \
+    # Epoch 2 was cut at step 20 (--max-steps, a partial record), then completed by the resumed run, whose
+    # start is a record of its own.
+    records = metrics_lines(ck)
+    assert [(r["epoch"], r.get("partial", False)) for r in records if "event" not in r] == \
         [(1, False), (1, True), (2, False), (3, False)]
+    assert [(r["event"], r["step"], r["world_size"]) for r in records if "event" in r] == [("resume", 20, 2)]
 
 
 def test_a_hung_peer_fails_the_job_within_the_dist_timeout(data_dir: Path, tmp_path: Path) -> None:

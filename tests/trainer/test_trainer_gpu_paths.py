@@ -306,5 +306,6 @@ def test_sigterm_on_an_epochs_last_step_keeps_its_metrics_line_and_resumes_exact
 
     monkeypatch.setattr(loop, "train_step", real_step)
     assert main([*args, "--resume"]) == 0
-    assert [(r["epoch"], r["step"]) for r in metrics_lines(ck)] == [(1, 8), (2, 16)]
+    assert [(r.get("event"), r["epoch"], r["step"]) for r in metrics_lines(ck)] == \
+        [(None, 1, 8), ("resume", 1, 8), (None, 2, 16)]
     assert metrics_lines(ck)[-1]["test_acc"] is not None
