@@ -6,15 +6,23 @@ the node, path quoted). Newest = highest step among valid ones.
 
 from __future__ import annotations
 
+import hashlib
 import json
+import os
 import posixpath
 import re
+import tempfile
+import threading
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
+from .errors import SSHError
 from .ssh import Connection
 
 MANIFEST_RE = re.compile(r"^ckpt-(\d{8})\.json$")
+METRICS_FILE = "metrics.jsonl"
 
 
 @dataclass(frozen=True)
@@ -81,7 +89,7 @@ def newest_manifest(conn: Connection, folder: str) -> dict[str, Any] | None:
 
 def last_metrics(conn: Connection, folder: str) -> dict[str, Any] | None:
     try:
-        text = conn.read_file(posixpath.join(folder, "metrics.jsonl")).decode(errors="replace")
+        text = conn.read_file(posixpath.join(folder, METRICS_FILE)).decode(errors="replace")
         lines = [ln for ln in text.splitlines() if ln.strip()]
         return dict(json.loads(lines[-1])) if lines else None
     except (OSError, ValueError):
@@ -93,3 +101,108 @@ def copy_checkpoint(src: Connection, ckpt: Checkpoint, dst: Connection, folder: 
     once complete), each streamed into an unpredictable temporary name and renamed into place."""
     for name in (ckpt.file, posixpath.basename(ckpt.manifest)):
         dst.write_file(posixpath.join(folder, name), src.stream_file(posixpath.join(ckpt.folder, name)))
+
+
+# ---- replication: the newest checkpoint survives its node --------------------------------------------------
+
+REPLICATE_POLL_S = 5.0
+KEEP_REPLICAS = 2  # replicas made by this `up` that stay on the other node (older ones are removed)
+
+
+class Replicator:
+    """While a job runs: each new valid checkpoint of node 0 is copied to node 1 (and into `mirror`, a local
+    folder), verified there against its manifest, with metrics.jsonl beside it. A thread of the orchestrator:
+    training never waits for it. A copy that fails is reported and tried again with the next checkpoint."""
+
+    def __init__(self, nodes: Any, specs: Sequence[Any], mirror: Path | None, console: Any) -> None:
+        self.nodes, self.specs, self.mirror, self.console = nodes, specs, mirror, console
+        self.stop_event = threading.Event()
+        self.thread = threading.Thread(target=self._run, daemon=True)
+        self.done: str | None = None  # the newest manifest name already replicated
+        self.made: list[Checkpoint] = []  # replicas on node 1, oldest first
+
+    def start(self) -> None:
+        if len(self.specs) > 1 or self.mirror is not None:
+            self.thread.start()
+
+    def stop(self) -> None:
+        self.stop_event.set()
+        if self.thread.is_alive():
+            self.thread.join(timeout=1.0)  # a copy under way is left to finish or fail on its own
+
+    def _run(self) -> None:
+        while not self.stop_event.wait(REPLICATE_POLL_S):
+            try:
+                self.replicate_newest()
+            except Exception as err:  # reported; the job goes on, and the next checkpoint is tried again
+                self._say(f"checkpoint replication failed: {' '.join(str(err).split())}")
+
+    def replicate_newest(self) -> Checkpoint | None:
+        src, folder = self.nodes.conn(0), self.specs[0].dirs["ckpt"]
+        names = list_manifests(src, folder)
+        if not names or names[0] == self.done:
+            return None
+        ckpt = validate(src, folder, names[0])
+        if ckpt is None:  # being written, or broken: the next poll looks again
+            return None
+        if len(self.specs) > 1:
+            self._to_node(ckpt)
+        if self.mirror is not None:
+            self._to_mirror(ckpt)
+        self.done = names[0]
+        return ckpt
+
+    def _to_node(self, ckpt: Checkpoint) -> None:
+        src, dst, folder = self.nodes.conn(0), self.nodes.conn(1), self.specs[1].dirs["ckpt"]
+        copy_checkpoint(src, ckpt, dst, folder)
+        copy = validate(dst, folder, posixpath.basename(ckpt.manifest))
+        if copy is None:
+            raise OSError(f"the copy of {ckpt.file} on {dst.host.label} does not match its manifest")
+        try:
+            dst.write_file(posixpath.join(folder, METRICS_FILE),
+                           src.stream_file(posixpath.join(ckpt.folder, METRICS_FILE)))
+        except SSHError:  # a program without metrics.jsonl
+            pass
+        self.made.append(copy)
+        for old in self.made[:-KEEP_REPLICAS]:
+            dst.run(["rm", "-f", "--", old.manifest, old.path], timeout=60)  # manifest first: never a bare one
+        self.made = self.made[-KEEP_REPLICAS:]
+        self._say(f"checkpoint step {ckpt.step} copied to node 1 ({dst.host.label}), sha256 verified")
+
+    def _to_mirror(self, ckpt: Checkpoint) -> None:
+        assert self.mirror is not None
+        src = self.nodes.conn(0)
+        self.mirror.mkdir(parents=True, exist_ok=True)
+        pt = self.mirror / ckpt.file
+        _write_local(pt, src.stream_file(ckpt.path))
+        if _sha256(pt) != ckpt.sha256 or pt.stat().st_size != ckpt.bytes:
+            pt.unlink(missing_ok=True)
+            raise OSError(f"the mirror copy of {ckpt.file} does not match its manifest")
+        _write_local(self.mirror / posixpath.basename(ckpt.manifest), src.stream_file(ckpt.manifest))
+        self._say(f"checkpoint step {ckpt.step} copied to {self.mirror}, sha256 verified")
+
+    def _say(self, text: str) -> None:
+        self.console.print(text, markup=False, highlight=False)
+
+
+def _sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as fh:
+        for block in iter(lambda: fh.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def _write_local(path: Path, chunks: Iterator[bytes]) -> None:
+    """Temp file in the same folder, fsync, rename: a crash leaves the old file or the new one."""
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
+    try:
+        with os.fdopen(fd, "wb") as fh:
+            for chunk in chunks:
+                fh.write(chunk)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise

@@ -23,6 +23,7 @@ from .config import (
     DEFAULT_IMAGE,
     DEFAULT_JOB,
     DEFAULT_LOG_DIR,
+    DEFAULT_STALL_TIMEOUT_S,
     GPUS_ALL,
     TRAINER_ENTRY,
     JobsConfig,
@@ -95,6 +96,20 @@ def build_parser() -> argparse.ArgumentParser:
     up.add_argument("--min-free-gb", type=float, default=1.0, help="free disk each node needs under its dirs")
     up.add_argument("--shm-size", default=None, help="a sized /dev/shm instead of --ipc=host")
     up.add_argument("--grace", type=float, default=60.0, help="seconds between SIGTERM and SIGKILL")
+    heal = up.add_argument_group("self-healing (README: What happens when...)")
+    heal.add_argument("--max-restarts", type=int, default=0,
+                      help="after a failure (a node exits non-zero, is OOM-killed, stops answering or stalls), "
+                           "stop everywhere and start again from the newest valid checkpoint, up to N times")
+    heal.add_argument("--min-nodes", type=int, default=None,
+                      help="at a restart, leave out hosts that fail preflight while this many remain "
+                           "(default: every host); the global batch stays the run's own")
+    heal.add_argument("--stall-timeout", type=float, default=DEFAULT_STALL_TIMEOUT_S,
+                      help="seconds without a new training step (rank 0's heartbeat) before the job counts as "
+                           "stalled: stack dumps of every rank, then stop (and restart); at least 3x the slowest "
+                           "step seen; 0: off")
+    heal.add_argument("--ckpt-mirror", type=Path, default=None,
+                      help="also copy each new checkpoint into this folder on this machine (it is always copied "
+                           "to node 1 too, when there is one)")
     up.add_argument("trainer_args", nargs="*", help="trainer options after --, e.g. -- --epochs 30")
     for name, help_text in (("kill", "stop and remove the job's containers"), ("status", "one row per node"),
                             ("logs", "print or follow the nodes' logs")):
@@ -151,7 +166,8 @@ def up_config(ns: argparse.Namespace) -> UpConfig:
         data_url=ns.data_url, data_from=ns.data_from, data_md5=ns.data_md5, env=_env(ns.env), pull=ns.pull,
         detach=ns.detach, dry_run=ns.dry_run, timings=ns.timings, resume=ns.resume, replace=ns.replace,
         stop_on_interrupt=ns.stop_on_interrupt, min_free_gb=ns.min_free_gb, shm_size=ns.shm_size, grace=ns.grace,
-        trainer_args=tuple(ns.trainer_args), entry=ns.entry,
+        trainer_args=tuple(ns.trainer_args), entry=ns.entry, max_restarts=ns.max_restarts,
+        min_nodes=ns.min_nodes, stall_timeout=ns.stall_timeout, ckpt_mirror=ns.ckpt_mirror,
     )
 
 

@@ -24,6 +24,8 @@ def hosts_for(config: JobsConfig) -> list[Host]:
 
 def run_jobs_command(command: str, config: JobsConfig, console: Console) -> int:
     hosts = hosts_for(config)
+    if command == "kill":  # first: an `up` between two attempts (a restart backoff) must not start another
+        state.mark_killed(config.job)
     nodes, unreachable = Nodes.connect_reachable(hosts, config.ssh.accept_new_host_keys)
     try:
         if command == "kill":

@@ -31,6 +31,9 @@ DEFAULT_DATA_DIR = "~/.cache/ddp-cifar/data"
 DEFAULT_CKPT_DIR = "~/.local/share/ddp-cifar/jobs/{job}/checkpoints"
 DEFAULT_LOG_DIR = "~/.local/share/ddp-cifar/jobs/{job}/logs"
 GPUS_ALL = -1
+DEFAULT_STALL_TIMEOUT_S = 300.0
+MIN_STALL_TIMEOUT_S = 10.0
+MAX_RESTARTS = 100
 TRAINER_ENTRY = "-m trainer"
 MODULE_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$")
 
@@ -108,6 +111,13 @@ class UpConfig:
     grace: float = 60.0
     trainer_args: tuple[str, ...] = ()  # the program's arguments (after --), whatever the entry
     entry: str = TRAINER_ENTRY  # "-m pkg.mod" or a script path inside the image (docs/DESIGN.md §7)
+    max_restarts: int = 0  # automatic restarts from the newest checkpoint after a failure (0: none)
+    min_nodes: int | None = None  # at a restart, hosts failing preflight are left out while this many remain
+    stall_timeout: float = DEFAULT_STALL_TIMEOUT_S  # no new step for this long (heartbeat) is a failure; 0: off
+    ckpt_mirror: Path | None = None  # also copy each new checkpoint into this local folder
+    # Set by `up` itself on an automatic restart (never from the command line): its number and the failure.
+    restart: int = 0
+    restart_cause: str = ""
 
     def __post_init__(self) -> None:
         check_job(self.job)
@@ -144,6 +154,18 @@ class UpConfig:
         if self.resume and self.replace:
             raise ConfigError("--resume and --replace together: kill the job first, then 'up --resume'")
         check_entry(self.entry)
+        if not 0 <= self.max_restarts <= MAX_RESTARTS:
+            raise ConfigError(f"--max-restarts {self.max_restarts} must be between 0 and {MAX_RESTARTS}")
+        if self.min_nodes is not None and self.min_nodes < 1:
+            raise ConfigError(f"--min-nodes {self.min_nodes} must be at least 1")
+        if self.min_nodes is not None and self.max_restarts == 0:
+            raise ConfigError("--min-nodes applies at automatic restarts; give --max-restarts N too")
+        if not math.isfinite(self.stall_timeout) or not (self.stall_timeout == 0 or
+                                                         MIN_STALL_TIMEOUT_S <= self.stall_timeout <= 7 * 86400):
+            raise ConfigError(f"--stall-timeout {self.stall_timeout} must be 0 (off) or between "
+                              f"{MIN_STALL_TIMEOUT_S:g} seconds and a week")
+        if self.ckpt_mirror is not None and (self.ckpt_mirror.exists() and not self.ckpt_mirror.is_dir()):
+            raise ConfigError(f"--ckpt-mirror {self.ckpt_mirror} exists and is not a folder; give a folder")
         if self.is_trainer:  # another program's arguments are its own business
             check_trainer_args(self.trainer_args)
 

@@ -27,6 +27,8 @@ JOB_LABEL = "ddp-cifar.job"
 RANK_LABEL = "ddp-cifar.node-rank"
 NNODES_LABEL = "ddp-cifar.nnodes"
 VERSION_LABEL = "ddp-cifar.version"
+RESTART_LABEL = "ddp-cifar.restart"  # the automatic restart this container belongs to (0: the first start)
+RESTART_CAUSE_LABEL = "ddp-cifar.restart-cause"
 
 
 class _ChannelConnection(urllib3.connection.HTTPConnection):

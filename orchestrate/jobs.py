@@ -18,8 +18,9 @@ from rich.text import Text
 
 from .checkpoints import newest_manifest
 from .config import mask_text
-from .docker import JOB_LABEL, RANK_LABEL, job_containers
+from .docker import JOB_LABEL, RANK_LABEL, RESTART_CAUSE_LABEL, RESTART_LABEL, job_containers
 from .errors import JobError, MultiHostError
+from .health import read_beat
 from .nodes import Nodes
 from .plan import CKPT_MOUNT, LOG_MOUNT
 from .ssh import fan_out
@@ -150,14 +151,35 @@ def status_rows(nodes: Nodes, job: str, unreachable: dict[str, str]) -> list[lis
 
 
 def print_status(nodes: Nodes, job: str, console: Console, unreachable: dict[str, str]) -> bool:
-    """Print one row per node; return False if some host could not be reached."""
+    """Print one row per node, then the job's progress (rank 0's heartbeat) and its automatic restarts;
+    return False if some host could not be reached."""
     table = Table(title=f"job {job}")
     for col in ("node", "host", "container", "state", "exit", "uptime", "last log line", "newest checkpoint"):
         table.add_column(col, overflow="fold")
     for row in status_rows(nodes, job, unreachable):
         table.add_row(*(Text(cell) for cell in row))  # Text: log lines like "[rank 0]" are not markup
     console.print(table)
+    for line in job_lines(nodes, job):
+        console.print(line, markup=False, highlight=False)
     return not unreachable
+
+
+def job_lines(nodes: Nodes, job: str) -> list[str]:
+    """`progress: ...` from node 0's heartbeat (none for a program that writes none) and `restarts: ...`."""
+    for host in nodes.reachable():
+        node0 = [c for c in job_containers(nodes.docker(host), job) if _rank_of(c) == 0]
+        if not node0:
+            continue
+        lines = []
+        folder = _ckpt_dir_of(node0[0])
+        beat = read_beat(nodes.conn(host), folder) if folder else None
+        if beat is not None:
+            lines.append(f"progress: {beat.progress_line()}")
+        restarts = node0[0].labels.get(RESTART_LABEL, "0")
+        if restarts not in ("", "0"):
+            lines.append(f"restarts: {restarts} (last cause: {node0[0].labels.get(RESTART_CAUSE_LABEL, '?')})")
+        return lines
+    return []
 
 
 def stream_logs(nodes: Nodes, job: str, console: Console, follow: bool, node: int | None, tail: int) -> None:

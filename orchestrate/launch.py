@@ -12,9 +12,20 @@ from typing import Any
 
 from rich.console import Console
 
-from .checkpoints import Checkpoint, copy_checkpoint, last_metrics, newest_valid, validate
+from .checkpoints import Checkpoint, Replicator, copy_checkpoint, last_metrics, newest_valid, validate
 from .config import UpConfig, secret_values
 from .errors import JobError
+from .health import (
+    STACK_WAIT_S,
+    Beat,
+    RankStack,
+    StallClock,
+    culprits,
+    hms,
+    read_beat,
+    read_stacks,
+    signal_ranks,
+)
 from .jobs import follow_lines, kill_job, kill_on_host, print_lines
 from .nodes import Nodes
 from .plan import NodeSpec
@@ -28,6 +39,7 @@ UNREACHABLE_S = 15.0  # a host that answers no poll for this long counts as down
 LAST_LINES = 20
 FAILED_GRACE_S = 10.0
 STREAM_DRAIN_S = 2.0  # at most this long for the log streams' last lines once the job has ended
+PROGRESS_EVERY_S = 30.0  # without a terminal (CI, a pipe), a progress line this often instead of a live one
 
 
 # ---- resume ------------------------------------------------------------------------------------------
@@ -98,7 +110,13 @@ class End(Enum):
     INTERRUPTED = "interrupted"  # Ctrl-C, the job was stopped
     EXITED = "exited"  # a node's container exited non-zero (or was OOM-killed)
     UNREACHABLE = "unreachable"  # a host answered no poll for UNREACHABLE_S
+    STALLED = "stalled"  # no new training step (rank 0's heartbeat) for --stall-timeout
     REMOVED = "removed"  # a node's container is gone (another terminal ran `kill`)
+
+    @property
+    def restartable(self) -> bool:
+        """Failures of the job itself; a user's kill or Ctrl-C is never undone by a restart."""
+        return self in (End.EXITED, End.UNREACHABLE, End.STALLED)
 
 
 @dataclass
@@ -108,6 +126,15 @@ class Outcome:
     failed_rank: int | None = None
     reason: str = ""
     leftovers: bool = False  # some node could not be cleaned (unreachable): `kill` later
+    host: str | None = None  # the failed node's host
+
+    @property
+    def cause(self) -> str:
+        """One line for errors, the restart record and `status`: which node, what happened."""
+        if self.failed_rank is None:
+            return self.reason
+        return f"node {self.failed_rank} ({self.host}) {self.reason}" if self.host else \
+            f"node {self.failed_rank} {self.reason}"
 
 
 class Watcher:
@@ -118,9 +145,12 @@ class Watcher:
     """
 
     def __init__(self, nodes: Nodes, specs: Sequence[NodeSpec], containers: Sequence[Any], console: Console,
-                 secrets: list[str]) -> None:
+                 secrets: list[str], stall_timeout: float = 0.0) -> None:
         self.nodes, self.specs, self.console, self.secrets = nodes, specs, console, secrets
+        self.containers = list(containers)
         self.ids = [c.id for c in containers]
+        self.stall = StallClock(stall_timeout)
+        self.beat: Beat | None = None
         self.last_seen = [time.monotonic()] * len(specs)
         self.stop_event = threading.Event()
         self.exited = threading.Event()  # a container exited (or its wait broke): poll now, not at the next tick
@@ -170,6 +200,7 @@ class Watcher:
         results: list[dict[str, Any] | None] = [None] * len(self.specs)
         threads = [threading.Thread(target=self._poll_one, args=(r, results), daemon=True)
                    for r in range(len(self.specs))]
+        threads.append(threading.Thread(target=self._read_beat, daemon=True))
         for t in threads:
             t.start()
         deadline = time.monotonic() + 12
@@ -196,7 +227,44 @@ class Watcher:
             # Name the node that went first: the others usually fail *because* it did (a lost peer).
             _, rank, why = min(failed)
             return Outcome(False, End.EXITED, rank, why)
-        return Outcome(True, End.DONE) if done == len(self.specs) else None
+        if done == len(self.specs):
+            return Outcome(True, End.DONE)
+        idle = self.stall.stalled_for(now)
+        if idle is not None and done == 0:
+            step = self.beat.step if self.beat else "?"
+            return Outcome(False, End.STALLED, None, f"no training progress for {idle:.0f} s after step {step} "
+                                                     f"(--stall-timeout {self.stall.limit_s():.0f} s)")
+        return None
+
+    def _read_beat(self) -> None:
+        try:
+            beat = read_beat(self.nodes.conn(0), self.specs[0].dirs["ckpt"])
+        except Exception:  # node 0 unreachable: the container polls tell
+            return
+        self.stall.update(beat, time.monotonic())
+        if beat is not None:
+            self.beat = beat
+
+    def collect_stacks(self) -> list[RankStack]:
+        """SIGUSR1 to every rank of every node (faulthandler dumps, docs/DESIGN.md §7), then read the dumps from
+        each node's log dir until every rank wrote one that stopped growing, or STACK_WAIT_S passed (a stopped
+        rank never writes)."""
+        signalled = fan_out("stack dump", list(range(len(self.specs))), self._signal, lambda r: self.specs[r].host.label)
+        deadline = time.monotonic() + STACK_WAIT_S
+        previous: list[RankStack] = []
+        while True:
+            stacks = [s for r, ranks in enumerate(signalled)
+                      for s in read_stacks(self.nodes.conn(r), self.specs[r].dirs["log"], r, ranks)]
+            if (stacks == previous and all(s.text for s in stacks)) or time.monotonic() > deadline:
+                return stacks
+            previous = stacks
+            time.sleep(1.0)
+
+    def _signal(self, rank: int) -> list[int]:
+        try:
+            return signal_ranks(self.nodes.docker(rank).containers.get(self.ids[rank]))
+        except Exception:  # an unreachable node has no dumps to give; the others still do
+            return []
 
     def _poll_one(self, rank: int, results: list[dict[str, Any] | None]) -> None:
         import docker.errors
@@ -222,34 +290,67 @@ def _sortable_time(stamp: str) -> str:
     return f"{head}.{frac.ljust(9, '0')}" if dot else f"{head}.000000000"
 
 
+class ProgressView:
+    """Rank 0's heartbeat as one line under the streamed logs: live on a terminal (rich), else printed every
+    PROGRESS_EVERY_S seconds (a CI log gets a line now and then, not a redraw per poll)."""
+
+    def __init__(self, console: Console) -> None:
+        from rich.live import Live
+
+        self.console = console
+        self.live = Live(console=console, transient=True, auto_refresh=False) if console.is_terminal else None
+        self.printed_at = 0.0
+        self.shown: str | None = None
+        if self.live is not None:
+            self.live.start()
+
+    def show(self, beat: Beat | None) -> None:
+        if beat is None or beat.raw == self.shown:
+            return
+        self.shown = beat.raw
+        line = f"progress: {beat.progress_line()}"
+        if self.live is not None:
+            from rich.text import Text
+
+            self.live.update(Text(line, style="bold"), refresh=True)
+        elif time.monotonic() - self.printed_at >= PROGRESS_EVERY_S or beat.state == "done":
+            self.printed_at = time.monotonic()
+            self.console.print(line, markup=False, highlight=False)
+
+    def close(self) -> None:
+        if self.live is not None:
+            self.live.stop()
+
+
 def watch(nodes: Nodes, specs: Sequence[NodeSpec], containers: Sequence[Any], config: UpConfig,
           console: Console) -> Outcome:
-    """Stay attached until the job succeeds or a node fails; on failure stop the job everywhere."""
-    watcher = Watcher(nodes, specs, containers, console, secret_values(config.env_dict))
+    """Stay attached until the job succeeds or a node fails; on failure stop the job everywhere. Meanwhile:
+    progress from the heartbeat, each new checkpoint replicated off node 0."""
+    watcher = Watcher(nodes, specs, containers, console, secret_values(config.env_dict), config.stall_timeout)
+    replicator = Replicator(nodes, specs, config.ckpt_mirror, console)
+    view = ProgressView(console)
     watcher.start_streams()
+    replicator.start()
     try:
         while True:
             outcome = watcher.poll()
+            view.show(watcher.beat)
             if outcome is not None:
                 break
             watcher.exited.wait(POLL_S)
             watcher.exited.clear()
     except KeyboardInterrupt:
         watcher.stop_event.set()
+        view.close()
+        replicator.stop()
         return _interrupted(nodes, config, console)
+    finally:
+        view.close()
+    replicator.stop()
     watcher.drain_streams(STREAM_DRAIN_S)
     watcher.stop_event.set()
     if not outcome.ok:
-        rank = outcome.failed_rank if outcome.failed_rank is not None else 0
-        host = specs[rank].host.label
-        console.print(f"[bold red]node {rank} ({host}) failed: {outcome.reason}[/]")
-        if outcome.end is End.EXITED:  # its logs are there to show
-            lines = watcher.last_lines(rank)
-            console.print(f"last lines of node {rank}:", markup=False)
-            print_lines(console, rank, lines, watcher.secrets)
-            if SIGTERM_STOP_LINE in lines:
-                console.print("the trainer was stopped by SIGTERM (kill / docker stop) and wrote a checkpoint: "
-                              f"continue with 'up --resume --job {config.job}'", markup=False)
+        _report_failure(watcher, outcome, config)
         console.print(f"stopping job {config.job!r} on all nodes", markup=False)
         try:
             # Short grace: with a peer gone the others cannot agree on a checkpoint anyway.
@@ -258,6 +359,45 @@ def watch(nodes: Nodes, specs: Sequence[NodeSpec], containers: Sequence[Any], co
             console.print(f"while stopping: {err}", markup=False, highlight=False)
             outcome.leftovers = True
     return outcome
+
+
+def _report_failure(watcher: Watcher, outcome: Outcome, config: UpConfig) -> None:
+    console, specs = watcher.console, watcher.specs
+    if outcome.end is End.STALLED:
+        console.print(f"[bold red]job stalled: {outcome.reason}[/]")
+        _report_stall(watcher, outcome)
+        return
+    rank = outcome.failed_rank if outcome.failed_rank is not None else 0
+    console.print(f"[bold red]node {rank} ({specs[rank].host.label}) failed: {outcome.reason}[/]")
+    if outcome.end is End.EXITED:  # its logs are there to show
+        lines = watcher.last_lines(rank)
+        console.print(f"last lines of node {rank}:", markup=False)
+        print_lines(console, rank, lines, watcher.secrets)
+        if SIGTERM_STOP_LINE in lines:
+            console.print("the trainer was stopped by SIGTERM (kill / docker stop) and wrote a checkpoint: "
+                          f"continue with 'up --resume --job {config.job}'", markup=False)
+
+
+def _report_stall(watcher: Watcher, outcome: Outcome) -> None:
+    """Stack dumps of every rank, where they are, and the node whose ranks are not where the others wait."""
+    console, specs = watcher.console, watcher.specs
+    stacks = watcher.collect_stacks()
+    for s in stacks:
+        where = f"{specs[s.node].host.label}:{specs[s.node].dirs['log']}/stack-rank{s.rank}.txt"
+        what = ("waiting in a collective" if s.in_collective else
+                "NO DUMP (stopped, or frozen outside Python)" if not s.text else "busy outside any collective")
+        console.print(f"  rank {s.rank} on node {s.node}: {what} ({where})", markup=False, highlight=False)
+    blamed = culprits(stacks)
+    if blamed:
+        outcome.failed_rank = blamed[0]
+        names = ", ".join(f"node {n} ({specs[n].host.label})" for n in blamed)
+        console.print(f"[bold red]stalled by {names}: its ranks are not in the collective the others wait in[/]")
+        outcome.reason += f"; stalled by {names}"
+    elif stacks:
+        console.print("no single node to blame: every rank is in the same place (see the dumps)", markup=False)
+    if watcher.beat is not None:
+        console.print(f"last heartbeat: {watcher.beat.progress_line()} (slowest step so far "
+                      f"{hms(watcher.beat.slowest_step_s)})", markup=False, highlight=False)
 
 
 def _interrupted(nodes: Nodes, config: UpConfig, console: Console) -> Outcome:
@@ -289,3 +429,17 @@ def summary(nodes: Nodes, specs: Sequence[NodeSpec], console: Console) -> None:
         console.print("finished (no metrics.jsonl found on node 0)", markup=False)
     where = f"{specs[0].host.label}:{newest.path}" if newest else f"{specs[0].host.label}:{folder} (none valid)"
     console.print(f"checkpoint: {where}", markup=False, highlight=False)
+
+
+def newest_step(nodes: Nodes, specs: Sequence[NodeSpec]) -> int | None:
+    """The newest valid checkpoint's step on the nodes that still answer (None: none anywhere)."""
+    def one(rank: int) -> int | None:
+        try:
+            found = newest_valid(nodes.conn(rank), specs[rank].dirs["ckpt"])
+        except Exception:  # an unreachable node has nothing to offer
+            return None
+        return found.step if found else None
+
+    steps = [s for s in fan_out("checkpoint search", list(range(len(specs))), one, lambda r: specs[r].host.label)
+             if s is not None]
+    return max(steps, default=None)

@@ -12,7 +12,7 @@ from typing import Any
 
 from . import __version__
 from .config import GPUS_ALL, UpConfig, mask_text, masked_env, secret_values
-from .docker import JOB_LABEL, NNODES_LABEL, RANK_LABEL, VERSION_LABEL
+from .docker import JOB_LABEL, NNODES_LABEL, RANK_LABEL, RESTART_CAUSE_LABEL, RESTART_LABEL, VERSION_LABEL
 from .hosts import Host
 
 DATA_MOUNT = "/data"
@@ -162,6 +162,8 @@ def _node(config: UpConfig, host: Host, rank: int, nnodes: int, master_addr: str
     if config.is_trainer:
         command += ["--data-dir", DATA_MOUNT, "--ckpt-dir", CKPT_MOUNT, *config.trainer_args]
         command += ["--resume"] if config.resume else []
+        # A restart on fewer nodes trains on with the run's global batch (gradient accumulation).
+        command += ["--keep-global-batch"] if config.restart else []
     else:
         command += config.trainer_args
     env = {
@@ -173,6 +175,8 @@ def _node(config: UpConfig, host: Host, rank: int, nnodes: int, master_addr: str
     }
     if config.resume:
         env["RESUME"] = "1"
+    if config.restart:  # the trainer records it in metrics.jsonl (docs/DESIGN.md §7)
+        env.update(DDP_RESTART=str(config.restart), DDP_RESTART_CAUSE=config.restart_cause)
     if not config.cpu_mode:
         env["NCCL_SOCKET_IFNAME"] = iface
         # The image's TORCH_NCCL_ASYNC_ERROR_HANDLING=3 stays (tear down on a failed collective, with the flight
@@ -186,7 +190,8 @@ def _node(config: UpConfig, host: Host, rank: int, nnodes: int, master_addr: str
         env=env,
         mounts=(Mount(dirs["data"], DATA_MOUNT, read_only=True), Mount(dirs["ckpt"], CKPT_MOUNT),
                 Mount(dirs["log"], LOG_MOUNT)),
-        labels={JOB_LABEL: config.job, RANK_LABEL: str(rank), NNODES_LABEL: str(nnodes), VERSION_LABEL: __version__},
+        labels={JOB_LABEL: config.job, RANK_LABEL: str(rank), NNODES_LABEL: str(nnodes), VERSION_LABEL: __version__,
+                RESTART_LABEL: str(config.restart), RESTART_CAUSE_LABEL: config.restart_cause},
         gpus=gpus, ipc_mode=None if config.shm_size else "host", shm_size=config.shm_size, dirs=dirs,
         ulimits=CPU_ULIMITS if config.cpu_mode else GPU_ULIMITS, user=facts.user,
     )

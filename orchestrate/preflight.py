@@ -253,8 +253,9 @@ def _check_job(report: HostReport, config: UpConfig) -> None:
 
 
 def run_preflight(conns: Sequence[Connection], config: UpConfig, master_addr: str, local_image_id: str | None,
-                  console: Console) -> list[HostReport]:
-    """Check all hosts in parallel; print the table; raise PreflightError (one line per host) on any failure."""
+                  console: Console, may_fail: bool = False) -> list[HostReport]:
+    """Check all hosts in parallel; print the table; raise PreflightError (one line per host) on any failure,
+    unless `may_fail` (a restart that may leave failing hosts out: the caller decides)."""
     from .ssh import fan_out
 
     master_port = conns[0].host.port
@@ -268,7 +269,7 @@ def run_preflight(conns: Sequence[Connection], config: UpConfig, master_addr: st
                              + "\n  ".join(err.lines())) from None
     console.print(render_table(reports))
     failed = [r for r in reports if r.problems]
-    if failed:
+    if failed and not may_fail:
         lines = [f"{r.label}: " + "; ".join(r.problems) for r in failed]
         raise PreflightError("preflight failed, nothing was started:\n  " + "\n  ".join(lines))
     return reports

@@ -1,4 +1,5 @@
-"""`up`: hosts → preflight → plan → image → data → start → watch. Nothing starts unless preflight passes."""
+"""`up`: hosts → preflight → plan → image → data → start → watch, and again from the newest checkpoint after a
+failure (--max-restarts). Nothing starts unless preflight passes."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -15,10 +17,19 @@ from rich.console import Console
 from . import state
 from .config import UpConfig
 from .entry import check_image
-from .errors import JobError
+from .errors import ConfigError, JobError
 from .hosts import Host, parse_hosts_file
 from .image import ensure_images
-from .launch import End, find_resume_checkpoint, remove_leftovers, start_containers, summary, watch
+from .launch import (
+    End,
+    Outcome,
+    find_resume_checkpoint,
+    newest_step,
+    remove_leftovers,
+    start_containers,
+    summary,
+    watch,
+)
 from .nodes import Nodes
 from .plan import NodeFacts, NodeSpec, build_plan, render_plan
 from .prefetch import make_dirs, prefetch_all
@@ -81,35 +92,103 @@ def up(config: UpConfig, console: Console) -> int:
             console.print(timings.render(), markup=False, highlight=False)
 
 
+BACKOFF_S = 10.0  # before the first automatic restart; doubled each time, at most MAX_BACKOFF_S
+MAX_BACKOFF_S = 60.0
+
+
+@dataclass
+class Attempt:
+    """One start of the job and how it ended (an automatic restart is another Attempt)."""
+
+    outcome: Outcome
+    resumed_from: int | None = None  # the checkpoint step it started from (None: from scratch)
+    newest_step: int | None = None  # the newest valid checkpoint when it ended (None: none)
+
+    @property
+    def progressed(self) -> bool:
+        return self.newest_step is not None and self.newest_step != self.resumed_from
+
+
 def _up(config: UpConfig, console: Console, timings: Timings) -> int:
     hosts = load_hosts(config)
+    if config.min_nodes is not None and config.min_nodes > len(hosts):
+        raise ConfigError(f"--min-nodes {config.min_nodes} exceeds the {len(hosts)} host(s) in "
+                          f"{config.ssh.hosts_file}; give at most {len(hosts)}")
     if config.dry_run:
         # Offline: nothing is contacted; interfaces and GPU counts are shown as detected at launch.
         specs = build_plan(config, hosts, config.master_addr or hosts[0].hostname)
         console.print(render_plan(specs), markup=False, highlight=False, soft_wrap=True)
         return 0
+    began, current, previous = time.time(), config, None
+    while True:
+        attempt = _attempt(current, hosts, console, timings)
+        if attempt.outcome.ok:
+            return 0
+        _restart_or_raise(config, current, attempt, previous, began, console)
+        previous = attempt
+        current = dataclasses.replace(config, resume=True, replace=False, restart=current.restart + 1,
+                                      restart_cause=attempt.outcome.cause)
+
+
+def _restart_or_raise(config: UpConfig, current: UpConfig, attempt: Attempt, previous: Attempt | None,
+                      began: float, console: Console) -> None:
+    """Raise the job's failure unless an automatic restart is due; then wait out the backoff (a `kill` or
+    Ctrl-C meanwhile ends it all)."""
+    outcome = attempt.outcome
+    failure = _failure_text(config, outcome)
+    if not outcome.end.restartable or current.restart >= config.max_restarts:
+        used = f" (after {current.restart} automatic restart(s))" if current.restart else ""
+        raise JobError(failure + used)
+    if previous is not None and not attempt.progressed and \
+            (previous.outcome.end, previous.outcome.cause) == (outcome.end, outcome.cause):
+        raise JobError(f"{failure}; the same failure repeated before any new checkpoint was written (step "
+                       f"{attempt.resumed_from}): not restarting again, fix the cause then 'up --resume'")
+    wait = min(BACKOFF_S * 2 ** current.restart, MAX_BACKOFF_S)
+    console.print(f"restart {current.restart + 1} of {config.max_restarts} in {wait:.0f} s, from the newest valid "
+                  f"checkpoint; cause: {outcome.cause}", markup=False, highlight=False)
+    deadline = time.monotonic() + wait
+    try:
+        while time.monotonic() < deadline:
+            if state.killed_since(config.job, began):
+                raise JobError(f"job {config.job!r} was stopped with 'kill' during the restart backoff; "
+                               "nothing runs, no restart follows")
+            time.sleep(0.5)
+    except KeyboardInterrupt:
+        raise JobError(f"job {config.job!r}: Ctrl-C during the restart backoff; nothing runs, no restart "
+                       "follows") from None
+
+
+def _failure_text(config: UpConfig, outcome: Outcome) -> str:
+    cleaned = (f"stopped where reachable; run 'kill --job {config.job}' once all hosts answer"
+               if outcome.leftovers else "the job was stopped on all nodes")
+    return f"job {config.job!r} failed: {outcome.cause}; {cleaned}"
+
+
+def _attempt(config: UpConfig, hosts: list[Host], console: Console, timings: Timings) -> Attempt:
+    if config.restart:
+        console.print(f"--- restart {config.restart} of {config.max_restarts} ---", markup=False)
     with timings.phase("connect"), ThreadPoolExecutor(1) as pool:
         local_lookup = pool.submit(local_image, config.image)  # the local daemon, while SSH handshakes run
-        nodes = Nodes.connect(hosts, config.ssh.accept_new_host_keys)
+        nodes = _connect(config, hosts, console)
         local, local_id = local_lookup.result()
     try:
-        master = config.master_addr or nodes.conn(0).peer_address
         with timings.phase("preflight"):
-            reports = run_preflight(nodes.conns, config, master, local_id, console)  # type: ignore[arg-type]
+            nodes, reports, master = _preflight(nodes, config, local_id, console)
         for rank, report in enumerate(reports):
             nodes.adopt_docker(rank, report.docker)
         facts = [NodeFacts(iface=r.iface, gpus=r.gpus, home=r.identity.home, user=r.identity.user_spec,
                            login=r.identity.name) if r.identity else NodeFacts(iface=r.iface, gpus=r.gpus)
                  for r in reports]
-        specs = build_plan(config, hosts, master, facts)
+        specs = build_plan(config, nodes.hosts, master, facts)
+        resumed_from = None
         if config.resume:
             with timings.phase("resume"):
-                _resume(nodes, specs, config, console)
+                resumed_from = _resume(nodes, specs, config, console)
         with timings.phase("image"):
             ensure_images(nodes, config, local, local_id, console, [r.image_id for r in reports])
             # The image is on every node now: one short container on node 0 checks torch and the entry.
             launcher = check_image(nodes.conn(0), config)
-        specs = build_plan(config, hosts, master, facts, launcher)
+        specs = build_plan(config, nodes.hosts, master, facts, launcher)
         with timings.phase("data"):
             _data(nodes, config, console)
         with timings.phase("start"):
@@ -121,33 +200,76 @@ def _up(config: UpConfig, console: Console, timings: Timings) -> int:
         if config.detach:
             console.print(f"detached; follow with 'logs -f --job {config.job}', stop with 'kill --job {config.job}'",
                           markup=False)
-            return 0
+            return Attempt(Outcome(True, End.DETACHED))
         with timings.phase("run"):
             outcome = watch(nodes, specs, containers, config, console)
-        if not outcome.ok:
-            where = f"node {outcome.failed_rank} ({specs[outcome.failed_rank].host.label}) " \
-                if outcome.failed_rank is not None else ""
-            cleaned = (f"stopped where reachable; run 'kill --job {config.job}' once all hosts answer"
-                       if outcome.leftovers else "the job was stopped on all nodes")
-            raise JobError(f"job {config.job!r} failed: {where}{outcome.reason}; {cleaned}")
-        if outcome.end is not End.DETACHED:
+        if outcome.ok and outcome.end is not End.DETACHED:
             with timings.phase("summary"):
                 summary(nodes, specs, console)
-        return 0
+        if outcome.failed_rank is not None:  # the rank in this attempt's plan: say which host it was
+            outcome.host = specs[outcome.failed_rank].host.label
+        if outcome.ok or not outcome.end.restartable:
+            return Attempt(outcome, resumed_from)
+        return Attempt(outcome, resumed_from, newest_step(nodes, specs))
     finally:
         timings.channels = {c.host.label: c.peak_channels for c in nodes.conns if c is not None}
         nodes.close()
 
 
-def _resume(nodes: Nodes, specs: list[NodeSpec], config: UpConfig, console: Console) -> None:
+def _connect(config: UpConfig, hosts: list[Host], console: Console) -> Nodes:
+    """Every host, or (a restart with --min-nodes) every host that answers while enough do."""
+    if not (config.restart and config.min_nodes):
+        return Nodes.connect(hosts, config.ssh.accept_new_host_keys)
+    nodes, unreachable = Nodes.connect_reachable(hosts, config.ssh.accept_new_host_keys)
+    for label, why in unreachable.items():
+        console.print(f"leaving out {label}: {why}", markup=False, highlight=False)
+    return _keep(nodes, nodes.reachable(), config, "reachable")
+
+
+def _keep(nodes: Nodes, keep: list[int], config: UpConfig, what: str) -> Nodes:
+    assert config.min_nodes is not None
+    if len(keep) < config.min_nodes:
+        nodes.close()
+        raise JobError(f"restart {config.restart}: only {len(keep)} host(s) {what}, fewer than --min-nodes "
+                       f"{config.min_nodes}; the job was stopped on all nodes; fix the hosts, then 'up --resume'")
+    if len(keep) == len(nodes.hosts):
+        return nodes
+    for i, conn in enumerate(nodes.conns):
+        if i not in keep and conn is not None:
+            conn.close()
+    return Nodes([nodes.hosts[i] for i in keep], [nodes.conns[i] for i in keep])
+
+
+def _preflight(nodes: Nodes, config: UpConfig, local_id: str | None,
+               console: Console) -> tuple[Nodes, list[Any], str]:
+    """Preflight (all must pass), or on a restart with --min-nodes: hosts that fail are left out while enough
+    remain, then the rest is checked again (node 0 and the master may have changed)."""
+    may_fail = bool(config.restart and config.min_nodes)
+    master = config.master_addr or nodes.conn(0).peer_address
+    reports = run_preflight(nodes.conns, config, master, local_id, console, may_fail)  # type: ignore[arg-type]
+    passed = [i for i, r in enumerate(reports) if not r.problems]
+    if len(passed) == len(reports):
+        return nodes, reports, master
+    for r in reports:
+        if r.problems:
+            console.print(f"leaving out {r.label}: " + "; ".join(r.problems), markup=False, highlight=False)
+    nodes = _keep(nodes, passed, config, "passed preflight")
+    master = config.master_addr or nodes.conn(0).peer_address
+    reports = run_preflight(nodes.conns, config, master, local_id, console)  # type: ignore[arg-type]
+    return nodes, reports, master
+
+
+def _resume(nodes: Nodes, specs: list[NodeSpec], config: UpConfig, console: Console) -> int | None:
+    """The step resumed from (None: no checkpoint with a manifest)."""
     try:
-        find_resume_checkpoint(nodes, specs, console)
+        return find_resume_checkpoint(nodes, specs, console).step
     except JobError:
         if config.is_trainer:
             raise
         # Another program that writes no manifest (docs/DESIGN.md §7) finds its own state: RESUME=1 only.
         console.print("--resume: no valid checkpoint (manifest and matching .pt); the program gets RESUME=1 and "
                       "finds its own state (resume by flag only)", markup=False, highlight=False)
+        return None
 
 
 def _data(nodes: Nodes, config: UpConfig, console: Console) -> None:

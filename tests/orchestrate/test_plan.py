@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import shlex
 from pathlib import Path
 
@@ -43,7 +44,8 @@ def test_gpu_plan_all_gpus() -> None:
     assert (n1.env["MASTER_ADDR"], n1.env["MASTER_PORT"], n1.env["NODE_RANK"], n1.env["NNODES"]) == \
         ("10.0.0.11", "29500", "1", "2")
     assert n0.labels == {"ddp-cifar.job": "exp1", "ddp-cifar.node-rank": "0", "ddp-cifar.nnodes": "2",
-                         "ddp-cifar.version": "0.1.0"}
+                         "ddp-cifar.version": "0.1.0", "ddp-cifar.restart": "0", "ddp-cifar.restart-cause": ""}
+    assert "DDP_RESTART" not in n0.env and "--keep-global-batch" not in n0.command
     assert n0.gpus == GPUS_ALL and ("memlock", -1, -1) in n0.ulimits and ("stack", 67108864, 67108864) in n0.ulimits
     assert n0.ipc_mode == "host" and n0.init and n0.network_mode == "host"
     assert [(m.source, m.target) for m in n1.mounts] == [
@@ -112,3 +114,15 @@ def test_dry_run_prints_every_node_masked_and_quoted(tmp_path: Path, capsys: pyt
                                                         "--master_addr", "node-a", "--master_port", "29500",
                                                         "--nproc_per_node", "1"]
     assert argv[-4:] == ["--epochs", "2", "--batch-size", "32"]
+
+
+def test_an_automatic_restart_resumes_keeps_the_global_batch_and_says_why() -> None:
+    cfg = config(gpus=0, trainer_args=("--epochs", "3"), resume=True, restart=2,
+                 restart_cause="node 1 (b) exited with code 1")
+    n0 = build_plan(cfg, HOSTS, "10.0.0.11")[0]
+    assert n0.command[-3:] == ("3", "--resume", "--keep-global-batch")
+    assert (n0.env["DDP_RESTART"], n0.env["DDP_RESTART_CAUSE"]) == ("2", "node 1 (b) exited with code 1")
+    assert n0.labels["ddp-cifar.restart"] == "2" and n0.labels["ddp-cifar.restart-cause"].startswith("node 1")
+    # Another program gets the environment, not the trainer's option.
+    other = build_plan(dataclasses.replace(cfg, entry="-m app.train", trainer_args=("--x",)), HOSTS, "10.0.0.11")[0]
+    assert "--keep-global-batch" not in other.command and other.env["DDP_RESTART"] == "2"

@@ -1,0 +1,188 @@
+"""Is the job alive and moving? Rank 0's heartbeat (docs/DESIGN.md §2), the stall rule, stack dumps of every rank.
+
+The heartbeat is read over SSH on each poll; no torch here. A program that writes no heartbeat gets no progress
+line and no stall check (its failures are still seen by exit codes and host polls).
+"""
+
+from __future__ import annotations
+
+import json
+import posixpath
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from .ssh import Connection
+
+HEARTBEAT_FILE = "heartbeat.json"
+STALL_STEP_FACTOR = 3.0  # a stall is never declared before 3x the slowest step seen
+STACK_FILE = "stack-rank{rank}.txt"
+STACK_WAIT_S = 10.0  # how long the ranks get to write their dumps after SIGUSR1
+# Frames of a rank that waits for its peers inside a collective (gloo / NCCL through torch.distributed).
+COLLECTIVE_MARKERS = ("torch/distributed/distributed_c10d.py", "torch/nn/parallel/distributed.py")
+
+
+@dataclass(frozen=True)
+class Beat:
+    """One heartbeat as written by the trainer (fields may be missing in another program's)."""
+
+    step: int
+    total_steps: int | None
+    epoch: int | None
+    epochs: int | None
+    state: str
+    images_per_s: float | None
+    eta_s: float | None
+    loss: float | None
+    slowest_step_s: float
+    ckpt_step: int | None
+    raw: str  # the file as read: any change in it is progress
+
+    @classmethod
+    def parse(cls, text: str) -> Beat | None:
+        """PURE: None for a file that is not a heartbeat (half written, another program's format)."""
+        try:
+            data = json.loads(text)
+            return cls(int(data["step"]), _int(data.get("total_steps")), _int(data.get("epoch")),
+                       _int(data.get("epochs")), str(data.get("state", "training")), _float(data.get("images_per_s")),
+                       _float(data.get("eta_s")), _float(data.get("loss")),
+                       _float(data.get("slowest_step_s")) or 0.0, _int(data.get("ckpt_step")), text)
+        except (ValueError, KeyError, TypeError):
+            return None
+
+    def progress_line(self) -> str:
+        """PURE: `step 120/600 (20%) epoch 3/15 loss 1.234 412 img/s ETA 0h05m12s`."""
+        parts = [f"step {self.step}/{self.total_steps}" if self.total_steps else f"step {self.step}"]
+        if self.total_steps:
+            parts[0] += f" ({100 * self.step / max(self.total_steps, 1):.0f}%)"
+        if self.epoch is not None:
+            parts.append(f"epoch {self.epoch}/{self.epochs}" if self.epochs else f"epoch {self.epoch}")
+        if self.loss is not None:
+            parts.append(f"loss {self.loss:.3f}")
+        if self.images_per_s is not None:
+            parts.append(f"{self.images_per_s:.0f} img/s")
+        if self.eta_s is not None:
+            parts.append(f"ETA {hms(self.eta_s)}")
+        if self.state not in ("training", "starting"):
+            parts.append(self.state)
+        return " ".join(parts)
+
+
+def _int(value: Any) -> int | None:
+    return None if value is None else int(value)
+
+
+def _float(value: Any) -> float | None:
+    return None if value is None else float(value)
+
+
+def hms(seconds: float) -> str:
+    s = max(0, int(seconds))
+    return f"{s // 3600}h{s % 3600 // 60:02d}m{s % 60:02d}s"
+
+
+def read_beat(conn: Connection, ckpt_dir: str) -> Beat | None:
+    try:
+        return Beat.parse(conn.read_file(posixpath.join(ckpt_dir, HEARTBEAT_FILE), timeout=10).decode(errors="replace"))
+    except OSError:  # no heartbeat yet (or not this kind of program)
+        return None
+
+
+@dataclass
+class StallClock:
+    """PURE: the time of the last progress, by the orchestrator's own clock (the hosts' clocks may differ).
+
+    Progress is any change of the heartbeat file. The check is armed by the first change seen while watching:
+    a stale file from an earlier run is no evidence of this one, and a start that takes long (a slow import,
+    data on a network disk) is not a stall; a start that hangs is torchrun's rendezvous timeout's to end."""
+
+    timeout_s: float
+    last_change: float = field(default_factory=time.monotonic)
+    last_raw: str | None = None
+    slowest_step_s: float = 0.0
+    seen: bool = False
+
+    def update(self, beat: Beat | None, now: float) -> None:
+        if beat is None:
+            return
+        self.slowest_step_s = max(self.slowest_step_s, beat.slowest_step_s)
+        if beat.raw != self.last_raw:
+            if self.last_raw is not None:
+                self.seen = True  # a change we saw happen: this run writes a heartbeat
+            self.last_raw, self.last_change = beat.raw, now
+
+    def limit_s(self) -> float:
+        return max(self.timeout_s, STALL_STEP_FACTOR * self.slowest_step_s)
+
+    def stalled_for(self, now: float) -> float | None:
+        """Seconds without progress once over the limit; None while within it or when the check is off."""
+        if self.timeout_s <= 0 or not self.seen:
+            return None
+        idle = now - self.last_change
+        return idle if idle > self.limit_s() else None
+
+
+# ---- stack dumps ---------------------------------------------------------------------------------------
+
+# Run with the container's Python inside the job's container: SIGUSR1 to every process torchrun started (they
+# have RANK in their environment; torchrun itself has not), and their global ranks printed as JSON.
+SIGNAL_RANKS = r"""
+import json, os, signal
+found = {}
+for pid in filter(str.isdigit, os.listdir('/proc')):
+    try:
+        env = dict(kv.split('=', 1) for kv in open('/proc/%s/environ' % pid).read().split('\0') if '=' in kv)
+    except OSError:
+        continue
+    if 'RANK' in env and 'LOCAL_RANK' in env and int(pid) != os.getpid():
+        try:
+            os.kill(int(pid), signal.SIGUSR1)
+            found[env['RANK']] = int(pid)
+        except OSError:
+            pass
+print(json.dumps(found))
+"""
+
+
+@dataclass(frozen=True)
+class RankStack:
+    node: int
+    rank: int
+    text: str  # empty: no dump arrived
+
+    @property
+    def in_collective(self) -> bool:
+        return any(marker in self.text for marker in COLLECTIVE_MARKERS)
+
+
+def signal_ranks(container: Any) -> list[int]:
+    """SIGUSR1 to each rank process in a node's container; the global ranks signalled."""
+    res = container.exec_run(["python3", "-c", SIGNAL_RANKS])
+    try:
+        return sorted(int(r) for r in json.loads(res.output.decode(errors="replace").strip().splitlines()[-1]))
+    except (ValueError, IndexError, AttributeError):
+        return []
+
+
+def read_stacks(conn: Connection, log_dir: str, node: int, ranks: Sequence[int]) -> list[RankStack]:
+    out = []
+    for rank in ranks:
+        try:
+            text = conn.read_file(posixpath.join(log_dir, STACK_FILE.format(rank=rank)), timeout=30).decode(
+                errors="replace")
+        except OSError:
+            text = ""
+        out.append(RankStack(node, rank, text))
+    return out
+
+
+def culprits(stacks: Sequence[RankStack]) -> list[int]:
+    """PURE: the nodes to blame: those with a rank outside the collective that other ranks wait in (no dump:
+    stopped, or frozen below Python; a dump elsewhere: busy or deadlocked outside the collective). Empty when
+    no rank waits in a collective (nothing to compare with) or when every rank does (a slow network, a hung
+    GPU collective: the dumps say more than a name)."""
+    waiting = [s for s in stacks if s.in_collective]
+    if not waiting:
+        return []
+    return sorted({s.node for s in stacks if not s.in_collective})
