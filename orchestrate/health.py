@@ -19,8 +19,11 @@ HEARTBEAT_FILE = "heartbeat.json"
 STALL_STEP_FACTOR = 3.0  # a stall is never declared before 3x the slowest step seen
 STACK_FILE = "stack-rank{rank}.txt"
 STACK_WAIT_S = 10.0  # how long the ranks get to write their dumps after SIGUSR1
-# Frames of a rank that waits for its peers inside a collective (gloo / NCCL through torch.distributed).
-COLLECTIVE_MARKERS = ("torch/distributed/distributed_c10d.py", "torch/nn/parallel/distributed.py")
+# Frames of a rank that waits for its peers: a collective called from Python (torch.distributed), DDP's gradient
+# all-reduce (it runs inside backward, where gloo blocks until every peer joins), and the trainer's own helpers
+# that read a collective's result (with NCCL that read is where the CPU waits).
+COLLECTIVE_MARKERS = ("torch/distributed/distributed_c10d.py", "torch/nn/parallel/distributed.py",
+                      "torch/autograd/", "trainer/dist.py")
 
 
 @dataclass(frozen=True)

@@ -21,7 +21,6 @@ from .health import (
     RankStack,
     StallClock,
     culprits,
-    hms,
     read_beat,
     read_stacks,
     signal_ranks,
@@ -379,25 +378,35 @@ def _report_failure(watcher: Watcher, outcome: Outcome, config: UpConfig) -> Non
 
 
 def _report_stall(watcher: Watcher, outcome: Outcome) -> None:
-    """Stack dumps of every rank, where they are, and the node whose ranks are not where the others wait."""
+    """Stack dumps of every rank, the node whose ranks are not where the others wait, and all of it saved in
+    node 0's log dir (the ranks' own dump files start afresh with the next run)."""
     console, specs = watcher.console, watcher.specs
     stacks = watcher.collect_stacks()
+    lines = []
     for s in stacks:
-        where = f"{specs[s.node].host.label}:{specs[s.node].dirs['log']}/stack-rank{s.rank}.txt"
         what = ("waiting in a collective" if s.in_collective else
                 "NO DUMP (stopped, or frozen outside Python)" if not s.text else "busy outside any collective")
-        console.print(f"  rank {s.rank} on node {s.node}: {what} ({where})", markup=False, highlight=False)
+        lines.append(f"rank {s.rank} on node {s.node} ({specs[s.node].host.label}): {what}")
     blamed = culprits(stacks)
     if blamed:
         outcome.failed_rank = blamed[0]
         names = ", ".join(f"node {n} ({specs[n].host.label})" for n in blamed)
-        console.print(f"[bold red]stalled by {names}: its ranks are not in the collective the others wait in[/]")
+        lines.append(f"stalled by {names}: its ranks are not in the collective the others wait in")
         outcome.reason += f"; stalled by {names}"
     elif stacks:
-        console.print("no single node to blame: every rank is in the same place (see the dumps)", markup=False)
+        lines.append("no single node to blame: every rank is in the same place (see the dumps)")
     if watcher.beat is not None:
-        console.print(f"last heartbeat: {watcher.beat.progress_line()} (slowest step so far "
-                      f"{hms(watcher.beat.slowest_step_s)})", markup=False, highlight=False)
+        lines.append(f"last heartbeat: {watcher.beat.progress_line()} (slowest step so far "
+                     f"{watcher.beat.slowest_step_s:.2f} s)")
+    for line in lines:
+        console.print(f"  {line}", markup=False, highlight=False)
+    report = "\n".join([*lines, "", *(f"==== rank {s.rank} on node {s.node}\n{s.text or '(no dump)'}" for s in stacks)])
+    path = f"{specs[0].dirs['log']}/stall-{time.strftime('%Y%m%d-%H%M%S', time.gmtime())}.txt"
+    try:
+        watcher.nodes.conn(0).write_file(path, iter((report.encode(),)), timeout=60)
+        console.print(f"stack dumps saved in {specs[0].host.label}:{path}", markup=False, highlight=False)
+    except Exception as err:  # node 0 unreachable: the dumps were printed above
+        console.print(f"could not save the stack dumps on node 0: {err}", markup=False, highlight=False)
 
 
 def _interrupted(nodes: Nodes, config: UpConfig, console: Console) -> Outcome:

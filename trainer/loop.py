@@ -255,7 +255,7 @@ def run(cfg: Config, ctx: DistContext, st: TrainState, loader: TrainLoader, test
         if stats is not None and not stats.complete:  # --max-steps inside an epoch: its record, marked partial
             _record_epoch(cfg, ctx, st, loader, stats, acc, partial=True)
     path = save(cfg, ctx, st, loader, pace)
-    pace.heartbeat.mark("done", step=st.pos.step, eta_s=0)
+    pace.heartbeat.mark("done", step=st.pos.step, epoch=st.pos.epoch, eta_s=0)
     # Every rank is past its last collective before any tears the process group down (gloo aborts a
     # rank whose peer closes the connection under it).
     dist.barrier(ctx)

@@ -1,0 +1,196 @@
+"""Self-healing jobs on real test hosts (CPU image): automatic restarts after a killed container, a stalled
+rank and a host cut off for good; a repeated crash and a `kill` during the backoff end it all.
+
+With the test data (256 images) and --batch-size 16, one process per node: 8 steps per epoch on 2 nodes.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from orchestrate_kit import (
+    Data,
+    job_containers,
+    job_dir,
+    manifests,
+    orchestrate,
+    serve_data,
+    start,
+    up_args,
+    wait_for,
+)
+
+from devcluster import Cluster
+
+pytestmark = [pytest.mark.cluster, pytest.mark.docker, pytest.mark.slow]
+
+
+class Up:
+    """An attached `up` in the background; its output collected line by line."""
+
+    def __init__(self, proc: subprocess.Popen[str]) -> None:
+        self.proc, self.lines = proc, []
+        self.thread = threading.Thread(target=self._read, daemon=True)
+        self.thread.start()
+
+    def _read(self) -> None:
+        assert self.proc.stdout is not None
+        for line in self.proc.stdout:
+            self.lines.append(line.rstrip("\n"))
+
+    @property
+    def text(self) -> str:
+        return "\n".join(self.lines)
+
+    def wait(self, timeout: float) -> int:
+        try:
+            rc = self.proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+            raise AssertionError(f"up still running after {timeout} s:\n{self.text[-5000:]}") from None
+        self.thread.join(timeout=10)
+        print(self.text)
+        return rc
+
+
+def metrics(cluster: Cluster, node: int, job: str) -> list[dict]:
+    return [json.loads(ln) for ln in (job_dir(cluster, node, job) / "metrics.jsonl").read_text().splitlines()]
+
+
+def beat(cluster: Cluster, node: int, job: str) -> dict | None:
+    try:
+        return json.loads((job_dir(cluster, node, job) / "heartbeat.json").read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def node_container(cluster: Cluster, job: str, node: int):  # type: ignore[no-untyped-def]
+    found = [c for _, c in job_containers(cluster, job) if c.labels.get("ddp-cifar.node-rank") == str(node)]
+    assert len(found) == 1, found
+    return found[0]
+
+
+def epochs_of(records: list[dict]) -> list[int]:
+    return [r["epoch"] for r in records if "event" not in r and not r.get("partial")]
+
+
+def test_a_killed_container_is_restarted_and_the_run_ends_as_an_uninterrupted_one(
+        target: Cluster, work: Path, data: Data, hosts: Path) -> None:
+    job, state = "heal-kill", work / "state-kill"
+    up = Up(start(target, state, *up_args(hosts, data, job, "--max-restarts", "2", trainer=("--epochs", "100"))))
+    ckpt, beats = job_dir(target, 0, job), []
+
+    def progressing() -> bool:
+        seen = beat(target, 0, job)
+        if seen and seen.get("state") == "training" and "eta_s" in seen and \
+                (not beats or seen["step"] > beats[-1]["step"]):
+            beats.append(seen)
+        return len(manifests(ckpt)) >= 3 and len(beats) >= 2
+
+    wait_for(progressing, 240, "3 checkpoints and 2 heartbeats", every=0.5)
+    node_container(target, job, 1).kill()  # SIGKILL
+    assert up.wait(600) == 0
+    assert "restart 1 of 2 in" in up.text and "cause: node 1 (" in up.text and "exited with code 137" in up.text
+    assert "finished: epochs=100 step=800 " in up.text
+    records = metrics(target, 0, job)
+    restarts = [r for r in records if r.get("event") == "restart"]
+    assert len(restarts) == 1 and restarts[0]["restart"] == 1 and "node 1" in restarts[0]["cause"]
+    assert epochs_of(records) == list(range(1, 101))  # continuous: what was trained again is recorded once
+    # Progress: the heartbeat advanced, its ETA fell, and it ends at the totals.
+    assert beats[-1]["step"] > beats[0]["step"] and beats[-1]["eta_s"] < beats[0]["eta_s"]
+    final = beat(target, 0, job)
+    assert final is not None and final["state"] == "done" and final["step"] == final["total_steps"] == 800
+    assert "progress: step 800/800 (100%) epoch 100/100" in up.text
+    # Each new checkpoint was copied to node 1 and verified there.
+    assert "copied to node 1 (" in up.text and manifests(job_dir(target, 1, job))
+
+
+def test_a_crash_that_repeats_without_progress_is_not_restarted_again(
+        target: Cluster, work: Path, data: Data, hosts: Path) -> None:
+    job, state = "heal-crash", work / "state-crash"
+    res = orchestrate(target, state, *up_args(hosts, data, job, "--max-restarts", "3",
+                                              "--env", "DDP_CIFAR_TEST_CRASH_AT_STEP=20", trainer=("--epochs", "5")),
+                      timeout=600)
+    assert res.returncode == 1
+    assert "same failure repeated before any new checkpoint was written (step 16)" in res.stderr
+    assert res.stdout.count("restart 1 of 3 in") == 1 and "restart 2 of 3" not in res.stdout
+    assert [r["restart"] for r in metrics(target, 0, job) if r.get("event") == "restart"] == [1]
+    assert job_containers(target, job) == []
+
+
+def test_kill_during_the_backoff_stops_everything_and_nothing_restarts(
+        target: Cluster, work: Path, data: Data, hosts: Path) -> None:
+    job, state = "heal-backoff", work / "state-backoff"
+    up = Up(start(target, state, *up_args(hosts, data, job, "--max-restarts", "2", trainer=("--epochs", "200"))))
+    wait_for(lambda: len(manifests(job_dir(target, 0, job))) >= 1, 240, "a first checkpoint")
+    node_container(target, job, 1).kill()
+    wait_for(lambda: "restart 1 of 2 in" in up.text, 120, "the restart backoff", every=0.2)
+    killed = orchestrate(target, state, "kill", "--job", job)
+    assert killed.returncode == 0
+    assert up.wait(120) == 1
+    assert "--- restart 1" not in up.text and job_containers(target, job) == []
+
+
+def test_a_stopped_rank_is_found_as_a_stall_with_stack_dumps_and_the_job_restarts(
+        target: Cluster, work: Path, data: Data, hosts: Path) -> None:
+    job, state = "heal-stall", work / "state-stall"
+    up = Up(start(target, state, *up_args(hosts, data, job, "--max-restarts", "1", "--stall-timeout", "15",
+                                          trainer=("--epochs", "40"))))
+    wait_for(lambda: len(manifests(job_dir(target, 0, job))) >= 2, 240, "2 checkpoints")
+    victim = node_container(target, job, 1)
+    workers = [int(p[1]) for p in victim.top(ps_args="-o user,pid,args")["Processes"]
+               if " -m trainer" in p[2] and "torchrun" not in p[2] and "distributed.run" not in p[2]]
+    assert len(workers) == 1, victim.top()
+    os.kill(workers[0], signal.SIGSTOP)
+    stopped_at = time.monotonic()
+    wait_for(lambda: "job stalled" in up.text, 15 + 30, "the stall to be found", every=0.2)
+    detected_s = time.monotonic() - stopped_at
+    assert up.wait(600) == 0, up.text[-4000:]
+    assert "rank 1 on node 1: NO DUMP" in up.text and "rank 0 on node 0: waiting in a collective" in up.text
+    assert "stalled by node 1 (" in up.text and "--- restart 1 of 1 ---" in up.text
+    assert "finished: epochs=40 step=320 " in up.text
+    saved = sorted(job_dir(target, 0, job, "logs").glob("stall-*.txt"))
+    assert len(saved) == 1 and f"stack dumps saved in {target.hosts[0].name}:" in up.text
+    report = saved[0].read_text()
+    assert "stalled by node 1" in report and "==== rank 0 on node 0\nCurrent thread" in report
+    print(f"stall detected {detected_s:.1f} s after SIGSTOP (--stall-timeout 15)")
+
+
+@pytest.fixture(scope="module")
+def three(cluster_factory, cpu_image: str) -> Iterator[Cluster]:  # type: ignore[no-untyped-def]
+    """Three hosts of our own: node 0's host is cut off for good."""
+    c = cluster_factory(3, fresh=True)
+    yield c
+    c.close()
+
+
+def test_node_0s_host_cut_off_the_job_finishes_on_the_others_from_the_replica(
+        three: Cluster, work: Path) -> None:
+    job, state = "heal-cut", work / "state-cut"
+    hosts = three.write_hosts_file(work / "hosts3.txt")
+    with serve_data(work / "served3", three.gateway) as data3:
+        up = Up(start(three, state, *up_args(hosts, data3, job, "--max-restarts", "1", "--min-nodes", "2",
+                                             trainer=("--epochs", "40"))))
+        replica = job_dir(three, 1, job)
+        wait_for(lambda: len(manifests(replica)) >= 1, 300, "a replica of a checkpoint on node 1", every=0.5)
+        three.hosts[0].link_down()
+        replicated = max(int(m["step"]) for m in manifests(replica))
+        assert up.wait(900) == 0, up.text[-4000:]
+    assert f"leaving out {three.hosts[0].name}" in up.text or "leaving out " in up.text
+    resumed = up.text.split("resuming from", 1)[1].splitlines()[0]
+    assert three.hosts[1].name in resumed or three.hosts[1].addr in resumed
+    # 256 images, global batch 3 x 16 = 48: 5 steps per epoch, kept on 2 nodes (24 per process).
+    records = metrics(three, 1, job)
+    restart = [r for r in records if r.get("event") == "restart"]
+    assert len(restart) == 1 and restart[0]["world_size"] == 2 and restart[0]["global_batch"] == 48
+    assert restart[0]["step"] >= replicated
+    assert epochs_of(records) == list(range(1, 41)) and {r["global_batch"] for r in records} == {48}
+    assert "finished: epochs=40 step=200 " in up.text
