@@ -1,4 +1,4 @@
-"""Command line: `python -m orchestrate up | kill | status | logs`.
+"""Command line: `python -m orchestrate up | kill | status | logs | plot`.
 
 argparse → one frozen, validated config per subcommand → one function per subcommand. Expected failures
 (OrchestrateError) are caught here only, printed as one line (or one line per host), non-zero exit.
@@ -38,6 +38,7 @@ examples:
   python -m orchestrate up --hosts hosts.txt --gpus 8 --job r18 --dry-run -- --epochs 30
   python -m orchestrate status --job r18
   python -m orchestrate logs --job r18 -f --node 1
+  python -m orchestrate plot --job r18 --out r18.png
   python -m orchestrate kill --job r18
   python -m orchestrate up --hosts hosts.txt --gpus 8 --job r18 --resume -- --epochs 30 --precision bf16
 
@@ -111,8 +112,11 @@ def build_parser() -> argparse.ArgumentParser:
                       help="also copy each new checkpoint into this folder on this machine (it is always copied "
                            "to node 1 too, when there is one)")
     up.add_argument("trainer_args", nargs="*", help="trainer options after --, e.g. -- --epochs 30")
-    for name, help_text in (("kill", "stop and remove the job's containers"), ("status", "one row per node"),
-                            ("logs", "print or follow the nodes' logs")):
+    for name, help_text in (("kill", "stop and remove the job's containers"),
+                            ("status", "one row per node, the job's progress and restarts"),
+                            ("logs", "print or follow the nodes' logs"),
+                            ("plot", "draw the job's metrics.jsonl (from node 0): loss, accuracy, images/s, "
+                                     "learning rate against step, restarts marked")):
         p = sub.add_parser(name, help=help_text, description=help_text, formatter_class=_Formatter)
         _ssh_args(p, hosts_required=False)
         p.add_argument("--job", default=DEFAULT_JOB, help="job name")
@@ -124,6 +128,8 @@ def build_parser() -> argparse.ArgumentParser:
             p.add_argument("--tail", type=int, default=100, help="last N lines per node (0: all)")
             p.add_argument("--rank", type=int, default=None,
                            help="one global rank's stdout/stderr files (from up's --log-dir on its node)")
+        if name == "plot":
+            p.add_argument("--out", type=Path, default=None, help="PNG to write (default: JOB-metrics.png here)")
     return parser
 
 
@@ -175,7 +181,7 @@ def jobs_config(ns: argparse.Namespace) -> JobsConfig:
     return JobsConfig(ssh=SSHOptions(ns.hosts, ns.ssh_config, ns.accept_new_host_keys), job=ns.job,
                       grace=getattr(ns, "grace", 60.0), follow=getattr(ns, "follow", False),
                       node=getattr(ns, "node", None), tail=getattr(ns, "tail", 100),
-                      rank=getattr(ns, "rank", None))
+                      rank=getattr(ns, "rank", None), out=getattr(ns, "out", None))
 
 
 def parse_args(argv: Sequence[str]) -> tuple[str, UpConfig | JobsConfig]:

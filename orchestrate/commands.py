@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from rich.console import Console
 
 from . import state
 from .config import JobsConfig
-from .errors import ConfigError, MultiHostError
+from .errors import ConfigError, JobError, MultiHostError
 from .hosts import Host, parse_hosts_file
-from .jobs import kill_job, print_status, rank_logs, stream_logs
+from .jobs import kill_job, node0_ckpt_dir, print_status, rank_logs, stream_logs
 from .nodes import Nodes
 
 
@@ -36,6 +38,8 @@ def run_jobs_command(command: str, config: JobsConfig, console: Console) -> int:
             if not ok:
                 raise MultiHostError("status", unreachable)
             return 0
+        if command == "plot":
+            return plot(nodes, config, console)
         if not nodes.reachable():  # "no container found" would hide that no host answered at all
             raise MultiHostError("logs", unreachable)
         if config.rank is not None:
@@ -47,3 +51,26 @@ def run_jobs_command(command: str, config: JobsConfig, console: Console) -> int:
         return 0
     finally:
         nodes.close()
+
+
+def plot(nodes: Nodes, config: JobsConfig, console: Console) -> int:
+    """metrics.jsonl from node 0, drawn locally (trainer.plot: matplotlib, no torch)."""
+    import posixpath
+
+    from trainer.plot import PlotError, plot_text
+
+    remembered = state.load(config.job)
+    host, folder = node0_ckpt_dir(nodes, config.job, remembered.options.get("ckpt_dir") if remembered else None)
+    path = posixpath.join(folder, "metrics.jsonl")
+    try:
+        text = nodes.conn(host).read_file(path).decode(errors="replace")
+    except OSError:
+        raise JobError(f"no metrics.jsonl of job {config.job!r} at {nodes.hosts[host].label}:{path} (the trainer "
+                       "writes one record per epoch; another program may write none)") from None
+    out = config.out or Path(f"{config.job}-metrics.png")
+    try:
+        plot_text(text, out, f"job {config.job}", f"{nodes.hosts[host].label}:{path}")
+    except PlotError as err:
+        raise JobError(str(err)) from None
+    console.print(f"wrote {out} (from {nodes.hosts[host].label}:{path})", markup=False, highlight=False)
+    return 0

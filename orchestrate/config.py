@@ -198,6 +198,7 @@ class JobsConfig:
     node: int | None = None
     tail: int = 100
     rank: int | None = None  # logs --rank: one global rank's log files
+    out: Path | None = None  # plot --out
 
     def __post_init__(self) -> None:
         check_job(self.job)

@@ -164,6 +164,23 @@ def print_status(nodes: Nodes, job: str, console: Console, unreachable: dict[str
     return not unreachable
 
 
+def node0_ckpt_dir(nodes: Nodes, job: str, remembered: str | None) -> tuple[int, str]:
+    """(host index, checkpoint dir) of the job's node 0: from its container's mount, or, once the containers
+    are gone (`kill`), from the options its last `up` used (`remembered`, ~ and {job} unexpanded)."""
+    for host in nodes.reachable():
+        for c in job_containers(nodes.docker(host), job):
+            folder = _ckpt_dir_of(c)
+            if _rank_of(c) == 0 and folder:
+                return host, folder
+    if remembered is None or not nodes.reachable() or nodes.reachable()[0] != 0:
+        raise JobError(f"no container of job {job!r} on node 0 and no record of its checkpoint dir; "
+                       "give --hosts (node 0 first) of a job that ran here")
+    home = nodes.conn(0).identity().home
+    folder = nodes.hosts[0].ckpt_dir or remembered
+    folder = folder.replace("{job}", job)
+    return 0, home.rstrip("/") + folder[1:] if folder == "~" or folder.startswith("~/") else folder
+
+
 def job_lines(nodes: Nodes, job: str) -> list[str]:
     """`progress: ...` from node 0's heartbeat (none for a program that writes none) and `restarts: ...`."""
     for host in nodes.reachable():

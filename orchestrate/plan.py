@@ -5,6 +5,7 @@ The plan is what `--dry-run` prints and what unit tests assert; launch only appl
 
 from __future__ import annotations
 
+import dataclasses
 import shlex
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -38,6 +39,7 @@ class NodeFacts:
     home: str | None = None  # the SSH login's home on the node ("~" stays in the dirs until known)
     user: str | None = None  # "uid:gid" of the SSH login: containers run as that user (None: not known yet)
     login: str | None = None  # the login's name, for programs that ask who they are (getpass)
+    addr: str | None = None  # the node's address toward the master (its peers see connections from it)
 
 
 @dataclass(frozen=True)
@@ -67,6 +69,9 @@ class NodeSpec:
     network_mode: str = "host"
     dirs: dict[str, str] = field(default_factory=dict)  # data/ckpt/log dirs on the host
     user: str | None = None  # "uid:gid" the container runs as (the SSH login's, so files in the dirs are theirs)
+    # name -> address of every node: c10d looks up the name of each peer's address (getnameinfo) and warns on
+    # every connection when none is found (hosts without reverse DNS); /etc/hosts entries answer it.
+    extra_hosts: dict[str, str] = field(default_factory=dict)
 
     def docker_run_argv(self, mask: bool = True) -> list[str]:
         """The equivalent `docker run` command line (what --dry-run prints)."""
@@ -78,6 +83,7 @@ class NodeSpec:
         if self.gpus:
             argv.append("--gpus=all" if self.gpus == GPUS_ALL else f"--gpus={self.gpus}")
         argv += [f"--ulimit={n}={soft}:{hard}" for n, soft, hard in self.ulimits]
+        argv += [f"--add-host={name}:{addr}" for name, addr in self.extra_hosts.items()]
         argv += [f"--label={k}={v}" for k, v in self.labels.items()]
         env = masked_env(self.env) if mask else self.env
         argv += [f"--env={k}={v}" for k, v in env.items()]
@@ -100,7 +106,7 @@ class NodeSpec:
             ulimits=[docker.types.Ulimit(name=n, soft=s, hard=h) for n, s, h in self.ulimits],
             mounts=[docker.types.Mount(m.target, m.source, type="bind", read_only=m.read_only)
                     for m in self.mounts],
-            privileged=False, stop_signal="SIGTERM", user=self.user,
+            privileged=False, stop_signal="SIGTERM", user=self.user, extra_hosts=dict(self.extra_hosts) or None,
         )
 
 
@@ -145,7 +151,9 @@ def build_plan(config: UpConfig, hosts: Sequence[Host], master_addr: str,
     `launcher` from the image check (torchrun, or `python -m torch.distributed.run` where it is not on PATH)."""
     facts = list(facts) if facts is not None else [NodeFacts() for _ in hosts]
     nnodes = len(hosts)
-    return [_node(config, host, rank, nnodes, master_addr, facts[rank], tuple(launcher))
+    names = {f"ddp-node{rank}": f.addr for rank, f in enumerate(facts) if f.addr}
+    return [dataclasses.replace(_node(config, host, rank, nnodes, master_addr, facts[rank], tuple(launcher)),
+                                extra_hosts=names)
             for rank, host in enumerate(hosts)]
 
 

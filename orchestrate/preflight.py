@@ -90,6 +90,7 @@ class HostReport:
     label: str
     checks: dict[str, Check] = field(default_factory=dict)
     iface: str | None = None
+    addr: str | None = None  # this node's address toward the master: what its peers see it connect from
     gpus: int | None = None
     image_id: str | None = None
     containers: list[Any] = field(default_factory=list)
@@ -211,6 +212,8 @@ def judge_master(facts: dict[str, str], report: HostReport, rank: int, addr: str
     held = facts.get("held", "").split("@")[0]
     match = re.search(r"\bdev (\S+)", facts.get("route", ""))
     report.iface = iface or held or (match.group(1) if match else None)
+    src = re.search(r"\bsrc (\S+)", facts.get("route", ""))
+    report.addr = addr if held else src.group(1) if src else None
     if held:
         report.add("master", True, f"{addr} is local")
     elif not match:

@@ -177,8 +177,8 @@ def _attempt(config: UpConfig, hosts: list[Host], console: Console, timings: Tim
         for rank, report in enumerate(reports):
             nodes.adopt_docker(rank, report.docker)
         facts = [NodeFacts(iface=r.iface, gpus=r.gpus, home=r.identity.home, user=r.identity.user_spec,
-                           login=r.identity.name) if r.identity else NodeFacts(iface=r.iface, gpus=r.gpus)
-                 for r in reports]
+                           login=r.identity.name, addr=r.addr) if r.identity else
+                 NodeFacts(iface=r.iface, gpus=r.gpus, addr=r.addr) for r in reports]
         specs = build_plan(config, nodes.hosts, master, facts)
         resumed_from = None
         if config.resume:

@@ -61,8 +61,8 @@ class Heartbeat:
     def __init__(self, ckpt_dir: Path, enabled: bool, total_steps: int, epochs: int, global_batch: int) -> None:
         self.path, self.enabled = ckpt_dir / HEARTBEAT_FILE, enabled
         self.total_steps, self.epochs, self.global_batch = total_steps, epochs, global_batch
-        self.window_start = self.last_step_end = self.run_start = time.monotonic()
-        self.window_steps = self.run_steps = 0
+        self.last_write = self.last_step_end = self.run_start = time.monotonic()
+        self.window_steps, self.window_s, self.run_steps = 0, 0.0, 0
         self.slowest_step_s = 0.0
         self.fields: dict[str, Any] = {"state": "starting", "step": 0, "epoch": 0, "ckpt_step": None}
 
@@ -71,20 +71,20 @@ class Heartbeat:
         if not self.enabled:
             return
         now = time.monotonic()
-        self.slowest_step_s = max(self.slowest_step_s, now - self.last_step_end)
+        took = now - self.last_step_end  # this step alone: a phase mark restarts the clock
+        self.slowest_step_s = max(self.slowest_step_s, took)
         self.last_step_end = now
-        self.window_steps += 1
-        self.run_steps += 1
-        elapsed = now - self.window_start
-        if elapsed < HEARTBEAT_S:
+        self.window_steps, self.window_s, self.run_steps = self.window_steps + 1, self.window_s + took, \
+            self.run_steps + 1
+        if now - self.last_write < HEARTBEAT_S:
             return
-        # images/s over the last window (what the run does now); the ETA from the whole run so far, evaluations
-        # and checkpoints included: they are part of the wait, and the long average does not jump.
+        # images/s over the steps since the last beat (what the run does now); the ETA from the whole run so far,
+        # evaluations and checkpoints included: they are part of the wait, and the long average does not jump.
         run_step_s = (now - self.run_start) / self.run_steps
         self.fields.update(state="training", step=step, epoch=epoch, loss=loss(),
-                           images_per_s=self.global_batch * self.window_steps / elapsed,
+                           images_per_s=self.global_batch * self.window_steps / max(self.window_s, 1e-9),
                            eta_s=max(0, self.total_steps - step) * run_step_s)
-        self.window_start, self.window_steps = now, 0
+        self.window_steps, self.window_s, self.last_write = 0, 0.0, now
         self._write()
 
     def mark(self, state: str, **fields: Any) -> None:
@@ -94,8 +94,7 @@ class Heartbeat:
             return
         self.fields.update(state=state, **fields)
         self._write()
-        self.window_start = self.last_step_end = time.monotonic()
-        self.window_steps = 0
+        self.last_step_end = time.monotonic()
 
     def _write(self) -> None:
         data = {**self.fields, "total_steps": self.total_steps, "epochs": self.epochs,

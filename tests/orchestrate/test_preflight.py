@@ -65,10 +65,10 @@ def test_port_and_master() -> None:
     # Node 0 holds the address: the interface that has it, never lo from `ip route get`.
     r = report()
     judge_master({"held": "eth0@if12", "route": "local 10.0.0.2 dev lo src 10.0.0.2"}, r, 0, "10.0.0.2", 22, None)
-    assert r.iface == "eth0" and not r.problems
+    assert r.iface == "eth0" and r.addr == "10.0.0.2" and not r.problems
     r = report()
     judge_master({"route": "10.0.0.2 dev ib0 src 10.0.0.3", "probe": "1"}, r, 1, "10.0.0.2", 22, None)
-    assert r.iface == "ib0" and not r.problems
+    assert r.iface == "ib0" and r.addr == "10.0.0.3" and not r.problems
     r = report()
     judge_master({"route": "10.0.0.2 dev ib0 src 10.0.0.3", "probe": "0"}, r, 1, "10.0.0.2", 22, None)
     assert "not reachable from this node" in r.problems[0]

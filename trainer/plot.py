@@ -1,0 +1,119 @@
+"""A run's curves from its metrics.jsonl: `python -m trainer.plot METRICS.jsonl [--out FILE.png]`.
+
+Train loss, test accuracy, images/s and learning rate against the global step, one panel each; every automatic
+restart (and every resume) is a vertical line on each panel. Headless (matplotlib's Agg) and without torch, so
+`python -m orchestrate plot` uses it on the machine that runs the orchestrator.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+# (record field, panel title); the order of the panels.
+PANELS = (("train_loss", "train loss"), ("test_acc", "test accuracy"), ("images_per_s", "images/s"),
+          ("lr", "learning rate"))
+SIZE_IN, DPI = (10.0, 7.0), 100  # a 1000 x 700 PNG
+
+
+@dataclass
+class Run:
+    """The records of one metrics.jsonl: per-epoch ones (partial ones included) and resume/restart events."""
+
+    epochs: list[dict[str, Any]] = field(default_factory=list)
+    events: list[dict[str, Any]] = field(default_factory=list)
+    skipped: int = 0  # lines that are not records (a torn last line, garbage)
+
+
+def parse(text: str) -> Run:
+    """PURE: tolerant of what a crash leaves behind; a line that is not a record is counted, not fatal."""
+    run = Run()
+    for line in text.splitlines():
+        if not line.strip():
+            continue
+        try:
+            record = json.loads(line)
+            step = int(record["step"])
+        except (ValueError, KeyError, TypeError):
+            run.skipped += 1
+            continue
+        if not isinstance(record, dict):
+            run.skipped += 1
+        elif "event" in record:
+            run.events.append(record | {"step": step})
+        else:
+            run.epochs.append(record | {"step": step})
+    return run
+
+
+def draw(run: Run, title: str) -> Any:
+    """The figure (returned, so tests can read the drawn data back from its axes)."""
+    import matplotlib
+
+    matplotlib.use("Agg")  # no display needed, ever
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=SIZE_IN, dpi=DPI, layout="constrained")
+    fig.suptitle(title)
+    axes = fig.subplots(2, 2, sharex=True).flatten()
+    for ax, (key, name) in zip(axes, PANELS, strict=True):
+        points = [(r["step"], float(r[key])) for r in run.epochs if r.get(key) is not None]
+        ax.plot([p[0] for p in points], [p[1] for p in points], marker="o", markersize=3, label=name)
+        ax.set_title(name)
+        ax.grid(alpha=0.3)
+        for event in run.events:
+            label = f"restart {event.get('restart')}" if event.get("event") == "restart" else "resume"
+            ax.axvline(event["step"], color="tab:red", linestyle="--", linewidth=1, label=label)
+    for ax in axes[2:]:
+        ax.set_xlabel("step")
+    if run.events:
+        axes[0].legend(loc="upper right", fontsize="small")
+    return fig
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m trainer.plot", description=__doc__.split("\n\n")[0])
+    p.add_argument("metrics", type=Path, help="a run's metrics.jsonl (in its checkpoint dir)")
+    p.add_argument("--out", type=Path, default=None, help="PNG to write (default: metrics.png beside the input)")
+    ns = p.parse_args(argv)
+    try:
+        out = plot_file(ns.metrics, ns.out or ns.metrics.with_name("metrics.png"), str(ns.metrics))
+    except PlotError as err:
+        sys.stderr.write(f"error: {err}\n")
+        return 2
+    print(f"wrote {out}")
+    return 0
+
+
+class PlotError(Exception):
+    """Nothing to plot: the message names the file and what to do."""
+
+
+def plot_file(metrics: Path, out: Path, title: str) -> Path:
+    try:
+        text = metrics.read_text(errors="replace")
+    except OSError as err:
+        raise PlotError(f"cannot read {metrics}: {err.strerror or err}; give a run's metrics.jsonl") from None
+    return plot_text(text, out, title, str(metrics))
+
+
+def plot_text(text: str, out: Path, title: str, source: str) -> Path:
+    run = parse(text)
+    if not run.epochs:
+        raise PlotError(f"{source} holds no epoch records ({run.skipped} unreadable line(s)); a run writes one "
+                        "per epoch into metrics.jsonl in its checkpoint dir")
+    fig = draw(run, title)
+    try:
+        fig.savefig(out)
+    except OSError as err:
+        raise PlotError(f"cannot write {out}: {err.strerror or err}") from None
+    return out
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
