@@ -130,6 +130,14 @@ class Host:
     def link_up(self) -> None:
         net.set_link(self.layout, up=True)
 
+    def throttle(self, rate: str | None) -> None:
+        """A slow link (e.g. "30mbit"), both ways: a token bucket on the bridge side of the host's veth (traffic
+        to the host) and on its eth0 (traffic from it); None takes it away."""
+        net.set_rate(self.layout, rate)
+        self.run(["tc", "qdisc", "del", "dev", "eth0", "root"], check=False)
+        if rate is not None:
+            self.run(["tc", "qdisc", "add", "dev", "eth0", "root", *net.tbf_args(rate)])
+
     def stop_docker(self) -> None:
         """A node without Docker: dockerd (and its containers, containerd, shims) stop; sshd stays."""
         dockerd.stop_docker(self.layout)

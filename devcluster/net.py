@@ -91,6 +91,18 @@ def set_link(host: HostLayout, up: bool) -> None:
     run(["ip", "link", "set", host.veth, "up" if up else "down"])
 
 
+def tbf_args(rate: str) -> list[str]:
+    """A token bucket filter at `rate`: a burst of a few packets, and at most 400 ms of queue."""
+    return ["tbf", "rate", rate, "burst", "32kbit", "latency", "400ms"]
+
+
+def set_rate(host: HostLayout, rate: str | None) -> None:
+    """The bridge side of the host's veth shaped to `rate` (None: unshaped)."""
+    run(["tc", "qdisc", "del", "dev", host.veth, "root"], check=False)
+    if rate is not None:
+        run(["tc", "qdisc", "add", "dev", host.veth, "root", *tbf_args(rate)])
+
+
 def forward_chain() -> str:
     """DOCKER-USER when the root dockerd made it (it is consulted first), else FORWARD."""
     ok = run(["iptables", "-w", "5", "-S", "DOCKER-USER"], check=False).returncode == 0

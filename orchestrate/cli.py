@@ -1,4 +1,4 @@
-"""Command line: `python -m orchestrate up | kill | status | logs | plot`.
+"""Command line: `python -m orchestrate up | check | kill | status | logs | plot`.
 
 argparse → one frozen, validated config per subcommand → one function per subcommand. Expected failures
 (OrchestrateError) are caught here only, printed as one line (or one line per host), non-zero exit.
@@ -39,6 +39,7 @@ examples:
   python -m orchestrate status --job r18
   python -m orchestrate logs --job r18 -f --node 1
   python -m orchestrate plot --job r18 --out r18.png
+  python -m orchestrate check --hosts hosts.txt --gpus 8
   python -m orchestrate kill --job r18
   python -m orchestrate up --hosts hosts.txt --gpus 8 --job r18 --resume -- --epochs 30 --precision bf16
 
@@ -111,7 +112,27 @@ def build_parser() -> argparse.ArgumentParser:
     heal.add_argument("--ckpt-mirror", type=Path, default=None,
                       help="also copy each new checkpoint into this folder on this machine (it is always copied "
                            "to node 1 too, when there is one)")
+    up.add_argument("--check-network", action="store_true",
+                    help="after preflight, measure the network between the nodes (as 'check' does) and start "
+                         "nothing if a node cannot take part; an outlier is named")
+    up.add_argument("--check-max-mb", type=int, default=256, help="largest message of --check-network (MB)")
     up.add_argument("trainer_args", nargs="*", help="trainer options after --, e.g. -- --epochs 30")
+    check = sub.add_parser("check", formatter_class=_Formatter,
+                           help="measure the network between the hosts (all_reduce, then every pair); name the "
+                                "slow node or link",
+                           description="Preflight, send the image where missing, then one container per node "
+                                       "runs an all_reduce bandwidth test with the job's network settings "
+                                       "(gloo on CPU, NCCL on GPU; 1 MB to --max-mb), then a ping-pong between "
+                                       "every pair of nodes (up to 8 nodes). Prints GB/s per node and per pair "
+                                       "and names a node whose best pair is below half the median node's. "
+                                       "Exit 1 when a node cannot take part or is an outlier.")
+    _ssh_args(check, hosts_required=True)
+    check.add_argument("--job", default=DEFAULT_JOB, help="the job whose settings to use (containers JOB-netcheck-*)")
+    check.add_argument("--image", default=DEFAULT_IMAGE, help="image to run it in (any image with torch)")
+    check.add_argument("--gpus", default="all", help="GPUs per node: a number, 'all', or 0 for CPU (gloo)")
+    check.add_argument("--master-addr", default=None, help="rendezvous address (default: node 0's address)")
+    check.add_argument("--master-port", type=int, default=29500, help="rendezvous port on node 0 (must be free)")
+    check.add_argument("--max-mb", type=int, default=256, help="largest message (MB)")
     for name, help_text in (("kill", "stop and remove the job's containers"),
                             ("status", "one row per node, the job's progress and restarts"),
                             ("logs", "print or follow the nodes' logs"),
@@ -174,7 +195,14 @@ def up_config(ns: argparse.Namespace) -> UpConfig:
         stop_on_interrupt=ns.stop_on_interrupt, min_free_gb=ns.min_free_gb, shm_size=ns.shm_size, grace=ns.grace,
         trainer_args=tuple(ns.trainer_args), entry=ns.entry, max_restarts=ns.max_restarts,
         min_nodes=ns.min_nodes, stall_timeout=ns.stall_timeout, ckpt_mirror=ns.ckpt_mirror,
+        check_network=ns.check_network, check_max_mb=ns.check_max_mb,
     )
+
+
+def check_config(ns: argparse.Namespace) -> UpConfig:
+    return UpConfig(ssh=SSHOptions(ns.hosts, ns.ssh_config, ns.accept_new_host_keys), job=ns.job, image=ns.image,
+                    gpus=_gpus(ns.gpus), master_addr=ns.master_addr, master_port=ns.master_port,
+                    check_max_mb=ns.max_mb)
 
 
 def jobs_config(ns: argparse.Namespace) -> JobsConfig:
@@ -198,16 +226,18 @@ def parse_args(argv: Sequence[str]) -> tuple[str, UpConfig | JobsConfig]:
         return "up", up_config(ns)
     if trainer:
         raise ConfigError(f"'{ns.command}' takes no trainer options after '--'")
+    if ns.command == "check":
+        return "check", check_config(ns)
     return ns.command, jobs_config(ns)
 
 
 def run(argv: Sequence[str], console: Console) -> int:
     command, config = parse_args(argv)
-    if command == "up":
-        from .up import up
+    if command in ("up", "check"):
+        from .up import check, up
 
         assert isinstance(config, UpConfig)
-        return up(config, console)
+        return up(config, console) if command == "up" else check(config, console)
     from .commands import run_jobs_command
 
     assert isinstance(config, JobsConfig)

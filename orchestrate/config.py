@@ -115,6 +115,8 @@ class UpConfig:
     min_nodes: int | None = None  # at a restart, hosts failing preflight are left out while this many remain
     stall_timeout: float = DEFAULT_STALL_TIMEOUT_S  # no new step for this long (heartbeat) is a failure; 0: off
     ckpt_mirror: Path | None = None  # also copy each new checkpoint into this local folder
+    check_network: bool = False  # the network check after preflight, before the job starts
+    check_max_mb: int = 256  # the network check's largest message
     # Set by `up` itself on an automatic restart (never from the command line): its number and the failure.
     restart: int = 0
     restart_cause: str = ""
@@ -166,6 +168,8 @@ class UpConfig:
                               f"{MIN_STALL_TIMEOUT_S:g} seconds and a week")
         if self.ckpt_mirror is not None and (self.ckpt_mirror.exists() and not self.ckpt_mirror.is_dir()):
             raise ConfigError(f"--ckpt-mirror {self.ckpt_mirror} exists and is not a folder; give a folder")
+        if not 1 <= self.check_max_mb <= 4096:
+            raise ConfigError(f"--max-mb {self.check_max_mb} must be between 1 and 4096 (MB)")
         if self.is_trainer:  # another program's arguments are its own business
             check_trainer_args(self.trainer_args)
 

@@ -30,6 +30,7 @@ from .launch import (
     summary,
     watch,
 )
+from .netcheck import measure, require_all_joined
 from .nodes import Nodes
 from .plan import NodeFacts, NodeSpec, build_plan, render_plan
 from .prefetch import make_dirs, prefetch_all
@@ -139,8 +140,9 @@ def _restart_or_raise(config: UpConfig, current: UpConfig, attempt: Attempt, pre
     if not outcome.end.restartable or current.restart >= config.max_restarts:
         used = f" (after {current.restart} automatic restart(s))" if current.restart else ""
         raise JobError(failure + used)
-    if previous is not None and not attempt.progressed and \
-            (previous.outcome.end, previous.outcome.cause) == (outcome.end, outcome.cause):
+    # The same kind of failure, and not one new checkpoint since the last: restarting again would repeat it. The
+    # node named may differ (when one rank crashes its peers exit too, and which exit is seen first varies).
+    if previous is not None and not attempt.progressed and previous.outcome.end is outcome.end:
         raise JobError(f"{failure}; the same failure repeated before any new checkpoint was written (step "
                        f"{attempt.resumed_from}): not restarting again, fix the cause then 'up --resume'")
     wait = min(BACKOFF_S * 2 ** current.restart, MAX_BACKOFF_S)
@@ -164,9 +166,23 @@ def _failure_text(config: UpConfig, outcome: Outcome) -> str:
     return f"job {config.job!r} failed: {outcome.cause}; {cleaned}"
 
 
-def _attempt(config: UpConfig, hosts: list[Host], console: Console, timings: Timings) -> Attempt:
-    if config.restart:
-        console.print(f"--- restart {config.restart} of {config.max_restarts} ---", markup=False)
+@dataclass
+class Ready:
+    """The hosts connected and past preflight: what every command that starts containers needs first."""
+
+    nodes: Nodes
+    reports: list[Any]
+    master: str
+    facts: list[NodeFacts]
+    local: Any  # the local Docker client (None: no local daemon)
+    local_id: str | None  # the image's ID here
+
+    def images(self, config: UpConfig, console: Console) -> None:
+        ensure_images(self.nodes, config, self.local, self.local_id, console, [r.image_id for r in self.reports])
+
+
+def _ready(config: UpConfig, hosts: list[Host], console: Console, timings: Timings) -> Ready:
+    """Connect, preflight (the table; nothing starts unless it passes) and the facts the plan needs."""
     with timings.phase("connect"), ThreadPoolExecutor(1) as pool:
         local_lookup = pool.submit(local_image, config.image)  # the local daemon, while SSH handshakes run
         nodes = _connect(config, hosts, console)
@@ -174,21 +190,51 @@ def _attempt(config: UpConfig, hosts: list[Host], console: Console, timings: Tim
     try:
         with timings.phase("preflight"):
             nodes, reports, master = _preflight(nodes, config, local_id, console)
-        for rank, report in enumerate(reports):
-            nodes.adopt_docker(rank, report.docker)
-        facts = [NodeFacts(iface=r.iface, gpus=r.gpus, home=r.identity.home, user=r.identity.user_spec,
-                           login=r.identity.name, addr=r.addr) if r.identity else
-                 NodeFacts(iface=r.iface, gpus=r.gpus, addr=r.addr) for r in reports]
+    except BaseException:
+        nodes.close()
+        raise
+    for rank, report in enumerate(reports):
+        nodes.adopt_docker(rank, report.docker)
+    facts = [NodeFacts(iface=r.iface, gpus=r.gpus, home=r.identity.home, user=r.identity.user_spec,
+                       login=r.identity.name, addr=r.addr) if r.identity else
+             NodeFacts(iface=r.iface, gpus=r.gpus, addr=r.addr) for r in reports]
+    return Ready(nodes, reports, master, facts, local, local_id)
+
+
+def check(config: UpConfig, console: Console) -> int:
+    """`check`: the network check alone (preflight, the image where missing, the measurement); exit 1 when a
+    node could not take part or is an outlier."""
+    ready = _ready(config, load_hosts(config), console, Timings())
+    try:
+        specs = build_plan(config, ready.nodes.hosts, ready.master, ready.facts)
+        ready.images(config, console)
+        verdict = measure(ready.nodes, specs, config.check_max_mb, console)
+        require_all_joined(verdict, [s.host.label for s in specs])
+        return 1 if verdict.outliers else 0
+    finally:
+        ready.nodes.close()
+
+
+def _attempt(config: UpConfig, hosts: list[Host], console: Console, timings: Timings) -> Attempt:
+    if config.restart:
+        console.print(f"--- restart {config.restart} of {config.max_restarts} ---", markup=False)
+    ready = _ready(config, hosts, console, timings)
+    nodes, reports, master, facts = ready.nodes, ready.reports, ready.master, ready.facts
+    try:
         specs = build_plan(config, nodes.hosts, master, facts)
         resumed_from = None
         if config.resume:
             with timings.phase("resume"):
                 resumed_from = _resume(nodes, specs, config, console)
         with timings.phase("image"):
-            ensure_images(nodes, config, local, local_id, console, [r.image_id for r in reports])
+            ready.images(config, console)
             # The image is on every node now: one short container on node 0 checks torch and the entry.
             launcher = check_image(nodes.conn(0), config)
         specs = build_plan(config, nodes.hosts, master, facts, launcher)
+        if config.check_network and not config.restart:
+            with timings.phase("network check"):
+                require_all_joined(measure(nodes, specs, config.check_max_mb, console),
+                                   [s.host.label for s in specs])
         with timings.phase("data"):
             _data(nodes, config, console)
         with timings.phase("start"):

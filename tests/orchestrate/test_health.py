@@ -88,7 +88,11 @@ def test_restart_or_raise(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> No
     second = dataclasses.replace(cfg, restart=1)
     with pytest.raises(JobError, match="same failure repeated before any new checkpoint"):
         up._restart_or_raise(cfg, second, Attempt(failed, 8, 8), Attempt(failed, None, 8), began, console)
-    # Another failure without progress, or the same after progress: restarted.
+    # The same kind on another node (a crash takes its peers down; which exit is seen first varies): a repeat.
+    elsewhere = Outcome(False, End.EXITED, 0, "exited with code 1", host="a")
+    with pytest.raises(JobError, match="same failure repeated"):
+        up._restart_or_raise(cfg, second, Attempt(elsewhere, 8, 8), Attempt(failed, None, 8), began, console)
+    # Another kind of failure without progress, or the same after progress: restarted.
     other = Outcome(False, End.UNREACHABLE, 0, "host unreachable for 15 s", host="a")
     up._restart_or_raise(cfg, second, Attempt(other, 8, 8), Attempt(failed, None, 8), began, console)
     up._restart_or_raise(cfg, second, Attempt(failed, 8, 16), Attempt(failed, None, 8), began, console)
