@@ -85,7 +85,9 @@ def build_parser() -> argparse.ArgumentParser:
     up.add_argument("--log-dir", default=DEFAULT_LOG_DIR,
                     help="per-rank stdout/stderr files on each node (read one with 'logs --rank R')")
     up.add_argument("--data-url", default=DEFAULT_DATA_URL, help="archive each node downloads")
-    up.add_argument("--data-from", type=Path, default=None, help="send this local archive instead of downloading")
+    up.add_argument("--data-from", type=Path, default=None,
+                    help="a local folder synced into every node's data dir (only changed files move), or the "
+                         "CIFAR-10 archive to send instead of downloading (another program: any single file)")
     up.add_argument("--data-md5", default=DEFAULT_DATA_MD5, help="expected md5 of the archive")
     up.add_argument("--env", action="append", default=[], metavar="KEY=VALUE", help="extra environment (repeat)")
     up.add_argument("--pull", action="store_true", help="pull the image on the nodes instead of sending it")

@@ -138,8 +138,9 @@ class UpConfig:
             problem = host_dir_problem(path)
             if problem:
                 raise ConfigError(f"{flag} {path!r}: {problem}")
-        if self.data_from is not None and not self.data_from.is_file():
-            raise ConfigError(f"--data-from {self.data_from} is not a file; give the path of cifar-10-python.tar.gz")
+        if self.data_from is not None and not (self.data_from.is_file() or self.data_from.is_dir()):
+            raise ConfigError(f"--data-from {self.data_from}: no such file or folder; give a folder to sync to every "
+                              "node, or the path of cifar-10-python.tar.gz")
         if not re.fullmatch(r"(https?|ftp)://\S+", self.data_url):
             raise ConfigError(f"--data-url {self.data_url!r} is not an http(s) URL")
         if not MD5_RE.fullmatch(self.data_md5):

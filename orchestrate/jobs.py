@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import io
+import posixpath
 import re
 import tarfile
 import threading
@@ -117,6 +118,14 @@ def _secrets_of(container: Any) -> list[str]:
     return [v for k, v in pairs if is_secret(k) and v]
 
 
+TAIL_CHARS = 40  # a long path in a table keeps its end (the file name), not its start
+
+
+def keep_tail(text: str, width: int) -> str:
+    """PURE: `text` cut to `width` characters from the left, marked with an ellipsis."""
+    return text if len(text) <= width else "…" + text[-(width - 1):]
+
+
 def status_rows(nodes: Nodes, job: str, unreachable: dict[str, str]) -> list[list[str]]:
     rows: list[list[str]] = []
 
@@ -134,7 +143,8 @@ def status_rows(nodes: Nodes, job: str, unreachable: dict[str, str]) -> list[lis
             last = mask_text(last, _secrets_of(c))[:100]
             folder = _ckpt_dir_of(c)
             manifest = newest_manifest(nodes.conn(rank), folder) if folder else None
-            ckpt = f"{folder}/{manifest['file']} (epoch {manifest.get('epoch')})" if manifest else \
+            where = keep_tail(posixpath.join(folder, str(manifest["file"])), TAIL_CHARS) if manifest else ""
+            ckpt = f"{where} (epoch {manifest.get('epoch')})" if manifest else \
                 "-" if _runs_trainer(c) else "- (no manifest: resume by flag only)"
             running = state.get("Status") == "running"
             out.append([str(_rank_of(c)), label, c.name, str(state.get("Status")),

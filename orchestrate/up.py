@@ -36,6 +36,7 @@ from .plan import NodeFacts, NodeSpec, build_plan, render_plan
 from .prefetch import make_dirs, prefetch_all
 from .preflight import run_preflight
 from .ssh import fan_out
+from .staging import stage_all
 
 
 def load_hosts(config: UpConfig) -> list[Host]:
@@ -319,7 +320,12 @@ def _resume(nodes: Nodes, specs: list[NodeSpec], config: UpConfig, console: Cons
 
 
 def _data(nodes: Nodes, config: UpConfig, console: Console) -> None:
-    """CIFAR-10 is the trainer's data; another program brings its own (in the data dir): only make the dirs."""
+    """CIFAR-10 is the trainer's data (downloaded, or its archive sent); a folder of --data-from (or, for another
+    program, a single file) is synced incrementally; else another program finds its data in the data dir."""
+    if config.data_from is not None and (config.data_from.is_dir() or not config.is_trainer):
+        for line in stage_all(nodes.conns, config, console):  # type: ignore[arg-type]
+            console.print(line, markup=False, highlight=False)
+        return
     if not config.is_trainer:
         fan_out("dirs", nodes.conns, lambda c: make_dirs(c, config), lambda c: c.host.label)  # type: ignore[arg-type]
         return

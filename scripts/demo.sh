@@ -3,7 +3,8 @@
 # each with its own sshd with stock settings, its own dockerd, its own home and temp folders; login as the
 # non-root user ddp in the docker group), the CPU image sent to them over SSH, synthetic data in CIFAR-10's exact archive
 # format sent and verified on each node, and a short 2-node DDP training (gloo) that prints its accuracy.
-# Then it stops the job with `kill`, resumes it with `up --resume`, and removes the simulated nodes.
+# Then it resumes the job with `up --resume`, draws its curves (demo-metrics.png here), stops it with `kill`, and
+# removes the simulated nodes.
 # Run via `make demo` (which builds the venv and the CPU image first). KEEP=1 keeps the nodes afterwards.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
@@ -24,14 +25,14 @@ cleanup() {
 }
 trap cleanup EXIT
 
-say "1/5 two simulated nodes (own address, sshd, dockerd, home and temp folders each)"
+say "1/6 two simulated nodes (own address, sshd, dockerd, home and temp folders each)"
 $PY -m devcluster down --name "$NAME" >/dev/null 2>&1 || true
 $PY -m devcluster up --hosts 2 --name "$NAME"
 # Each node has its own folders, as real machines do: the hosts file needs no per-host dirs.
 cp "$STATE/hosts.txt" "$WORK/hosts.txt"
 cat "$WORK/hosts.txt"
 
-say "2/5 synthetic data in the official archive format (labels learnable from the pixels)"
+say "2/6 synthetic data in the official archive format (labels learnable from the pixels)"
 $PY -m trainer.data synth --out "$WORK/synth" --train 4000 --test 1000 --archive "$WORK/cifar-10-python.tar.gz"
 MD5="$(md5sum "$WORK/cifar-10-python.tar.gz" | cut -d' ' -f1)"
 
@@ -40,13 +41,16 @@ UP=("${ORCH[@]}" up --hosts "$WORK/hosts.txt" --ssh-config "$STATE/ssh_config" -
     --image ddp-cifar:cpu --data-from "$WORK/cifar-10-python.tar.gz" --data-md5 "$MD5")
 TRAIN=(--model resnet20 --batch-size 64 --lr 0.05 --allow-unverified-data)
 
-say "3/5 train 2 epochs on 2 nodes: preflight, image and data moved, containers started and watched"
+say "3/6 train 2 epochs on 2 nodes: preflight, image and data moved, containers started and watched"
 "${UP[@]}" -- --epochs 2 "${TRAIN[@]}"
 
-say "4/5 status, then continue the same job to 4 epochs with up --resume"
+say "4/6 status, then continue the same job to 4 epochs with up --resume"
 "${ORCH[@]}" status --job "$JOB"
-"${UP[@]}" --resume -- --epochs 4 "${TRAIN[@]}"
+"${UP[@]}" --resume --max-restarts 1 -- --epochs 4 "${TRAIN[@]}"
 
-say "5/5 kill removes every container of the job (idempotent)"
+say "5/6 the curves: metrics.jsonl from node 0, drawn here"
+"${ORCH[@]}" plot --job "$JOB" --out "${DEMO_PNG:-demo-metrics.png}"
+
+say "6/6 kill removes every container of the job (idempotent)"
 "${ORCH[@]}" kill --job "$JOB"
 echo "demo finished"

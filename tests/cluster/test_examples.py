@@ -75,10 +75,10 @@ def container_log(cluster: Cluster, job: str, node: int) -> str:
 def test_example_contract_rank_logs_kill_and_resume(cluster: Cluster, work: Path, hosts: Path, name: str) -> None:
     entry, args = EXAMPLES[name][0], args_for(name, 400, 0.2)  # slow enough to stop halfway
     image, job = example_image(name), f"ex-{name}"
-    for host in cluster.hosts:  # the charlm's text, placed in each node's data dir by its login user
-        host.run(["sh", "-c", 'mkdir -p "$1" && cat > "$1/input.txt"', "plant", DATA], user=host.user,
-                 input="to be or not to be, that is the question. " * 40)
-    res = up(cluster, work, hosts, job, image, entry, "--detach", args=args)
+    text = work / f"text-{name}"  # the charlm's text, staged into every node's data dir with --data-from
+    text.mkdir(exist_ok=True)
+    (text / "input.txt").write_text("to be or not to be, that is the question. " * 40)
+    res = up(cluster, work, hosts, job, image, entry, "--detach", "--data-from", str(text), args=args)
     assert res.returncode == 0, res.stderr
     wait_for(lambda: "step 10 loss" in container_log(cluster, job, 0), 240, f"{name} at step 10")
 

@@ -86,7 +86,7 @@ CASES: list[tuple[str, list[str], str]] = [
     ("job name", ["up", "--job", "$(id)"], "job name '$(id)' is not allowed"),
     ("env no =", ["up", "--env", "FOO"], "write --env NAME=VALUE"),
     ("env bad name", ["up", "--env", "1X=2"], "not a valid variable name"),
-    ("data-from missing", ["up", "--data-from", "{tmp}/no.tar.gz"], "is not a file"),
+    ("data-from missing", ["up", "--data-from", "{tmp}/no.tar.gz"], "no such file or folder"),
     ("md5", ["up", "--data-md5", "xyz"], "is not an md5"),
     ("nproc 0", ["up", "--nproc-per-node", "0"], "--nproc-per-node 0 must be at least 1"),
     ("relative data dir", ["up", "--data-dir", "data"], "must be an absolute path"),

@@ -50,3 +50,22 @@ def test_the_check_runs_in_the_jobs_image_with_its_network_settings() -> None:
     assert (checks[1].env["RANK"], checks[1].env["WORLD_SIZE"]) == ("1", "2")
     assert checks[0].command[:2] == ("python3", "-c") and "--pairs" in checks[0].command
     assert checks[0].labels["ddp-cifar.job"] == "r18-netcheck"
+
+
+def test_tables_fit_80_and_120_columns_and_long_paths_keep_their_tail() -> None:
+    import io
+
+    from rich.console import Console
+
+    from orchestrate.jobs import keep_tail
+    from orchestrate.netcheck import render
+
+    v = judge([NodeResult(0, "a", 0, head({(0, 1): 2.7, (0, 2): 0.004, (1, 2): 0.004}))])
+    labels = ["gpu-node-with-a-rather-long-name-0.cluster.example.org"] * 3
+    for width in (80, 120):
+        out = io.StringIO()
+        Console(file=out, width=width).print(render(v, labels))
+        assert max(len(line) for line in out.getvalue().splitlines()) <= width
+    path = "/home/alice/.local/share/ddp-cifar/jobs/resnet18-bf16-run3/checkpoints/ckpt-00000240.pt"
+    assert keep_tail(path, 40) == "…" + path[-39:] and keep_tail(path, 40).endswith("ckpt-00000240.pt")
+    assert keep_tail("short", 40) == "short"

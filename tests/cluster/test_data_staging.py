@@ -1,0 +1,57 @@
+"""`up --data-from DIR` on two real test hosts: the first up moves every file, an unchanged folder moves nothing,
+one changed file moves alone (bytes asserted), a file corrupted on one node is found and replaced there.
+The program is examples/charlm, which reads its text from DATA_DIR."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+from test_examples import DATA, example_image, up
+
+from devcluster import Cluster
+
+pytestmark = [pytest.mark.cluster, pytest.mark.docker, pytest.mark.slow]
+
+ARGS = ["--steps", "3", "--step-seconds", "0", "--ckpt-every", "1000", "--text", "input.txt", "--context", "4"]
+
+
+def stage(cluster: Cluster, work: Path, hosts: Path, src: Path) -> str:
+    res = up(cluster, work, hosts, "stage", example_image("charlm"), "-m charlm.train", "--data-from", str(src),
+             args=ARGS)
+    assert res.returncode == 0, res.stderr
+    return res.stdout
+
+
+def test_a_folder_is_synced_incrementally_and_corruption_on_a_node_is_repaired(
+        cluster: Cluster, work: Path, hosts: Path) -> None:
+    src = work / "text"
+    src.mkdir()
+    (src / "input.txt").write_text("to be or not to be, that is the question. " * 40)
+    (src / "extra.bin").write_bytes(os.urandom(300_000))
+    h0, h1 = (h.name for h in cluster.hosts)
+
+    first = stage(cluster, work, hosts, src)
+    total = 1680 + 300_000
+    assert f"data on {h0}: 2 of 2 files changed, {total} bytes sent" in first
+    assert f"data on {h1}: 2 of 2 files changed, {total} bytes sent" in first
+    assert "DONE step=3" in first
+
+    again = stage(cluster, work, hosts, src)
+    assert f"data on {h0}: up to date, nothing moved (2 files)" in again
+    assert f"data on {h1}: up to date, nothing moved (2 files)" in again
+
+    (src / "input.txt").write_text("all the world's a stage. " * 40)  # 1000 bytes
+    one = stage(cluster, work, hosts, src)
+    assert f"data on {h0}: 1 of 2 files changed, 1000 bytes sent" in one
+    assert f"data on {h1}: 1 of 2 files changed, 1000 bytes sent" in one
+
+    on_node1 = cluster.hosts[1].path(f"{DATA}/extra.bin")
+    with on_node1.open("r+b") as fh:  # a flipped block, same size
+        fh.write(b"\0" * 4096)
+    repaired = stage(cluster, work, hosts, src)
+    assert f"data on {h0}: up to date, nothing moved (2 files)" in repaired
+    assert f"data on {h1}: 1 of 2 files changed, 300000 bytes sent" in repaired
+    assert on_node1.read_bytes() == (src / "extra.bin").read_bytes()
+    assert cluster.hosts[1].foreign_files(DATA) == []  # every file the login's own

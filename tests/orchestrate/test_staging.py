@@ -1,0 +1,63 @@
+"""--data-from DIR: the local manifest, what is sent, and the tar stream that carries it."""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import os
+import tarfile
+from pathlib import Path
+
+import pytest
+
+from orchestrate.errors import ConfigError
+from orchestrate.staging import Entry, changed_files, local_manifest, tar_stream
+
+
+def tree(root: Path) -> Path:
+    (root / "sub").mkdir(parents=True)
+    (root / "a.txt").write_text("alpha")
+    (root / "sub" / "b.bin").write_bytes(os.urandom(70_000))  # not a multiple of 512
+    return root
+
+
+def test_manifest_sizes_and_hashes_every_file(tmp_path: Path) -> None:
+    src = tree(tmp_path / "src")
+    m = local_manifest(src)
+    assert sorted(m) == ["a.txt", "sub/b.bin"]
+    assert m["a.txt"] == Entry(5, hashlib.sha256(b"alpha").hexdigest())
+    (src / "link").symlink_to(src / "a.txt")  # inside: its content travels as a file
+    assert local_manifest(src)["link"] == m["a.txt"]
+    assert local_manifest(src / "a.txt") == {"a.txt": m["a.txt"]}  # a single file
+
+
+def test_bad_sources_are_refused_before_anything_moves(tmp_path: Path) -> None:
+    src = tree(tmp_path / "src")
+    (src / "escape").symlink_to("/etc/hostname")
+    with pytest.raises(ConfigError, match=r"symlink to /etc/hostname, outside"):
+        local_manifest(src)
+    (src / "escape").unlink()
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(ConfigError, match="no files in it"):
+        local_manifest(tmp_path / "empty")
+    (src / "a.txt").chmod(0)
+    if os.geteuid() != 0:  # root reads anything
+        with pytest.raises(ConfigError, match="cannot read"):
+            local_manifest(src)
+
+
+def test_only_missing_or_different_files_are_sent() -> None:
+    local = {"a": Entry(1, "x"), "b": Entry(2, "y"), "c": Entry(3, "z")}
+    assert changed_files(local, {}) == ["a", "b", "c"]
+    assert changed_files(local, dict(local)) == []
+    assert changed_files(local, {**local, "b": Entry(2, "corrupt"), "extra": Entry(9, "q")}) == ["b"]
+
+
+def test_the_tar_stream_unpacks_to_the_same_files(tmp_path: Path) -> None:
+    src = tree(tmp_path / "src")
+    seen: list[int] = []
+    data = b"".join(tar_stream(src, ["a.txt", "sub/b.bin"], seen.append))
+    with tarfile.open(fileobj=io.BytesIO(data)) as tar:
+        assert tar.getnames() == ["a.txt", "sub/b.bin"]
+        assert tar.extractfile("sub/b.bin").read() == (src / "sub" / "b.bin").read_bytes()  # type: ignore[union-attr]
+    assert seen[-1] == 70_005 and len(data) % 512 == 0
