@@ -153,16 +153,17 @@ class Replicator:
         return ckpt
 
     def _to_node(self, ckpt: Checkpoint) -> None:
+        """metrics.jsonl first, then the .pt, the manifest last: a replica that counts has its metrics."""
         src, dst, folder = self.nodes.conn(0), self.nodes.conn(1), self.specs[1].dirs["ckpt"]
-        copy_checkpoint(src, ckpt, dst, folder)
-        copy = validate(dst, folder, posixpath.basename(ckpt.manifest))
-        if copy is None:
-            raise OSError(f"the copy of {ckpt.file} on {dst.host.label} does not match its manifest")
         try:
             dst.write_file(posixpath.join(folder, METRICS_FILE),
                            src.stream_file(posixpath.join(ckpt.folder, METRICS_FILE)))
         except SSHError:  # a program without metrics.jsonl
             pass
+        copy_checkpoint(src, ckpt, dst, folder)
+        copy = validate(dst, folder, posixpath.basename(ckpt.manifest))
+        if copy is None:
+            raise OSError(f"the copy of {ckpt.file} on {dst.host.label} does not match its manifest")
         self.made.append(copy)
         for old in self.made[:-KEEP_REPLICAS]:
             dst.run(["rm", "-f", "--", old.manifest, old.path], timeout=60)  # manifest first: never a bare one

@@ -22,6 +22,7 @@ _USER_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9._-]*$")
 _IFACE_RE = re.compile(r"^[A-Za-z0-9_.:@-]{1,15}$")
 _DOCKER_HOST_RE = re.compile(r"^(unix://|tcp://|ssh://)\S+$")
 PATH_KEYS = ("data_dir", "ckpt_dir", "log_dir")
+MAX_SLOTS = 1024  # processes per host; more is a typo, not a machine
 KNOWN_KEYS = ("slots", "docker_host", "iface", *PATH_KEYS)
 
 
@@ -57,7 +58,12 @@ def parse_hosts_file(path: str | os.PathLike[str], ssh_config: str | os.PathLike
     """Read a hosts file; resolve each host through the ssh config (default ~/.ssh/config if present)."""
     path = Path(path)
     try:
-        text = path.read_text()
+        data = path.read_bytes()
+        text = data.decode()
+    except UnicodeDecodeError as err:
+        line = data[:err.start].count(b"\n") + 1
+        raise HostsFileError(f"{path}:{line}: not UTF-8 text (byte {data[err.start]:#04x}); save the hosts file "
+                             "as UTF-8") from None
     except FileNotFoundError:
         raise HostsFileError(f"hosts file {path} does not exist; write one host a line, e.g. 'gpu1 slots=8'") from None
     except OSError as err:
@@ -103,6 +109,8 @@ def parse_line(line: str, where: str, config: paramiko.SSHConfig) -> Host:
     keys = _parse_pairs(pairs, where)
     looked = config.lookup(name)
     resolved_port = port if port is not None else _int(looked.get("port", "22"), "Port in ssh config", where)
+    if not 1 <= resolved_port <= 65535:
+        raise HostsFileError(f"{where}: port {resolved_port} (from the ssh config) out of range; use 1-65535")
     return Host(
         name=name,
         hostname=looked.get("hostname", name),
@@ -164,8 +172,9 @@ def _slots(text: str | None, where: str) -> int | None:
     if text is None:
         return None
     slots = _int(text, "slots", where)
-    if slots < 1:
-        raise HostsFileError(f"{where}: slots={slots} must be at least 1 (the processes or GPUs to use on the host)")
+    if not 1 <= slots <= MAX_SLOTS:
+        raise HostsFileError(f"{where}: slots={slots} must be between 1 and {MAX_SLOTS} (the processes or GPUs to "
+                             "use on the host)")
     return slots
 
 

@@ -139,7 +139,7 @@ class EpochStats:
 def save(cfg: Config, ctx: DistContext, st: TrainState, loader: TrainLoader, pace: Pace) -> Path | None:
     """Global rank 0 writes; every rank learns whether it worked (a collective, so no rank is left waiting)."""
     path, err = None, None
-    pace.heartbeat.mark("checkpointing")
+    pace.heartbeat.mark("checkpointing", step=st.pos.step)
     t0 = time.monotonic()
     if ctx.is_main:
         try:
@@ -153,7 +153,7 @@ def save(cfg: Config, ctx: DistContext, st: TrainState, loader: TrainLoader, pac
     if dist.any_rank(ctx, err is not None):
         raise err or CheckpointError("global rank 0 could not write the checkpoint; see its error line")
     pace.last_save = time.monotonic()
-    pace.heartbeat.mark("training", ckpt_step=st.pos.step)
+    pace.heartbeat.mark("training", step=st.pos.step, ckpt_step=st.pos.step)
     return path
 
 
@@ -214,7 +214,7 @@ def _after_epoch(cfg: Config, ctx: DistContext, st: TrainState, loader: TrainLoa
     last = st.pos.epoch >= cfg.epochs
     acc = None
     if last or st.pos.epoch % cfg.eval_every == 0:
-        pace.heartbeat.mark("evaluating")
+        pace.heartbeat.mark("evaluating", step=st.pos.step)
         acc = evaluate(st.model, test, ctx, cfg.precision, cfg.eval_batch_size)
     _record_epoch(cfg, ctx, st, loader, stats, acc)
     if not last and (st.pos.epoch % cfg.ckpt_every == 0 or pace.save_due(ctx)):

@@ -37,7 +37,7 @@ class Up:
     """An attached `up` in the background; its output collected line by line."""
 
     def __init__(self, proc: subprocess.Popen[str]) -> None:
-        self.proc, self.lines = proc, []
+        self.proc, self.lines, self.seen_at = proc, [], []
         self.thread = threading.Thread(target=self._read, daemon=True)
         self.thread.start()
 
@@ -45,6 +45,11 @@ class Up:
         assert self.proc.stdout is not None
         for line in self.proc.stdout:
             self.lines.append(line.rstrip("\n"))
+            self.seen_at.append(time.monotonic())
+
+    def first(self, text: str, after: float = 0.0) -> float:
+        """When the first line holding `text` (seen after `after`) arrived."""
+        return next(t for t, line in zip(self.seen_at, self.lines, strict=False) if t >= after and text in line)
 
     @property
     def text(self) -> str:
@@ -96,13 +101,19 @@ def test_a_killed_container_is_restarted_and_the_run_ends_as_an_uninterrupted_on
         return len(manifests(ckpt)) >= 3 and len(beats) >= 2
 
     wait_for(progressing, 240, "3 checkpoints and 2 heartbeats", every=0.5)
+    at_kill = beat(target, 0, job)
     node_container(target, job, 1).kill()  # SIGKILL
+    killed = time.monotonic()
     assert up.wait(600) == 0
     assert "restart 1 of 2 in" in up.text and "cause: node 1 (" in up.text and "exited with code 137" in up.text
     assert "finished: epochs=100 step=800 " in up.text
     records = metrics(target, 0, job)
     restarts = [r for r in records if r.get("event") == "restart"]
     assert len(restarts) == 1 and restarts[0]["restart"] == 1 and "node 1" in restarts[0]["cause"]
+    detected, training = up.first("failed: exited", killed), up.first("[rank 0] INFO epoch", up.first("--- restart"))
+    lost = (at_kill or {}).get("step", 0) - restarts[0]["step"]
+    print(f"killed container: detected after {detected - killed:.1f} s, training again after "
+          f"{training - killed:.1f} s (10 s of it the backoff), about {lost} step(s) trained again")
     assert epochs_of(records) == list(range(1, 101))  # continuous: what was trained again is recorded once
     # Progress: the heartbeat advanced, its ETA fell, and it ends at the totals.
     assert beats[-1]["step"] > beats[0]["step"] and beats[-1]["eta_s"] < beats[0]["eta_s"]
@@ -154,7 +165,10 @@ def test_a_stopped_rank_is_found_as_a_stall_with_stack_dumps_and_the_job_restart
     wait_for(lambda: "job stalled" in up.text, 15 + 30, "the stall to be found", every=0.2)
     detected_s = time.monotonic() - stopped_at
     assert up.wait(600) == 0, up.text[-4000:]
-    assert "rank 1 on node 1: NO DUMP" in up.text and "rank 0 on node 0: waiting in a collective" in up.text
+    training = up.first("[rank 0] INFO epoch", up.first("--- restart"))
+    print(f"stalled rank: training again {training - stopped_at:.1f} s after the SIGSTOP")
+    assert f"rank 1 on node 1 ({target.hosts[1].name}): NO DUMP" in up.text
+    assert f"rank 0 on node 0 ({target.hosts[0].name}): waiting in a collective" in up.text
     assert "stalled by node 1 (" in up.text and "--- restart 1 of 1 ---" in up.text
     assert "finished: epochs=40 step=320 " in up.text
     saved = sorted(job_dir(target, 0, job, "logs").glob("stall-*.txt"))
@@ -182,9 +196,14 @@ def test_node_0s_host_cut_off_the_job_finishes_on_the_others_from_the_replica(
         replica = job_dir(three, 1, job)
         wait_for(lambda: len(manifests(replica)) >= 1, 300, "a replica of a checkpoint on node 1", every=0.5)
         three.hosts[0].link_down()
+        cut = time.monotonic()
         replicated = max(int(m["step"]) for m in manifests(replica))
         assert up.wait(900) == 0, up.text[-4000:]
-    assert f"leaving out {three.hosts[0].name}" in up.text or "leaving out " in up.text
+    detected, training = up.first("failed: host unreachable", cut), up.first("[rank 0] INFO epoch",
+                                                                             up.first("--- restart"))
+    print(f"host cut off: detected after {detected - cut:.1f} s, training again on 2 nodes after "
+          f"{training - cut:.1f} s")
+    assert f"leaving out {three.hosts[0].name}: " in up.text
     resumed = up.text.split("resuming from", 1)[1].splitlines()[0]
     assert three.hosts[1].name in resumed or three.hosts[1].addr in resumed
     # 256 images, global batch 3 x 16 = 48: 5 steps per epoch, kept on 2 nodes (24 per process).

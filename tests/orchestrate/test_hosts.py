@@ -51,7 +51,8 @@ def test_deepspeed_form_and_per_host_keys(tmp_path: Path) -> None:
     ("# only a comment\n\n", "lists no hosts"),
     ("a\nb\na slots=2\n", ":3: duplicate host 'a' (already on"),
     ("gpu1\n10.0.0.11:2222\n", ":2: duplicate host"),  # same machine by alias and by address
-    ("a slots=0\n", ":1: slots=0 must be at least 1"),
+    ("a slots=0\n", ":1: slots=0 must be between 1 and 1024"),
+    ("a slots=100000000\n", ":1: slots=100000000 must be between 1 and 1024"),
     ("a slots=x\n", ":1: slots must be a whole number"),
     ("a gpus=2\n", ":1: unknown key 'gpus'"),
     ("a slots\n", ":1: expected key=value"),
@@ -71,6 +72,13 @@ def test_bad_lines_name_file_and_line(tmp_path: Path, text: str, message: str) -
         parse_hosts_file(hosts, cfg)
     assert message in str(info.value)
     assert str(hosts) in str(info.value)
+
+
+def test_a_hosts_file_that_is_not_utf8_names_its_line(tmp_path: Path) -> None:
+    hosts, cfg = write(tmp_path, "a\n")
+    hosts.write_bytes(b"a\nb\xe9\n")  # Latin-1, as an old editor saves it
+    with pytest.raises(HostsFileError, match=rf"^{hosts}:2: not UTF-8 text \(byte 0xe9\)"):
+        parse_hosts_file(hosts, cfg)
 
 
 def test_missing_file_and_missing_ssh_config(tmp_path: Path) -> None:
