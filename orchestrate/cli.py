@@ -234,16 +234,13 @@ def parse_args(argv: Sequence[str]) -> tuple[str, UpConfig | JobsConfig]:
 
 
 def run(argv: Sequence[str], console: Console) -> int:
+    """The command line is a thin layer over the Python API (orchestrate/api.py)."""
+    from . import api
+
     command, config = parse_args(argv)
-    if command in ("up", "check"):
-        from .up import check, up
-
-        assert isinstance(config, UpConfig)
-        return up(config, console) if command == "up" else check(config, console)
-    from .commands import run_jobs_command
-
-    assert isinstance(config, JobsConfig)
-    return run_jobs_command(command, config, console)
+    if isinstance(config, UpConfig):
+        return api.up(config, console) if command == "up" else api.check(config, console)
+    return api.jobs(command, config, console)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

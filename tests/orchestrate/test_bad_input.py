@@ -9,7 +9,7 @@ Cases that need a real host are in tests/cluster/test_orchestrate_bad_input.py (
 | 2  | hosts file empty / only comments                   | hosts file X lists no hosts                        |
 | 3  | hosts file: bad line (`a;touch /tmp/owned`)        | X:1: bad host name ...                             |
 | 4  | hosts file: duplicate host                         | X:2: duplicate host 'a' (already on X:1)           |
-| 5  | hosts file: `slots=0`                              | X:1: slots=0 must be at least 1                    |
+| 5  | hosts file: `slots=0`                              | X:1: slots=0 must be between 1 and 1024                    |
 | 6  | hosts file: unknown key                            | X:1: unknown key 'gpus'; known keys: ...           |
 | 7  | hosts file: port out of range                      | X:1: port 70000 out of range                       |
 | 8  | hosts file: relative data_dir                      | X:1: data_dir must be an absolute path             |
@@ -69,7 +69,7 @@ CASES: list[tuple[str, list[str], str]] = [
     ("empty hosts file", ["up", "--hosts", "@# nothing\n\n"], "lists no hosts"),
     ("bad line", ["up", "--hosts", "@a;touch /tmp/owned\n"], ":1: bad host name"),
     ("duplicate", ["up", "--hosts", "@a\na\n"], ":2: duplicate host 'a'"),
-    ("slots=0", ["up", "--hosts", "@a slots=0\n"], ":1: slots=0 must be at least 1"),
+    ("slots=0", ["up", "--hosts", "@a slots=0\n"], ":1: slots=0 must be between 1 and 1024"),
     ("unknown key", ["up", "--hosts", "@a gpus=1\n"], ":1: unknown key 'gpus'"),
     ("bad port", ["up", "--hosts", "@a:70000\n"], ":1: port 70000 out of range"),
     ("relative dir", ["up", "--hosts", "@a data_dir=data\n"], "data_dir must be an absolute path"),

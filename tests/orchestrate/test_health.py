@@ -12,12 +12,13 @@ from pathlib import Path
 import pytest
 from rich.console import Console
 
-from orchestrate import state, up
+from orchestrate import pipeline as up
+from orchestrate import state
 from orchestrate.config import SSHOptions, UpConfig
 from orchestrate.errors import JobError
 from orchestrate.health import Beat, RankStack, StallClock, culprits
 from orchestrate.launch import End, Outcome
-from orchestrate.up import Attempt
+from orchestrate.pipeline import Attempt
 
 BEAT = {"state": "training", "step": 120, "epoch": 3, "ckpt_step": 80, "loss": 1.23456, "images_per_s": 412.4,
         "eta_s": 312.0, "total_steps": 600, "epochs": 15, "slowest_step_s": 0.5, "time": 1.0}

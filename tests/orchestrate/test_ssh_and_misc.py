@@ -82,7 +82,7 @@ def test_secret_masking() -> None:
 
 
 def test_cli_does_not_import_torch() -> None:
-    code = ("import sys, orchestrate.cli, orchestrate.up, orchestrate.commands, orchestrate.launch;"
+    code = ("import sys, orchestrate.cli, orchestrate.pipeline, orchestrate.commands, orchestrate.launch;"
             "sys.exit(1 if 'torch' in sys.modules or 'trainer' in sys.modules else 0)")
     assert subprocess.run([sys.executable, "-c", code], timeout=60).returncode == 0
 

@@ -1,5 +1,6 @@
-"""`up`: hosts → preflight → plan → image → data → start → watch, and again from the newest checkpoint after a
-failure (--max-restarts). Nothing starts unless preflight passes."""
+"""The `up` pipeline: hosts → preflight → plan → image → data → start → watch, and again from the newest
+checkpoint after a failure (--max-restarts); `check` shares its first phases. Nothing starts unless preflight
+passes."""
 
 from __future__ import annotations
 
