@@ -92,7 +92,10 @@ class Heartbeat:
         after it so a long evaluation is not taken for a slow step."""
         if not self.enabled:
             return
+        now = time.monotonic()
         self.fields.update(state=state, **fields)
+        if "step" in fields and "eta_s" not in fields and self.run_steps:  # the ETA goes with the step shown
+            self.fields["eta_s"] = max(0, self.total_steps - fields["step"]) * (now - self.run_start) / self.run_steps
         self._write()
         self.last_step_end = time.monotonic()
 
