@@ -70,13 +70,16 @@ def build_parser() -> argparse.ArgumentParser:
                         description="Preflight every host (nothing starts unless all pass), send the image and "
                                     "the data where missing, start one container per node, stream the logs and "
                                     "stop everything if a node fails. Trainer options go after '--'.")
-    _ssh_args(up, hosts_required=True)
+    _ssh_args(up, hosts_required=False)
+    up.add_argument("-f", "--file", type=Path, default=None,
+                    help="job file (TOML): any option of up by its long name, and args = [...] for the program; "
+                         "the command line wins (see orchestrate/jobfile.py)")
     up.add_argument("--job", default=DEFAULT_JOB, help="job name (container names and labels)")
     up.add_argument("--image", default=DEFAULT_IMAGE, help="image to run; sent to nodes that lack it")
     up.add_argument("--entry", default=TRAINER_ENTRY,
                     help="program torchrun starts: '-m pkg.module' or a script path inside the image; "
                          "its arguments go after --")
-    up.add_argument("--gpus", default="all", help="GPUs per node: a number, 'all', or 0 for CPU mode (gloo)")
+    up.add_argument("--gpus", type=_gpus, default="all", help="GPUs per node: a number, 'all', or 0 for CPU mode (gloo)")
     up.add_argument("--nproc-per-node", type=int, default=None, help="processes per node (default: GPUs, or 1 on CPU)")
     up.add_argument("--master-addr", default=None, help="rendezvous address (default: node 0's address)")
     up.add_argument("--master-port", type=int, default=29500, help="rendezvous port on node 0 (must be free)")
@@ -131,7 +134,7 @@ def build_parser() -> argparse.ArgumentParser:
     _ssh_args(check, hosts_required=True)
     check.add_argument("--job", default=DEFAULT_JOB, help="the job whose settings to use (containers JOB-netcheck-*)")
     check.add_argument("--image", default=DEFAULT_IMAGE, help="image to run it in (any image with torch)")
-    check.add_argument("--gpus", default="all", help="GPUs per node: a number, 'all', or 0 for CPU (gloo)")
+    check.add_argument("--gpus", type=_gpus, default="all", help="GPUs per node: a number, 'all', or 0 for CPU (gloo)")
     check.add_argument("--master-addr", default=None, help="rendezvous address (default: node 0's address)")
     check.add_argument("--master-port", type=int, default=29500, help="rendezvous port on node 0 (must be free)")
     check.add_argument("--max-mb", type=int, default=256, help="largest message (MB)")
@@ -153,6 +156,7 @@ def build_parser() -> argparse.ArgumentParser:
                            help="one global rank's stdout/stderr files (from up's --log-dir on its node)")
         if name == "plot":
             p.add_argument("--out", type=Path, default=None, help="PNG to write (default: JOB-metrics.png here)")
+    parser.up_parser = up  # type: ignore[attr-defined]  # the job file's schema (jobfile.py)
     return parser
 
 
@@ -190,7 +194,7 @@ def _env(pairs: Sequence[str]) -> tuple[tuple[str, str], ...]:
 def up_config(ns: argparse.Namespace) -> UpConfig:
     return UpConfig(
         ssh=SSHOptions(ns.hosts, ns.ssh_config, ns.accept_new_host_keys), job=ns.job, image=ns.image,
-        gpus=_gpus(ns.gpus), nproc_per_node=ns.nproc_per_node, master_addr=ns.master_addr,
+        gpus=ns.gpus, nproc_per_node=ns.nproc_per_node, master_addr=ns.master_addr,
         master_port=ns.master_port, data_dir=ns.data_dir, ckpt_dir=ns.ckpt_dir, log_dir=ns.log_dir,
         data_url=ns.data_url, data_from=ns.data_from, data_md5=ns.data_md5, env=_env(ns.env), pull=ns.pull,
         detach=ns.detach, dry_run=ns.dry_run, timings=ns.timings, resume=ns.resume, replace=ns.replace,
@@ -203,7 +207,7 @@ def up_config(ns: argparse.Namespace) -> UpConfig:
 
 def check_config(ns: argparse.Namespace) -> UpConfig:
     return UpConfig(ssh=SSHOptions(ns.hosts, ns.ssh_config, ns.accept_new_host_keys), job=ns.job, image=ns.image,
-                    gpus=_gpus(ns.gpus), master_addr=ns.master_addr, master_port=ns.master_port,
+                    gpus=ns.gpus, master_addr=ns.master_addr, master_port=ns.master_port,
                     check_max_mb=ns.max_mb)
 
 
@@ -217,13 +221,24 @@ def jobs_config(ns: argparse.Namespace) -> JobsConfig:
 def parse_args(argv: Sequence[str]) -> tuple[str, UpConfig | JobsConfig]:
     argv = list(argv)
     trainer: list[str] = []
+    given_args = "--" in argv
     if "--" in argv:  # everything after -- goes to the trainer untouched
         cut = argv.index("--")
         argv, trainer = argv[:cut], argv[cut + 1:]
-    ns = build_parser().parse_args(argv)
+    parser = build_parser()
+    ns = parser.parse_args(argv)
     if ns.command == "up":
         if ns.trainer_args:
             raise ConfigError(f"unexpected argument {ns.trainer_args[0]!r}; put trainer options after '--'")
+        base = _job_base(ns, parser.up_parser)  # type: ignore[attr-defined]
+        if base:  # the job file's (or the stored job's) options under the command line's
+            file_args = base.pop("trainer_args", [])
+            parser.up_parser.set_defaults(**base)  # type: ignore[attr-defined]
+            ns = parser.parse_args(argv)
+            trainer = trainer if given_args else file_args
+        if ns.hosts is None:
+            raise ConfigError("up needs the hosts: --hosts FILE, hosts = \"FILE\" in a job file (-f), or --job NAME "
+                              "of a job that ran from here before")
         ns.trainer_args = trainer
         return "up", up_config(ns)
     if trainer:
@@ -231,6 +246,19 @@ def parse_args(argv: Sequence[str]) -> tuple[str, UpConfig | JobsConfig]:
     if ns.command == "check":
         return "check", check_config(ns)
     return ns.command, jobs_config(ns)
+
+
+def _job_base(ns: argparse.Namespace, up_parser: argparse.ArgumentParser) -> dict[str, object]:
+    """Options under the command line's: the job file's (-f), or, without --hosts, the stored job of --job."""
+    from . import jobfile, state
+
+    if ns.file is not None:
+        return jobfile.load(ns.file, up_parser)
+    if ns.hosts is None:
+        stored = state.load(ns.job)
+        if stored is not None:
+            return jobfile.from_state(stored, up_parser)
+    return {}
 
 
 def run(argv: Sequence[str], console: Console) -> int:

@@ -15,7 +15,7 @@ from typing import Any
 
 from rich.console import Console
 
-from . import state
+from . import jobfile, state
 from .config import UpConfig
 from .entry import check_image
 from .errors import ConfigError, JobError
@@ -120,6 +120,10 @@ def _up(config: UpConfig, console: Console, timings: Timings) -> int:
     if config.dry_run:
         # Offline: nothing is contacted; interfaces and GPU counts are shown as detected at launch.
         specs = build_plan(config, hosts, config.master_addr or hosts[0].hostname)
+        console.print("# the job (a job file for 'up -f'; options that differ from the defaults, secrets masked)",
+                      markup=False)
+        console.print("\n".join(f"#   {line}" for line in jobfile.of_config(config).splitlines()), markup=False,
+                      highlight=False, soft_wrap=True)
         console.print(render_plan(specs), markup=False, highlight=False, soft_wrap=True)
         return 0
     began, current, previous = time.time(), config, None

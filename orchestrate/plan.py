@@ -69,9 +69,10 @@ class NodeSpec:
     network_mode: str = "host"
     dirs: dict[str, str] = field(default_factory=dict)  # data/ckpt/log dirs on the host
     user: str | None = None  # "uid:gid" the container runs as (the SSH login's, so files in the dirs are theirs)
-    # name -> address of every node: c10d looks up the name of each peer's address (getnameinfo) and warns on
-    # every connection when none is found (hosts without reverse DNS); /etc/hosts entries answer it.
-    extra_hosts: dict[str, str] = field(default_factory=dict)
+    # (name, address) of every node: c10d looks up the name of each peer's address (getnameinfo) and warns on
+    # every connection when none is found (hosts without reverse DNS); /etc/hosts entries answer it. An IPv4
+    # address also as IPv4-mapped IPv6: TCPStore's dual-stack socket sees peers as ::ffff:a.b.c.d.
+    extra_hosts: tuple[tuple[str, str], ...] = ()
 
     def docker_run_argv(self, mask: bool = True) -> list[str]:
         """The equivalent `docker run` command line (what --dry-run prints)."""
@@ -83,7 +84,7 @@ class NodeSpec:
         if self.gpus:
             argv.append("--gpus=all" if self.gpus == GPUS_ALL else f"--gpus={self.gpus}")
         argv += [f"--ulimit={n}={soft}:{hard}" for n, soft, hard in self.ulimits]
-        argv += [f"--add-host={name}:{addr}" for name, addr in self.extra_hosts.items()]
+        argv += [f"--add-host={name}:{addr}" for name, addr in self.extra_hosts]
         argv += [f"--label={k}={v}" for k, v in self.labels.items()]
         env = masked_env(self.env) if mask else self.env
         argv += [f"--env={k}={v}" for k, v in env.items()]
@@ -106,7 +107,7 @@ class NodeSpec:
             ulimits=[docker.types.Ulimit(name=n, soft=s, hard=h) for n, s, h in self.ulimits],
             mounts=[docker.types.Mount(m.target, m.source, type="bind", read_only=m.read_only)
                     for m in self.mounts],
-            privileged=False, stop_signal="SIGTERM", user=self.user, extra_hosts=dict(self.extra_hosts) or None,
+            privileged=False, stop_signal="SIGTERM", user=self.user, extra_hosts=[f"{name}:{addr}" for name, addr in self.extra_hosts] or None,
         )
 
 
@@ -151,7 +152,8 @@ def build_plan(config: UpConfig, hosts: Sequence[Host], master_addr: str,
     `launcher` from the image check (torchrun, or `python -m torch.distributed.run` where it is not on PATH)."""
     facts = list(facts) if facts is not None else [NodeFacts() for _ in hosts]
     nnodes = len(hosts)
-    names = {f"ddp-node{rank}": f.addr for rank, f in enumerate(facts) if f.addr}
+    names = tuple((f"ddp-node{rank}", addr) for rank, f in enumerate(facts) if f.addr
+                  for addr in ((f.addr, f"::ffff:{f.addr}") if "." in f.addr else (f.addr,)))
     return [dataclasses.replace(_node(config, host, rank, nnodes, master_addr, facts[rank], tuple(launcher)),
                                 extra_hosts=names)
             for rank, host in enumerate(hosts)]

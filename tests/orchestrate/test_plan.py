@@ -132,7 +132,7 @@ def test_every_node_can_name_its_peers_addresses() -> None:
     """c10d warns on each connection whose peer address has no name (no reverse DNS on most clusters)."""
     facts = [NodeFacts(iface="eth0", addr="10.0.0.11"), NodeFacts(iface="eth0", addr="10.0.0.12")]
     for spec in build_plan(config(gpus=0), HOSTS, "10.0.0.11", facts):
-        assert spec.extra_hosts == {"ddp-node0": "10.0.0.11", "ddp-node1": "10.0.0.12"}
-        assert spec.sdk_kwargs()["extra_hosts"] == spec.extra_hosts
-        assert "--add-host=ddp-node1:10.0.0.12" in spec.docker_run_argv()
+        assert spec.sdk_kwargs()["extra_hosts"] == ["ddp-node0:10.0.0.11", "ddp-node0:::ffff:10.0.0.11",
+                                                    "ddp-node1:10.0.0.12", "ddp-node1:::ffff:10.0.0.12"]
+        assert "--add-host=ddp-node1:::ffff:10.0.0.12" in spec.docker_run_argv()
     assert build_plan(config(gpus=0), HOSTS, "10.0.0.11")[0].sdk_kwargs()["extra_hosts"] is None
