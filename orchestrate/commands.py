@@ -43,7 +43,7 @@ def run_jobs_command(command: str, config: JobsConfig, console: Console) -> int:
         if not nodes.reachable():  # "no container found" would hide that no host answered at all
             raise MultiHostError("logs", unreachable)
         if config.rank is not None:
-            rank_logs(nodes, config.job, console, config.rank, config.tail)
+            rank_logs(nodes, config.job, console, config.rank, config.tail, config.follow)
         else:
             stream_logs(nodes, config.job, console, config.follow, config.node, config.tail)
         if unreachable:

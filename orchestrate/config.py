@@ -213,8 +213,8 @@ class JobsConfig:
             raise ConfigError(f"--node {self.node} must be a node rank (0 or more)")
         if self.tail < 0:
             raise ConfigError(f"--tail {self.tail} must not be negative")
-        if self.rank is not None and (self.rank < 0 or self.node is not None or self.follow):
-            raise ConfigError(f"--rank {self.rank}: give a global rank (0 or more), without --node or -f")
+        if self.rank is not None and (self.rank < 0 or self.node is not None):
+            raise ConfigError(f"--rank {self.rank}: give a global rank (0 or more), without --node")
 
 
 # Folders a container must never get as a bind mount: the host's root, its system trees, the Docker socket's

@@ -267,8 +267,9 @@ def locate_rank(nodes_nproc: Sequence[tuple[int, int]], rank: int) -> tuple[int,
     return None
 
 
-def rank_logs(nodes: Nodes, job: str, console: Console, rank: int, tail: int) -> None:
-    """Print one global rank's stdout and stderr files (torchrun --log-dir) from the node that ran it."""
+def rank_logs(nodes: Nodes, job: str, console: Console, rank: int, tail: int, follow: bool = False) -> None:
+    """Print one global rank's stdout and stderr files (torchrun --log-dir) from the node that ran it; with
+    `follow`, then its new lines as they come (torchrun's `[default<local rank>]:` lines of the node's log)."""
     found: dict[int, tuple[int, Any, int]] = {}  # node rank → (host index, container, nproc)
     for host in nodes.reachable():
         for c in job_containers(nodes.docker(host), job):
@@ -298,6 +299,19 @@ def rank_logs(nodes: Nodes, job: str, console: Console, rank: int, tail: int) ->
         for line in lines[-tail:] if tail else lines:
             console.print(f"[rank {rank} {stream}] {mask_text(line, secrets)}", markup=False, highlight=False,
                           soft_wrap=True)
+    if follow:
+        _follow_rank(console, nodes.docker(host, timeout=None), container, rank, where[1], secrets)
+
+
+def _follow_rank(console: Console, client: Any, container: Any, rank: int, local: int, secrets: list[str]) -> None:
+    prefix, pending = f"[default{local}]:", ""
+    for chunk in client.api.logs(container.id, stream=True, follow=True, tail=0):
+        pending += chunk.decode(errors="replace")
+        *lines, pending = pending.split("\n")
+        for line in lines:
+            if line.startswith(prefix):
+                shown = _CONTROL.sub(lambda m: f"\\x{ord(m.group()):02x}", mask_text(line[len(prefix):], secrets))
+                console.print(f"[rank {rank}] {shown}", markup=False, highlight=False, soft_wrap=True)
 
 
 def _follow(console: Console, rank: int, container: Any) -> None:

@@ -10,12 +10,23 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
+import time
 from pathlib import Path
 
 import docker
 import pytest
-from orchestrate_kit import IMAGE, REPO, job_containers, manifests, orchestrate, wait_for
+from orchestrate_kit import (
+    IMAGE,
+    REPO,
+    job_containers,
+    kill_process_group,
+    manifests,
+    orchestrate,
+    start,
+    wait_for,
+)
 
 from devcluster import Cluster
 
@@ -95,6 +106,18 @@ def test_example_contract_rank_logs_kill_and_resume(cluster: Cluster, work: Path
     assert logs1.returncode == 0
     assert [c["RANK"] for c in contract_lines(logs1.stdout)] == ["1"]  # rank 1's file only
     assert all(line.startswith("[rank 1 ") for line in logs1.stdout.strip().splitlines())
+    # -f: rank 1's new lines as they come, rank 1's only.
+    follow = start(cluster, work / "state", "logs", "--job", job, "--rank", "1", "-f", "--tail", "1")
+    try:
+        seen: list[str] = []
+        deadline = time.monotonic() + 60
+        assert follow.stdout is not None
+        while time.monotonic() < deadline and not any(ln.startswith("[rank 1] ") and "loss" in ln for ln in seen):
+            seen.append(follow.stdout.readline().rstrip("\n"))
+    finally:
+        kill_process_group(follow, signal.SIGTERM)
+    assert any(ln.startswith("[rank 1] ") and "loss" in ln for ln in seen), seen
+    assert not any(ln.startswith("[rank 0]") for ln in seen)
 
     # kill: SIGTERM → the program checkpoints by the manifest convention and exits 143.
     assert orchestrate(cluster, work / "state", "kill", "--job", job, "--grace", "30").returncode == 0

@@ -158,8 +158,8 @@ def test_global_rank_to_node_and_local_rank() -> None:
 
 
 def test_rank_option_is_validated() -> None:
-    assert JobsConfig(ssh=SSH, rank=1).rank == 1
-    for bad in ({"rank": -1}, {"rank": 0, "node": 0}, {"rank": 0, "follow": True}):
+    assert JobsConfig(ssh=SSH, rank=1).rank == 1 and JobsConfig(ssh=SSH, rank=1, follow=True).follow
+    for bad in ({"rank": -1}, {"rank": 0, "node": 0}):
         with pytest.raises(ConfigError, match="--rank"):
             JobsConfig(ssh=SSH, **bad)  # type: ignore[arg-type]
 
