@@ -86,3 +86,22 @@ def test_probe_script_runs_locally_and_quotes_nothing_into_code(tmp_path: Path) 
     assert facts["data_base"] == str(tmp_path) and facts["data_isdir"] == "1" and int(facts["ckpt_free_kb"]) > 0
     assert not marker.exists()
     assert "data_foreign" not in facts and "log_foreign" not in facts  # tmp_path is ours, / is root's
+
+
+def test_the_preflight_table_fits_80_and_120_columns() -> None:
+    import io
+
+    from rich.console import Console
+
+    from orchestrate.preflight import COLUMNS, render_table
+
+    reports = []
+    for i in range(3):
+        r = HostReport(f"gpu-node-{i}.cluster.example.org")
+        for col in COLUMNS:
+            r.add(col, True, f"{col} fine: a fairly long explanation of the check on this host {i}")
+        reports.append(r)
+    for width in (80, 120):
+        out = io.StringIO()
+        Console(file=out, width=width).print(render_table(reports))
+        assert max(len(line) for line in out.getvalue().splitlines()) <= width
