@@ -7,6 +7,7 @@ argparse → one frozen, validated config per subcommand → one function per su
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import logging
 import sys
 from collections.abc import Sequence
@@ -16,16 +17,7 @@ from typing import NoReturn
 from rich.console import Console
 
 from .config import (
-    DEFAULT_CKPT_DIR,
-    DEFAULT_DATA_DIR,
-    DEFAULT_DATA_MD5,
-    DEFAULT_DATA_URL,
-    DEFAULT_IMAGE,
-    DEFAULT_JOB,
-    DEFAULT_LOG_DIR,
-    DEFAULT_STALL_TIMEOUT_S,
     GPUS_ALL,
-    TRAINER_ENTRY,
     JobsConfig,
     SSHOptions,
     UpConfig,
@@ -47,6 +39,11 @@ hosts file: one host a line, [user@]host[:port] [slots=N] [key=value ...], '#' c
 is node 0 and the rendezvous master. Keys: slots, iface, docker_host, data_dir, ckpt_dir, log_dir.
 Names resolve through ~/.ssh/config; host keys are checked against known_hosts.
 """
+
+
+# The defaults are the configs' own (config.py): written once, shown by --help, used by job files (jobfile.py).
+UP = {f.name: f.default for f in dataclasses.fields(UpConfig)}
+JOBS = {f.name: f.default for f in dataclasses.fields(JobsConfig)}
 
 
 class _Formatter(argparse.RawDescriptionHelpFormatter, argparse.ArgumentDefaultsHelpFormatter):
@@ -74,24 +71,24 @@ def build_parser() -> argparse.ArgumentParser:
     up.add_argument("-f", "--file", type=Path, default=None,
                     help="job file (TOML): any option of up by its long name, and args = [...] for the program; "
                          "the command line wins (see orchestrate/jobfile.py)")
-    up.add_argument("--job", default=DEFAULT_JOB, help="job name (container names and labels)")
-    up.add_argument("--image", default=DEFAULT_IMAGE, help="image to run; sent to nodes that lack it")
-    up.add_argument("--entry", default=TRAINER_ENTRY,
+    up.add_argument("--job", default=UP["job"], help="job name (container names and labels)")
+    up.add_argument("--image", default=UP["image"], help="image to run; sent to nodes that lack it")
+    up.add_argument("--entry", default=UP["entry"],
                     help="program torchrun starts: '-m pkg.module' or a script path inside the image; "
                          "its arguments go after --")
-    up.add_argument("--gpus", type=_gpus, default="all", help="GPUs per node: a number, 'all', or 0 for CPU mode (gloo)")
+    up.add_argument("--gpus", type=_gpus, default=UP["gpus"], help="GPUs per node: a number, 'all' (-1), or 0 for CPU mode (gloo)")
     up.add_argument("--nproc-per-node", type=int, default=None, help="processes per node (default: GPUs, or 1 on CPU)")
     up.add_argument("--master-addr", default=None, help="rendezvous address (default: node 0's address)")
-    up.add_argument("--master-port", type=int, default=29500, help="rendezvous port on node 0 (must be free)")
-    up.add_argument("--data-dir", default=DEFAULT_DATA_DIR, help="CIFAR-10 on each node (data_dir= per host wins)")
-    up.add_argument("--ckpt-dir", default=DEFAULT_CKPT_DIR, help="{job} expands to the job name")
-    up.add_argument("--log-dir", default=DEFAULT_LOG_DIR,
+    up.add_argument("--master-port", type=int, default=UP["master_port"], help="rendezvous port on node 0 (must be free)")
+    up.add_argument("--data-dir", default=UP["data_dir"], help="CIFAR-10 on each node (data_dir= per host wins)")
+    up.add_argument("--ckpt-dir", default=UP["ckpt_dir"], help="{job} expands to the job name")
+    up.add_argument("--log-dir", default=UP["log_dir"],
                     help="per-rank stdout/stderr files on each node (read one with 'logs --rank R')")
-    up.add_argument("--data-url", default=DEFAULT_DATA_URL, help="archive each node downloads")
+    up.add_argument("--data-url", default=UP["data_url"], help="archive each node downloads")
     up.add_argument("--data-from", type=Path, default=None,
                     help="a local folder synced into every node's data dir (only changed files move), or the "
                          "CIFAR-10 archive to send instead of downloading (another program: any single file)")
-    up.add_argument("--data-md5", default=DEFAULT_DATA_MD5, help="expected md5 of the archive")
+    up.add_argument("--data-md5", default=UP["data_md5"], help="expected md5 of the archive")
     up.add_argument("--env", action="append", default=[], metavar="KEY=VALUE", help="extra environment (repeat)")
     up.add_argument("--pull", action="store_true", help="pull the image on the nodes instead of sending it")
     up.add_argument("--detach", action="store_true", help="return once every container runs")
@@ -100,17 +97,17 @@ def build_parser() -> argparse.ArgumentParser:
     up.add_argument("--resume", action="store_true", help="continue from the newest valid checkpoint")
     up.add_argument("--replace", action="store_true", help="stop a running job of the same name first")
     up.add_argument("--stop-on-interrupt", action="store_true", help="Ctrl-C stops the job without asking")
-    up.add_argument("--min-free-gb", type=float, default=1.0, help="free disk each node needs under its dirs")
+    up.add_argument("--min-free-gb", type=float, default=UP["min_free_gb"], help="free disk each node needs under its dirs")
     up.add_argument("--shm-size", default=None, help="a sized /dev/shm instead of --ipc=host")
-    up.add_argument("--grace", type=float, default=60.0, help="seconds between SIGTERM and SIGKILL")
+    up.add_argument("--grace", type=float, default=UP["grace"], help="seconds between SIGTERM and SIGKILL")
     heal = up.add_argument_group("self-healing (README: What happens when...)")
-    heal.add_argument("--max-restarts", type=int, default=0,
+    heal.add_argument("--max-restarts", type=int, default=UP["max_restarts"],
                       help="after a failure (a node exits non-zero, is OOM-killed, stops answering or stalls), "
                            "stop everywhere and start again from the newest valid checkpoint, up to N times")
     heal.add_argument("--min-nodes", type=int, default=None,
                       help="at a restart, leave out hosts that fail preflight while this many remain "
                            "(default: every host); the global batch stays the run's own")
-    heal.add_argument("--stall-timeout", type=float, default=DEFAULT_STALL_TIMEOUT_S,
+    heal.add_argument("--stall-timeout", type=float, default=UP["stall_timeout"],
                       help="seconds without a new training step (rank 0's heartbeat) before the job counts as "
                            "stalled: stack dumps of every rank, then stop (and restart); at least 3x the slowest "
                            "step seen; 0: off")
@@ -120,7 +117,7 @@ def build_parser() -> argparse.ArgumentParser:
     up.add_argument("--check-network", action="store_true",
                     help="after preflight, measure the network between the nodes (as 'check' does) and start "
                          "nothing if a node cannot take part; an outlier is named")
-    up.add_argument("--check-max-mb", type=int, default=256, help="largest message of --check-network (MB)")
+    up.add_argument("--check-max-mb", type=int, default=UP["check_max_mb"], help="largest message of --check-network (MB)")
     up.add_argument("trainer_args", nargs="*", help="trainer options after --, e.g. -- --epochs 30")
     check = sub.add_parser("check", formatter_class=_Formatter,
                            help="measure the network between the hosts (all_reduce, then every pair); name the "
@@ -132,12 +129,12 @@ def build_parser() -> argparse.ArgumentParser:
                                        "and names a node whose best pair is below half the median node's. "
                                        "Exit 1 when a node cannot take part or is an outlier.")
     _ssh_args(check, hosts_required=True)
-    check.add_argument("--job", default=DEFAULT_JOB, help="the job whose settings to use (containers JOB-netcheck-*)")
-    check.add_argument("--image", default=DEFAULT_IMAGE, help="image to run it in (any image with torch)")
-    check.add_argument("--gpus", type=_gpus, default="all", help="GPUs per node: a number, 'all', or 0 for CPU (gloo)")
+    check.add_argument("--job", default=UP["job"], help="the job whose settings to use (containers JOB-netcheck-*)")
+    check.add_argument("--image", default=UP["image"], help="image to run it in (any image with torch)")
+    check.add_argument("--gpus", type=_gpus, default=UP["gpus"], help="GPUs per node: a number, 'all' (-1), or 0 for CPU (gloo)")
     check.add_argument("--master-addr", default=None, help="rendezvous address (default: node 0's address)")
-    check.add_argument("--master-port", type=int, default=29500, help="rendezvous port on node 0 (must be free)")
-    check.add_argument("--max-mb", type=int, default=256, help="largest message (MB)")
+    check.add_argument("--master-port", type=int, default=UP["master_port"], help="rendezvous port on node 0 (must be free)")
+    check.add_argument("--max-mb", type=int, default=UP["check_max_mb"], help="largest message (MB)")
     for name, help_text in (("kill", "stop and remove the job's containers"),
                             ("status", "one row per node, the job's progress and restarts"),
                             ("logs", "print or follow the nodes' logs"),
@@ -145,13 +142,13 @@ def build_parser() -> argparse.ArgumentParser:
                                      "learning rate against step, restarts marked")):
         p = sub.add_parser(name, help=help_text, description=help_text, formatter_class=_Formatter)
         _ssh_args(p, hosts_required=False)
-        p.add_argument("--job", default=DEFAULT_JOB, help="job name")
+        p.add_argument("--job", default=JOBS["job"], help="job name")
         if name == "kill":
-            p.add_argument("--grace", type=float, default=60.0, help="seconds between SIGTERM and SIGKILL")
+            p.add_argument("--grace", type=float, default=JOBS["grace"], help="seconds between SIGTERM and SIGKILL")
         if name == "logs":
             p.add_argument("-f", "--follow", action="store_true", help="keep following until the job ends")
             p.add_argument("--node", type=int, default=None, help="only this node rank")
-            p.add_argument("--tail", type=int, default=100, help="last N lines per node (0: all)")
+            p.add_argument("--tail", type=int, default=JOBS["tail"], help="last N lines per node (0: all)")
             p.add_argument("--rank", type=int, default=None,
                            help="one global rank's stdout/stderr files (from up's --log-dir on its node)")
         if name == "plot":
@@ -213,8 +210,8 @@ def check_config(ns: argparse.Namespace) -> UpConfig:
 
 def jobs_config(ns: argparse.Namespace) -> JobsConfig:
     return JobsConfig(ssh=SSHOptions(ns.hosts, ns.ssh_config, ns.accept_new_host_keys), job=ns.job,
-                      grace=getattr(ns, "grace", 60.0), follow=getattr(ns, "follow", False),
-                      node=getattr(ns, "node", None), tail=getattr(ns, "tail", 100),
+                      grace=getattr(ns, "grace", JOBS["grace"]), follow=getattr(ns, "follow", False),
+                      node=getattr(ns, "node", None), tail=getattr(ns, "tail", JOBS["tail"]),
                       rank=getattr(ns, "rank", None), out=getattr(ns, "out", None))
 
 

@@ -91,3 +91,12 @@ def test_resume_by_job_name_needs_nothing_else(tmp_path: Path, monkeypatch: pyte
     assert resumed == dataclasses.replace(first, resume=True)
     with pytest.raises(ConfigError, match="up needs the hosts"):
         parse("up", "--job", "never-ran")
+
+
+def test_the_command_lines_defaults_are_the_configs(tmp_path: Path) -> None:
+    """One place for defaults: an `up` with no options is the config with its own defaults."""
+    hosts = hosts_file(tmp_path)
+    from orchestrate.config import JobsConfig, SSHOptions
+
+    assert parse("up", "--hosts", str(hosts)) == UpConfig(ssh=SSHOptions(hosts, None, False))
+    assert cli.parse_args(["kill"])[1] == JobsConfig(ssh=SSHOptions(None, None, False))
