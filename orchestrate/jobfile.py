@@ -144,7 +144,7 @@ def of_config(config: Any) -> str:
     prints first, and what `up -f` of that text would apply."""
     import dataclasses
 
-    from .config import GPUS_ALL, masked_env
+    from .config import GPUS_ALL, mask_text, masked_env, secret_values
 
     skip = {"ssh", "dry_run", "restart", "restart_cause", "env"}
     defaults = {f.name: f.default for f in dataclasses.fields(config) if f.name not in skip}
@@ -157,4 +157,4 @@ def of_config(config: Any) -> str:
         head["ssh_config"] = str(config.ssh.ssh_config)
     env = [f"{k}={v}" for k, v in masked_env(config.env_dict).items()]
     body = dump({**head, **options, **({"env": env} if env else {})}, defaults)
-    return body
+    return mask_text(body, secret_values(config.env_dict))  # a secret's value also hides in the program's args

@@ -75,11 +75,11 @@ def test_dry_run_prints_the_merged_job_then_the_plan(tmp_path: Path) -> None:
     hosts = hosts_file(tmp_path)
     (tmp_path / "job.toml").write_text(f'hosts = "{hosts}"\njob = "a"\ngpus = 0\nenv = {{ HF_TOKEN = "s3cr3t" }}\n')
     out = io.StringIO()
-    rc = cli.run(["up", "-f", str(tmp_path / "job.toml"), "--job", "b", "--dry-run", "--", "--epochs", "2"],
-                 Console(file=out, width=400))
+    rc = cli.run(["up", "-f", str(tmp_path / "job.toml"), "--job", "b", "--dry-run", "--", "--epochs", "2",
+                  "--model", "s3cr3t"], Console(file=out, width=400))
     text = out.getvalue()
     assert rc == 0 and '#   job = "b"' in text and '#   env = ["HF_TOKEN=****"]' in text and "s3cr3t" not in text
-    assert '#   args = ["--epochs", "2"]' in text and "--name b-node0" in text
+    assert '#   args = ["--epochs", "2", "--model", "****"]' in text and "--name b-node0" in text
 
 
 def test_resume_by_job_name_needs_nothing_else(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
