@@ -199,7 +199,7 @@ class Watcher:
         results: list[dict[str, Any] | None] = [None] * len(self.specs)
         threads = [threading.Thread(target=self._poll_one, args=(r, results), daemon=True)
                    for r in range(len(self.specs))]
-        threads.append(threading.Thread(target=self._read_beat, daemon=True))
+        threads.append(threading.Thread(target=self.refresh_beat, daemon=True))
         for t in threads:
             t.start()
         deadline = time.monotonic() + 12
@@ -235,7 +235,7 @@ class Watcher:
                                                      f"(--stall-timeout {self.stall.limit_s():.0f} s)")
         return None
 
-    def _read_beat(self) -> None:
+    def refresh_beat(self) -> None:
         try:
             beat = read_beat(self.nodes.conn(0), self.specs[0].dirs["ckpt"])
         except Exception:  # node 0 unreachable: the container polls tell
@@ -333,6 +333,8 @@ def watch(nodes: Nodes, specs: Sequence[NodeSpec], containers: Sequence[Any], co
     try:
         while True:
             outcome = watcher.poll()
+            if outcome is not None and outcome.ok:
+                watcher.refresh_beat()  # the last beat ("done") may have come after this round's read
             view.show(watcher.beat)
             if outcome is not None:
                 break
