@@ -10,7 +10,6 @@ import hashlib
 import json
 import os
 import posixpath
-import re
 import tempfile
 import threading
 from collections.abc import Iterator, Sequence
@@ -18,11 +17,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from trainer.contract import MANIFEST_RE, METRICS_FILE, Manifest
+
 from .errors import SSHError
 from .ssh import Connection
-
-MANIFEST_RE = re.compile(r"^ckpt-(\d{8})\.json$")
-METRICS_FILE = "metrics.jsonl"
 
 
 @dataclass(frozen=True)
@@ -47,24 +45,23 @@ def _read_json(conn: Connection, path: str) -> Any:
 
 
 def list_manifests(conn: Connection, folder: str) -> list[str]:
-    return sorted((n for n in conn.list_dir(folder) if MANIFEST_RE.match(n)), reverse=True)
+    return sorted((n for n in conn.list_dir(folder) if MANIFEST_RE.fullmatch(n)), reverse=True)
 
 
 def validate(conn: Connection, folder: str, name: str) -> Checkpoint | None:
     """The checkpoint a manifest describes, if the manifest parses and the .pt matches it."""
     try:
-        data = _read_json(conn, posixpath.join(folder, name))
-        pt = posixpath.join(folder, posixpath.basename(str(data["file"])))
+        m = Manifest.parse(_read_json(conn, posixpath.join(folder, name)))
+        pt = posixpath.join(folder, m.file)
         # One exec: a regular file (-f, not a planted symlink: -L) of the manifest's size, then its hash.
         res = conn.run(["sh", "-c", 'test -f "$1" && ! test -L "$1" && stat -c %s -- "$1" && sha256sum -- "$1"',
                         "check", pt], timeout=300)
         words = res.out.split()
-        if res.rc != 0 or words[:2] != [str(int(data["bytes"])), str(data["sha256"])]:
+        if res.rc != 0 or words[:2] != [str(m.bytes), m.sha256]:
             return None
-        return Checkpoint(conn.host.label, folder, posixpath.basename(pt), int(data["step"]), int(data["epoch"]),
-                          bool(data.get("epoch_complete", True)), int(data["bytes"]), str(data["sha256"]),
+        return Checkpoint(conn.host.label, folder, m.file, m.step, m.epoch, m.epoch_complete, m.bytes, m.sha256,
                           posixpath.join(folder, name))
-    except (OSError, ValueError, KeyError, TypeError):
+    except (OSError, ValueError):
         return None
 
 

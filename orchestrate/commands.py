@@ -57,11 +57,12 @@ def plot(nodes: Nodes, config: JobsConfig, console: Console) -> int:
     """metrics.jsonl from node 0, drawn locally (trainer.plot: matplotlib, no torch)."""
     import posixpath
 
+    from trainer.contract import METRICS_FILE
     from trainer.plot import PlotError, plot_text
 
     remembered = state.load(config.job)
     host, folder = node0_ckpt_dir(nodes, config.job, remembered.options.get("ckpt_dir") if remembered else None)
-    path = posixpath.join(folder, "metrics.jsonl")
+    path = posixpath.join(folder, METRICS_FILE)
     try:
         text = nodes.conn(host).read_file(path).decode(errors="replace")
     except OSError:

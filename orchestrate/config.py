@@ -8,6 +8,10 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
+from trainer import config as trainer_config
+from trainer.contract import ARCHIVE_MD5
+from trainer.errors import ConfigError as TrainerConfigError
+
 from .errors import ConfigError
 
 JOB_RE = re.compile(r"^[a-z0-9][a-z0-9_.-]{0,62}$")
@@ -25,7 +29,7 @@ MASK = "****"
 DEFAULT_JOB = "cifar"
 DEFAULT_IMAGE = "ddp-cifar:latest"
 DEFAULT_DATA_URL = "https://www.cs.toronto.edu/~kriz/cifar-10-python.tar.gz"
-DEFAULT_DATA_MD5 = "c58f30108f718f92721af3b95e74349a"
+DEFAULT_DATA_MD5 = ARCHIVE_MD5
 # Per user on each node (~ is the SSH login's home there): never a fixed folder in world-writable /var/tmp.
 DEFAULT_DATA_DIR = "~/.cache/ddp-cifar/data"
 DEFAULT_CKPT_DIR = "~/.local/share/ddp-cifar/jobs/{job}/checkpoints"
@@ -37,17 +41,6 @@ MAX_RESTARTS = 100
 TRAINER_ENTRY = "-m trainer"
 MODULE_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$")
 
-# The trainer's options (docs/DESIGN.md §1): name → kind. Checked here so that a typo is refused before
-# anything starts on the cluster. Kinds: flag, pos_int (>0), nonneg_int (>=0), float, str, or a choice tuple.
-TRAINER_OPTIONS: dict[str, object] = {
-    "--epochs": "pos_int", "--batch-size": "pos_int", "--lr": "pos_float", "--warmup-epochs": "nonneg_float",
-    "--momentum": "nonneg_float", "--weight-decay": "nonneg_float", "--model": "str",
-    "--precision": ("fp32", "bf16", "fp16"), "--sync-bn": "flag", "--grad-compression": ("none", "fp16", "bf16"),
-    "--optimizer": ("sgd", "apex-fused-sgd"), "--eval-every": "pos_int", "--ckpt-every": "pos_int",
-    "--keep-checkpoints": "pos_int", "--seed": "nonneg_int", "--max-steps": "nonneg_int",
-    "--allow-unverified-data": "flag", "--dist-timeout": "pos_float", "--device": ("auto", "cpu", "cuda"),
-    "--log-every": "pos_int", "--eval-batch-size": "pos_int", "--ckpt-every-minutes": "nonneg_float",
-}
 # Set by the orchestrator itself; a user passing them would break the container layout.
 RESERVED_TRAINER_OPTIONS = {"--data-dir": "--data-dir of 'up'", "--ckpt-dir": "--ckpt-dir of 'up'",
                             "--resume": "'up --resume'",
@@ -172,7 +165,7 @@ class UpConfig:
         if not 1 <= self.check_max_mb <= 4096:
             raise ConfigError(f"--max-mb {self.check_max_mb} must be between 1 and 4096 (MB)")
         if self.is_trainer:  # another program's arguments are its own business
-            check_trainer_args(self.trainer_args)
+            check_trainer_args(self.trainer_args, self.cpu_mode)
 
     @property
     def is_trainer(self) -> bool:
@@ -256,49 +249,18 @@ def check_entry(entry: str) -> None:
                           "(e.g. /app/train.py); program arguments go after '--'")
 
 
-def check_trainer_args(args: tuple[str, ...]) -> None:
-    """Check the options passed after `--` against the trainer's command line (docs/DESIGN.md §1)."""
-    i = 0
-    while i < len(args):
-        word = args[i]
-        name, eq, inline = word.partition("=")
+def check_trainer_args(args: tuple[str, ...], cpu: bool) -> None:
+    """The options after `--` through the trainer's own parser and validation (trainer/config.py, no torch):
+    what the containers would refuse is refused here, before anything starts on the cluster."""
+    for word in args:
+        name = word.partition("=")[0]
         if name in RESERVED_TRAINER_OPTIONS:
             raise ConfigError(f"trainer option {name} is set by the orchestrator; use {RESERVED_TRAINER_OPTIONS[name]}")
-        kind = TRAINER_OPTIONS.get(name)
-        if kind is None:
-            raise ConfigError(f"unknown trainer option {word!r} after '--'; the trainer accepts: "
-                              + " ".join(sorted(TRAINER_OPTIONS)))
-        if kind == "flag":
-            if eq:
-                raise ConfigError(f"trainer option {name} takes no value")
-            i += 1
-            continue
-        if eq:
-            value = inline
-            i += 1
-        elif i + 1 < len(args):
-            value = args[i + 1]
-            i += 2
-        else:
-            raise ConfigError(f"trainer option {name} needs a value")
-        _check_value(name, kind, value)
-
-
-def _check_value(name: str, kind: object, value: str) -> None:
-    if isinstance(kind, tuple):
-        if value not in kind:
-            raise ConfigError(f"trainer option {name} {value!r}: choose one of {', '.join(kind)}")
-        return
-    if kind == "str":
-        if not value or value.startswith("-"):
-            raise ConfigError(f"trainer option {name} needs a value")
-        return
-    number: float
     try:
-        number = int(value) if kind.endswith("_int") else float(value)  # type: ignore[union-attr]
-    except ValueError:
-        raise ConfigError(f"trainer option {name} {value!r} is not a number") from None
-    if kind.startswith("pos") and number <= 0:  # type: ignore[union-attr]
-        raise ConfigError(f"trainer option {name} {value} must be greater than 0")
-    if kind.startswith("nonneg") and number < 0:  # type: ignore[union-attr]
-        raise ConfigError(f"trainer option {name} {value} must not be negative")
+        cfg, _ = trainer_config.parse(["--data-dir", "/data", "--ckpt-dir", "/ckpt", *args])
+    except TrainerConfigError as e:
+        raise ConfigError(f"trainer options after '--': {e}") from None
+    needs_cuda = trainer_config.cuda_only(cfg) if cpu else []
+    if needs_cuda:
+        option, instead = needs_cuda[0]
+        raise ConfigError(f"trainer option {option} needs a GPU, and --gpus 0 runs on CPU; {instead}")

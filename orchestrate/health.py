@@ -13,9 +13,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from trainer.contract import HEARTBEAT_FILE
+
 from .ssh import Connection
 
-HEARTBEAT_FILE = "heartbeat.json"
 STALL_STEP_FACTOR = 3.0  # a stall is never declared before 3x the slowest step seen
 STACK_FILE = "stack-rank{rank}.txt"
 STACK_WAIT_S = 10.0  # how long the ranks get to write their dumps after SIGUSR1

@@ -13,15 +13,17 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from trainer.contract import ARCHIVE_NAME, BASE_FOLDER
+
 from .config import UpConfig
 from .errors import SSHError
 from .plan import host_dirs
 from .ssh import Connection
 
-SCRIPT = (Path(__file__).parent / "_fetch_script.py").read_text()
 MARKER = ".ddp-cifar-verified"
-BATCHES = "cifar-10-batches-py"
-ARCHIVE = "cifar-10-python.tar.gz"
+BATCHES = BASE_FOLDER
+ARCHIVE = ARCHIVE_NAME
+SCRIPT = (Path(__file__).parent / "_fetch_script.py").read_text()
 
 
 @dataclass(frozen=True)
@@ -86,7 +88,7 @@ def _run_fetch(conn: Connection, docker_client: object, config: UpConfig, url: s
 
     client = docker_client  # a DockerClient over this host's SSH connection
     container = client.containers.run(  # type: ignore[attr-defined]
-        config.image, command=["python", "-c", SCRIPT, url, config.data_md5, "/data"], detach=True,
+        config.image, command=["python", "-c", SCRIPT, url, config.data_md5, "/data", ARCHIVE, BATCHES, MARKER], detach=True,
         network_mode="host", mounts=[docker.types.Mount("/data", data_dir, type="bind")],
         labels={"ddp-cifar.prefetch": config.job}, name=None,
         # As the SSH login, so the extracted files are theirs (root stays root); HOME: the image's is root's.

@@ -14,19 +14,17 @@ import io
 import json
 import logging
 import os
-import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
 
+from .contract import CKPT_NAME_RE, Manifest, manifest_name, pt_name
 from .errors import CheckpointError
 
 log = logging.getLogger(__name__)
 
-FORMAT = 1
-_NAME = re.compile(r"^ckpt-(\d{8})\.(pt|json)$")
 _TMP_MARK = ".tmp-"
 
 
@@ -38,14 +36,6 @@ class CheckpointInfo:
     @property
     def step(self) -> int:
         return int(self.manifest["step"])
-
-
-def pt_name(step: int) -> str:
-    return f"ckpt-{step:08d}.pt"
-
-
-def manifest_name(step: int) -> str:
-    return f"ckpt-{step:08d}.json"
 
 
 def _fsync_dir(folder: Path) -> None:
@@ -100,12 +90,9 @@ def save(folder: Path, state: dict[str, Any], *, step: int, epoch: int, epoch_co
     torch.save(state, buf)
     blob = buf.getbuffer()
     _write_atomic(target, blob)
-    manifest = {
-        "format": FORMAT, "file": target.name, "sha256": hashlib.sha256(blob).hexdigest(), "bytes": len(blob),
-        "epoch": epoch, "step": step, "epoch_complete": epoch_complete, "world_size": world_size,
-        "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-    }
-    _write_atomic(folder / manifest_name(step), json.dumps(manifest, indent=1).encode())
+    manifest = Manifest(target.name, hashlib.sha256(blob).hexdigest(), len(blob), step, epoch, epoch_complete,
+                        world_size, datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"))
+    _write_atomic(folder / manifest_name(step), json.dumps(manifest.to_dict(), indent=1).encode())
     prune(folder, keep)
     return target
 
@@ -122,16 +109,15 @@ def _validate(manifest_path: Path, warn: bool = True) -> CheckpointInfo | None:
     why = None
     try:
         m = json.loads(manifest_path.read_text())
-        pt = manifest_path.with_name(m["file"])
-        if m.get("format") != FORMAT or _NAME.match(pt.name) is None:
-            why = "unknown manifest format"
-        elif not pt.is_file():
+        manifest = Manifest.parse(m)
+        pt = manifest_path.with_name(manifest.file)
+        if not pt.is_file():
             why = f"{pt.name} is missing"
-        elif pt.stat().st_size != m["bytes"]:
-            why = f"{pt.name} has {pt.stat().st_size} bytes, manifest says {m['bytes']} (cut short?)"
-        elif _sha256_file(pt) != m["sha256"]:
+        elif pt.stat().st_size != manifest.bytes:
+            why = f"{pt.name} has {pt.stat().st_size} bytes, manifest says {manifest.bytes} (cut short?)"
+        elif _sha256_file(pt) != manifest.sha256:
             why = f"{pt.name} does not match its sha256 (corrupt)"
-    except (OSError, ValueError, KeyError, TypeError) as e:
+    except (OSError, ValueError) as e:
         why = f"unreadable manifest ({e})"
     if why is not None:
         if warn:
@@ -143,7 +129,7 @@ def _validate(manifest_path: Path, warn: bool = True) -> CheckpointInfo | None:
 def _steps(folder: Path, suffix: str) -> list[int]:
     steps = []
     for p in folder.iterdir() if folder.is_dir() else []:
-        match = _NAME.match(p.name)
+        match = CKPT_NAME_RE.fullmatch(p.name)
         if match and match.group(2) == suffix:
             steps.append(int(match.group(1)))
     return sorted(steps, reverse=True)

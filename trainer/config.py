@@ -1,11 +1,16 @@
-"""The trainer's one configuration object: built once from the command line, validated, saved in checkpoints."""
+"""The trainer's one configuration object: built once from the command line, validated, saved in checkpoints.
+
+Standard library only: the orchestrator checks a job's trainer options with this very parser and validation
+before anything starts on the cluster, without importing torch (docs/DESIGN.md §1).
+"""
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
 import math
-import sys
+import re
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, NoReturn
@@ -17,6 +22,9 @@ MAX_DIST_TIMEOUT_S = 7 * 24 * 3600
 COMPRESSIONS = ("none", "fp16", "bf16")
 DEVICES = ("auto", "cpu", "cuda")
 OPTIMIZERS = ("sgd", "apex-fused-sgd")
+# The trainer's own models (trainer/models.py builds them); any other name must be a torchvision model's.
+MODEL_NAMES = ("resnet18", "resnet18-gn", "resnet20", "resnet20-gn", "tiny")
+TORCHVISION_NAME_RE = re.compile(r"[a-z][a-z0-9_]*")
 
 
 @dataclass(frozen=True)
@@ -93,10 +101,30 @@ class Config:
         _choice("--grad-compression", self.grad_compression, COMPRESSIONS)
         _choice("--device", self.device, DEVICES)
         _choice("--optimizer", self.optimizer, OPTIMIZERS)
+        if self.model not in MODEL_NAMES and not TORCHVISION_NAME_RE.fullmatch(self.model):
+            raise ConfigError(f"unknown model {self.model!r}: choose one of {', '.join(MODEL_NAMES)} "
+                              "or a torchvision classification model (e.g. resnet50)")
 
     def to_dict(self) -> dict[str, Any]:
         """Plain types only, so a checkpoint loads with ``torch.load(weights_only=True)``."""
         return {k: str(v) if isinstance(v, Path) else v for k, v in dataclasses.asdict(self).items()}
+
+
+# Options a CPU cannot run: (the option as written, whether this config uses it, what to do instead). The
+# trainer refuses them on a CPU device; the orchestrator refuses them with --gpus 0 before anything starts.
+CUDA_ONLY: tuple[tuple[str, Callable[[Config], bool], str], ...] = (
+    ("--precision fp16", lambda c: c.precision == "fp16", "use --precision bf16 or fp32 on CPU"),
+    ("--sync-bn", lambda c: c.sync_bn, "SyncBatchNorm does not run on CPU tensors; drop --sync-bn"),
+    ("--grad-compression bf16", lambda c: c.grad_compression == "bf16",
+     "gloo cannot run the bf16 hook; use --grad-compression fp16 on CPU"),
+    ("--optimizer apex-fused-sgd", lambda c: c.optimizer == "apex-fused-sgd", "use --optimizer sgd on CPU"),
+    ("--device cuda", lambda c: c.device == "cuda", "use --device auto or cpu"),
+)
+
+
+def cuda_only(cfg: Config) -> list[tuple[str, str]]:
+    """The options of `cfg` that need CUDA, each with what to use instead."""
+    return [(option, instead) for option, used, instead in CUDA_ONLY if used(cfg)]
 
 
 def _positive(option: str, value: int, meaning: str) -> None:
@@ -110,11 +138,11 @@ def _choice(option: str, value: str, choices: tuple[str, ...]) -> None:
 
 
 class _OneLineParser(argparse.ArgumentParser):
-    """argparse that reports a bad command line as one ``error: ...`` line (exit 2), not usage + error."""
+    """argparse that reports a bad command line as a ConfigError: ``__main__`` prints it as one ``error: ...``
+    line (exit 2), the orchestrator names it as a trainer option of the job."""
 
     def error(self, message: str) -> NoReturn:
-        sys.stderr.write(f"error: {message} (see python -m trainer --help)\n")
-        raise SystemExit(2)
+        raise ConfigError(f"{message} (see python -m trainer --help)")
 
 
 _EXAMPLES = """\
@@ -133,7 +161,9 @@ class _Formatter(argparse.RawDescriptionHelpFormatter, argparse.ArgumentDefaults
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = _OneLineParser(prog="python -m trainer", formatter_class=_Formatter, epilog=_EXAMPLES,
+    # No abbreviations: `--data` must not pass as --data-dir (the orchestrator reserves that one), and a
+    # typo such as `--epoch` is refused instead of guessed.
+    p = _OneLineParser(prog="python -m trainer", formatter_class=_Formatter, epilog=_EXAMPLES, allow_abbrev=False,
                        description="DDP CIFAR-10 trainer: one process with python, N with torchrun "
                                    "(gloo on CPU, NCCL with one process per GPU).")
     d = Config.__dataclass_fields__

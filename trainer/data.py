@@ -25,24 +25,11 @@ from typing import Any
 import numpy as np
 import torch
 
+from .contract import ALL_FILES, ARCHIVE_MD5, ARCHIVE_NAME, BASE_FOLDER, TEST_FILES, TRAIN_FILES
 from .errors import DataError
 
 log = logging.getLogger(__name__)
 
-BASE_FOLDER = "cifar-10-batches-py"
-ARCHIVE_NAME = "cifar-10-python.tar.gz"
-ARCHIVE_MD5 = "c58f30108f718f92721af3b95e74349a"
-# The official files' md5s (the same list torchvision checks).
-TRAIN_FILES = (
-    ("data_batch_1", "c99cafc152244af753f735de768cd75f"),
-    ("data_batch_2", "d4bba439e000b95fd0a9bffe97cbabec"),
-    ("data_batch_3", "54ebc095f3ab1f0389bbae665268c751"),
-    ("data_batch_4", "634d18415352ddfa80567beed471001a"),
-    ("data_batch_5", "482c414d41f54cd18b22e5b47cb7c3cb"),
-)
-TEST_FILES = (("test_batch", "40351d587109b95175f43aff81a1287e"),)
-META_FILE = ("batches.meta", "5ff9c542aee3614f3951f8cda6e48888")
-ALL_FILES = TRAIN_FILES + TEST_FILES + (META_FILE,)
 CLASSES = ("airplane", "automobile", "bird", "cat", "deer", "dog", "frog", "horse", "ship", "truck")
 MEAN = (0.4914, 0.4822, 0.4465)
 STD = (0.2470, 0.2435, 0.2616)

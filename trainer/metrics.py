@@ -12,7 +12,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-METRICS_FILE = "metrics.jsonl"
+from .contract import HEARTBEAT_FILE, METRICS_FILE
 
 
 def setup_logging(rank: int, is_main: bool) -> None:
@@ -42,7 +42,6 @@ def append_metrics(ckpt_dir: Path, record: dict[str, Any]) -> None:
 
 # ---------------------------------------------------------------- heartbeat (docs/DESIGN.md §2)
 
-HEARTBEAT_FILE = "heartbeat.json"
 HEARTBEAT_S = 2.0  # at most one write per this many seconds: cheap next to a step, fresh enough for a stall check
 
 

@@ -11,6 +11,7 @@ from collections.abc import Callable
 import torch
 from torch import nn
 
+from .config import MODEL_NAMES
 from .errors import ConfigError
 
 Norm = Callable[[int], nn.Module]
@@ -80,6 +81,7 @@ class TinyCNN(nn.Module):
 
 _R18 = ([64, 128, 256, 512], [2, 2, 2, 2])
 _R20 = ([16, 32, 64], [3, 3, 3])
+# Keyed by config.MODEL_NAMES, the torch-free list the orchestrator checks too (a test keeps them equal).
 OWN_MODELS: dict[str, Callable[[], nn.Module]] = {
     "resnet18": lambda: CifarResNet(*_R18, batch_norm),
     "resnet18-gn": lambda: CifarResNet(*_R18, group_norm),
@@ -104,11 +106,11 @@ def check_name(name: str) -> None:
     tv = _torchvision_names()
     if tv is None:
         raise ConfigError(
-            f"unknown model {name!r}: choose one of {', '.join(OWN_MODELS)} "
+            f"unknown model {name!r}: choose one of {', '.join(MODEL_NAMES)} "
             f"(other names need torchvision installed)"
         )
     if name not in tv:
-        raise ConfigError(f"unknown model {name!r}: choose one of {', '.join(OWN_MODELS)} or a torchvision classification model")
+        raise ConfigError(f"unknown model {name!r}: choose one of {', '.join(MODEL_NAMES)} or a torchvision classification model")
 
 
 def build(name: str, num_classes: int = 10) -> nn.Module:

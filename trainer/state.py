@@ -19,7 +19,7 @@ from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 from torch.nn.parallel import DistributedDataParallel
 
 from . import checkpoint, models, precision
-from .config import Config
+from .config import Config, cuda_only
 from .dist import DistContext
 from .errors import CheckpointError, ConfigError, DeviceError
 
@@ -47,15 +47,11 @@ class TrainState:
 def check_device(cfg: Config, ctx: DistContext) -> None:
     """Refuse combinations the device cannot run, before anything is loaded."""
     cuda = ctx.device.type == "cuda"
-    if cfg.precision == "fp16" and not cuda:
-        raise DeviceError("--precision fp16 needs a CUDA device; on CPU use --precision bf16 or fp32")
-    if cfg.sync_bn and not cuda:
-        raise DeviceError("--sync-bn needs CUDA (SyncBatchNorm does not run on CPU tensors); drop --sync-bn on CPU")
-    if cfg.grad_compression == "bf16" and not cuda:
-        raise DeviceError("--grad-compression bf16 needs CUDA and NCCL (gloo cannot run the hook); use fp16 on CPU")
+    needs_cuda = cuda_only(cfg)
+    if needs_cuda and not cuda:
+        option, instead = needs_cuda[0]
+        raise DeviceError(f"{option} needs a CUDA device; {instead}")
     if cfg.optimizer == "apex-fused-sgd":
-        if not cuda:
-            raise DeviceError("--optimizer apex-fused-sgd needs CUDA; use --optimizer sgd on CPU")
         _fused_sgd_class()  # not importable: say so now, before the data is read
     if cfg.precision == "bf16" and cuda and torch.cuda.get_device_capability(ctx.device)[0] < 8:
         log.warning("--precision bf16 on %s (compute capability < 8.0) is emulated and slow; "

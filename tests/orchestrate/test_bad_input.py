@@ -3,38 +3,7 @@
 Every case below is refused before any host is contacted (the tests make connecting fail loudly).
 Cases that need a real host are in tests/cluster/test_orchestrate_bad_input.py (marked "cluster").
 
-| #  | input                                              | the one line says                                  |
-|----|----------------------------------------------------|----------------------------------------------------|
-| 1  | hosts file missing                                 | hosts file X does not exist; write one host a line |
-| 2  | hosts file empty / only comments                   | hosts file X lists no hosts                        |
-| 3  | hosts file: bad line (`a;touch /tmp/owned`)        | X:1: bad host name ...                             |
-| 4  | hosts file: duplicate host                         | X:2: duplicate host 'a' (already on X:1)           |
-| 5  | hosts file: `slots=0`                              | X:1: slots=0 must be between 1 and 1024                    |
-| 6  | hosts file: unknown key                            | X:1: unknown key 'gpus'; known keys: ...           |
-| 7  | hosts file: port out of range                      | X:1: port 70000 out of range                       |
-| 8  | hosts file: relative data_dir                      | X:1: data_dir must be an absolute path             |
-| 9  | --ssh-config that does not exist                   | ssh config X does not exist                        |
-| 10 | --gpus negative                                    | --gpus -2 is negative                              |
-| 11 | --gpus not a number                                | --gpus 'many': give a number ...                   |
-| 12 | unknown trainer option after --                    | unknown trainer option '--epoch' ...               |
-| 13 | batch size 0                                       | trainer option --batch-size 0 must be > 0          |
-| 14 | epochs negative                                    | trainer option --epochs -1 must be > 0             |
-| 15 | trainer option without its value                   | trainer option --lr needs a value                  |
-| 16 | trainer option the orchestrator sets (--data-dir)  | ... is set by the orchestrator; use --data-dir ... |
-| 17 | master port out of range                           | --master-port 80 out of range                      |
-| 18 | image name malformed                               | --image 'Bad Image!' is not a valid image name     |
-| 19 | job name with shell metacharacters                 | job name '$(id)' is not allowed                    |
-| 20 | --env without '='                                  | --env 'FOO': write --env NAME=VALUE                |
-| 21 | --env with a bad name                              | --env '1X': not a valid variable name              |
-| 22 | --data-from a missing file                         | --data-from X is not a file                        |
-| 23 | --data-md5 not an md5                              | --data-md5 'xyz' is not an md5                     |
-| 24 | --nproc-per-node 0                                 | --nproc-per-node 0 must be at least 1              |
-| 25 | relative --data-dir                                | --data-dir 'data' must be an absolute path         |
-| 26 | --resume together with --replace                   | kill the job first, then 'up --resume'             |
-| 27 | unknown option of up                               | unrecognized arguments ... (see ... --help)        |
-| 28 | kill --grace negative                              | --grace -1.0 must not be negative                  |
-| 29 | kill of a job never started here, without --hosts  | no record of job 'ghost' ...; give --hosts FILE    |
-| 30 | logs --node negative                               | --node -1 must be a node rank                      |
+The cases, and the words their one line must hold, are the table CASES below.
 """
 
 from __future__ import annotations
@@ -76,10 +45,16 @@ CASES: list[tuple[str, list[str], str]] = [
     ("ssh config", ["up", "--ssh-config", "{tmp}/none"], "ssh config"),
     ("gpus negative", ["up", "--gpus", "-2"], "--gpus -2 is negative"),
     ("gpus word", ["up", "--gpus", "many"], "--gpus 'many': give a number"),
-    ("unknown trainer option", ["up", "--", "--epoch", "3"], "unknown trainer option '--epoch'"),
-    ("batch size 0", ["up", "--", "--batch-size", "0"], "--batch-size 0 must be greater than 0"),
-    ("epochs negative", ["up", "--", "--epochs=-1"], "--epochs -1 must be greater than 0"),
-    ("missing value", ["up", "--", "--lr"], "--lr needs a value"),
+    ("unknown trainer option", ["up", "--", "--epoch", "3"], "trainer options after '--': unrecognized arguments: --epoch 3"),
+    ("batch size 0", ["up", "--", "--batch-size", "0"], "--batch-size must be a positive integer"),
+    ("epochs negative", ["up", "--", "--epochs=-1"], "--epochs must be a positive integer"),
+    ("missing value", ["up", "--", "--lr"], "argument --lr: expected one argument"),
+    ("model no model can be", ["up", "--", "--model", "does-not-exist"], "unknown model 'does-not-exist'"),
+    ("lr nan", ["up", "--", "--lr", "nan"], "--lr must be a finite number"),
+    ("fp16 with --gpus 0", ["up", "--gpus", "0", "--", "--precision", "fp16"],
+     "--precision fp16 needs a GPU, and --gpus 0 runs on CPU"),
+    ("sync-bn with --gpus 0", ["up", "--gpus", "0", "--", "--sync-bn"], "--sync-bn needs a GPU"),
+    ("abbreviated reserved option", ["up", "--", "--data", "/x"], "unrecognized arguments: --data"),
     ("reserved option", ["up", "--", "--data-dir", "/x"], "set by the orchestrator"),
     ("master port", ["up", "--master-port", "80"], "--master-port 80 out of range"),
     ("image name", ["up", "--image", "Bad Image!"], "is not a valid image name"),

@@ -70,7 +70,7 @@ def test_trainer_stays_the_default_entry_with_its_options() -> None:
 
 
 def test_trainer_options_are_checked_only_when_the_trainer_is_the_entry() -> None:
-    with pytest.raises(ConfigError, match="unknown trainer option"):
+    with pytest.raises(ConfigError, match="unrecognized arguments: --steps"):
         config(trainer_args=("--steps", "5"))
     config(entry="/app/train.py", trainer_args=("--steps", "5", "--data-dir", "x"))  # its own business
 

@@ -6,6 +6,7 @@ from pathlib import Path
 
 import pytest
 
+from trainer.__main__ import main
 from trainer.config import Config, parse
 from trainer.errors import ConfigError
 
@@ -53,11 +54,15 @@ def test_config_is_frozen() -> None:
 
 @pytest.mark.parametrize("args", [["--no-such-option"], ["--precision", "fp8"], [], ["--epochs", "x", *BASE]])
 def test_bad_command_line_is_one_error_line_and_exit_2(args: list[str], capsys: pytest.CaptureFixture[str]) -> None:
-    with pytest.raises(SystemExit) as exc:
-        parse(args if args and args[0] == "--epochs" else [*BASE, *args] if args else [])
-    assert exc.value.code == 2
+    assert main(args if args and args[0] == "--epochs" else [*BASE, *args] if args else []) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("error: "), err
+
+
+def test_an_abbreviated_option_is_refused_not_guessed() -> None:
+    """`--data` must not pass as --data-dir (the orchestrator reserves it), nor `--epoch` as --epochs."""
+    with pytest.raises(ConfigError, match="unrecognized arguments: --epoch"):
+        parse([*BASE, "--epoch", "3"])
 
 
 def test_direct_construction_validates_too() -> None:

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from trainer import models, state
-from trainer.config import Config
+from trainer.config import MODEL_NAMES, Config
 from trainer.errors import ConfigError
 from trainer.loop import autocast, lr_at
 
@@ -37,6 +37,17 @@ def test_group_norm_variant_has_no_batch_norm() -> None:
 def test_unknown_model_names_the_choices() -> None:
     with pytest.raises(ConfigError, match="unknown model 'vgg0'.*resnet18"):
         models.check_name("vgg0")
+
+
+def test_the_torch_free_model_list_is_what_models_builds() -> None:
+    """config.MODEL_NAMES is what the orchestrator checks without torch; models.py must build exactly those."""
+    assert set(models.OWN_MODELS) == set(MODEL_NAMES)
+
+
+def test_a_name_no_model_can_have_is_refused_by_the_config() -> None:
+    """Not a trainer model and not shaped like a torchvision name: refused before torch or any data."""
+    with pytest.raises(ConfigError, match="unknown model 'does-not-exist'.*resnet18"):
+        Config(data_dir=Path("/d"), ckpt_dir=Path("/c"), model="does-not-exist")
 
 
 def test_apex_optimizer_without_apex_is_a_clear_error() -> None:

@@ -1,0 +1,80 @@
+"""The files the trainer and the orchestrator both read: CIFAR-10's on-disk table, the checkpoint manifest,
+the names of the metrics and heartbeat files. Standard library only: the orchestrator imports this module
+without torch (docs/DESIGN.md §2), so both sides check the same contract and neither keeps a copy of it.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Any
+
+# ---- CIFAR-10 as published (the same table torchvision checks) ----------------------------------------------
+BASE_FOLDER = "cifar-10-batches-py"
+ARCHIVE_NAME = "cifar-10-python.tar.gz"
+ARCHIVE_MD5 = "c58f30108f718f92721af3b95e74349a"
+TRAIN_FILES = (
+    ("data_batch_1", "c99cafc152244af753f735de768cd75f"),
+    ("data_batch_2", "d4bba439e000b95fd0a9bffe97cbabec"),
+    ("data_batch_3", "54ebc095f3ab1f0389bbae665268c751"),
+    ("data_batch_4", "634d18415352ddfa80567beed471001a"),
+    ("data_batch_5", "482c414d41f54cd18b22e5b47cb7c3cb"),
+)
+TEST_FILES = (("test_batch", "40351d587109b95175f43aff81a1287e"),)
+META_FILE = ("batches.meta", "5ff9c542aee3614f3951f8cda6e48888")
+ALL_FILES = TRAIN_FILES + TEST_FILES + (META_FILE,)
+
+# ---- files global rank 0 writes into the checkpoint dir -------------------------------------------------------
+METRICS_FILE = "metrics.jsonl"
+HEARTBEAT_FILE = "heartbeat.json"
+
+# ---- the checkpoint manifest: ckpt-<step>.json beside ckpt-<step>.pt, written last ----------------------------
+FORMAT = 1
+CKPT_NAME_RE = re.compile(r"ckpt-(\d{8})\.(pt|json)")
+MANIFEST_RE = re.compile(r"ckpt-(\d{8})\.json")
+
+
+def pt_name(step: int) -> str:
+    return f"ckpt-{step:08d}.pt"
+
+
+def manifest_name(step: int) -> str:
+    return f"ckpt-{step:08d}.json"
+
+
+@dataclass(frozen=True)
+class Manifest:
+    """What a manifest promises about its .pt file. A checkpoint counts only once its manifest exists and the
+    .pt has exactly these bytes and this sha256."""
+
+    file: str
+    sha256: str
+    bytes: int
+    step: int
+    epoch: int
+    epoch_complete: bool
+    world_size: int
+    created: str = ""
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"format": FORMAT, "file": self.file, "sha256": self.sha256, "bytes": self.bytes,
+                "epoch": self.epoch, "step": self.step, "epoch_complete": self.epoch_complete,
+                "world_size": self.world_size, "created": self.created}
+
+    @classmethod
+    def parse(cls, data: object) -> Manifest:
+        """A manifest from its decoded JSON; ValueError saying what is wrong with it."""
+        if not isinstance(data, dict) or data.get("format") != FORMAT:
+            raise ValueError("unknown manifest format")
+        file = data.get("file")
+        if not isinstance(file, str) or not CKPT_NAME_RE.fullmatch(file) or not file.endswith(".pt"):
+            raise ValueError(f"file {file!r} is not a checkpoint name")
+        sha = data.get("sha256")
+        if not isinstance(sha, str) or not re.fullmatch(r"[0-9a-f]{64}", sha):
+            raise ValueError("sha256 is not a hex digest")
+        numbers = {key: data.get(key) for key in ("bytes", "step", "epoch", "world_size")}
+        for key, value in numbers.items():
+            if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+                raise ValueError(f"{key} {value!r} is not a non-negative integer")
+        return cls(file, sha, int(data["bytes"]), int(data["step"]), int(data["epoch"]),
+                   bool(data.get("epoch_complete", True)), int(data["world_size"]), str(data.get("created", "")))
