@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 import shlex
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -74,24 +74,17 @@ class NodeSpec:
     # address also as IPv4-mapped IPv6: TCPStore's dual-stack socket sees peers as ::ffff:a.b.c.d.
     extra_hosts: tuple[tuple[str, str], ...] = ()
 
-    def docker_run_argv(self, mask: bool = True) -> list[str]:
-        """The equivalent `docker run` command line (what --dry-run prints)."""
-        argv = ["docker", "run", "--detach", "--name", self.name, f"--network={self.network_mode}"]
-        argv += [f"--user={self.user}"] if self.user else []
-        argv += ["--init"] if self.init else []
-        argv += [f"--ipc={self.ipc_mode}"] if self.ipc_mode else []
-        argv += [f"--shm-size={self.shm_size}"] if self.shm_size else []
-        if self.gpus:
-            argv.append("--gpus=all" if self.gpus == GPUS_ALL else f"--gpus={self.gpus}")
-        argv += [f"--ulimit={n}={soft}:{hard}" for n, soft, hard in self.ulimits]
-        argv += [f"--add-host={name}:{addr}" for name, addr in self.extra_hosts]
-        argv += [f"--label={k}={v}" for k, v in self.labels.items()]
-        env = masked_env(self.env) if mask else self.env
-        argv += [f"--env={k}={v}" for k, v in env.items()]
-        argv += [f"--volume={m.source}:{m.target}{':ro' if m.read_only else ''}" for m in self.mounts]
-        argv += [self.image, *self.command]
-        # A secret's value is hidden wherever it appears (e.g. also passed as a trainer option).
-        return [mask_text(a, secret_values(self.env)) for a in argv] if mask else argv
+    def docker_run_argv(self) -> list[str]:
+        """What --dry-run prints: the `docker run` command line rendered from sdk_kwargs(), the very arguments
+        launch applies (each key has its flag; a key without one is a bug, not silently left out), with every
+        secret's value masked wherever it appears."""
+        kwargs = {**self.sdk_kwargs(), "environment": masked_env(self.env)}
+        argv = ["docker", "run"]
+        for key, value in kwargs.items():
+            if key not in ("image", "command"):
+                argv += _RUN_FLAGS[key](value)
+        argv += [kwargs["image"], *kwargs["command"]]
+        return [mask_text(a, secret_values(self.env)) for a in argv]
 
     def sdk_kwargs(self) -> dict[str, Any]:
         """Keyword arguments for docker-py's containers.run / create."""
@@ -109,6 +102,37 @@ class NodeSpec:
                     for m in self.mounts],
             privileged=False, stop_signal="SIGTERM", user=self.user, extra_hosts=[f"{name}:{addr}" for name, addr in self.extra_hosts] or None,
         )
+
+
+def _gpus_flag(requests: list[Any] | None) -> list[str]:
+    count = requests[0]["Count"] if requests else 0
+    return ["--gpus=all"] if count == GPUS_ALL else [f"--gpus={count}"] if count else []
+
+
+def _mount_flag(mount: Any) -> list[str]:
+    # --mount, not --volume: a bind mount of a missing folder fails instead of creating it as root.
+    ro = ",readonly" if mount.get("ReadOnly") else ""
+    return [f"--mount=type={mount['Type']},source={mount['Source']},target={mount['Target']}{ro}"]
+
+
+# docker-py's run() keyword → the `docker run` flags that mean the same (docs.docker.com, "docker run").
+_RUN_FLAGS: dict[str, Callable[[Any], list[str]]] = {
+    "name": lambda v: ["--name", v],
+    "detach": lambda v: ["--detach"] if v else [],
+    "network_mode": lambda v: [f"--network={v}"],
+    "user": lambda v: [f"--user={v}"] if v else [],
+    "init": lambda v: ["--init"] if v else [],
+    "ipc_mode": lambda v: [f"--ipc={v}"] if v else [],
+    "shm_size": lambda v: [f"--shm-size={v}"] if v else [],
+    "device_requests": _gpus_flag,
+    "ulimits": lambda v: [f"--ulimit={u['Name']}={u['Soft']}:{u['Hard']}" for u in v],
+    "extra_hosts": lambda v: [f"--add-host={entry}" for entry in v or ()],
+    "labels": lambda v: [f"--label={k}={x}" for k, x in v.items()],
+    "environment": lambda v: [f"--env={k}={x}" for k, x in v.items()],
+    "mounts": lambda v: [flag for m in v for flag in _mount_flag(m)],
+    "privileged": lambda v: ["--privileged"] if v else [],
+    "stop_signal": lambda v: [f"--stop-signal={v}"],
+}
 
 
 def host_dirs(config: UpConfig, host: Host, home: str | None = None) -> dict[str, str]:
@@ -212,5 +236,5 @@ def render_plan(specs: Sequence[NodeSpec]) -> str:
     lines: list[str] = []
     for spec in specs:
         lines.append(f"# node {spec.rank} on {spec.host.label} ({spec.host.source}): container {spec.name}")
-        lines.append(shlex.join(spec.docker_run_argv(mask=True)))
+        lines.append(shlex.join(spec.docker_run_argv()))
     return "\n".join(lines)

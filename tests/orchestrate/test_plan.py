@@ -86,7 +86,7 @@ def test_user_env_and_secret_masking() -> None:
     env = (("WANDB_API_KEY", "s3cr3t"), ("NCCL_DEBUG", "INFO"), ("X", "$(touch /tmp/owned); `id`\nls"))
     (spec, _) = build_plan(config(gpus=0, env=env), HOSTS, "10.0.0.11", [NodeFacts("eth0")] * 2)
     assert spec.env["WANDB_API_KEY"] == "s3cr3t"  # the container gets the value ...
-    shown = spec.docker_run_argv(mask=True)
+    shown = spec.docker_run_argv()
     assert "--env=WANDB_API_KEY=****" in shown and "s3cr3t" not in " ".join(shown)  # ... the output does not
     assert "--env=NCCL_DEBUG=INFO" in shown
 
@@ -136,3 +136,18 @@ def test_every_node_can_name_its_peers_addresses() -> None:
                                                     "ddp-node1:10.0.0.12", "ddp-node1:::ffff:10.0.0.12"]
         assert "--add-host=ddp-node1:::ffff:10.0.0.12" in spec.docker_run_argv()
     assert build_plan(config(gpus=0), HOSTS, "10.0.0.11")[0].sdk_kwargs()["extra_hosts"] is None
+
+
+def test_the_printed_command_is_rendered_from_what_launch_applies() -> None:
+    """--dry-run once printed --volume (which creates a missing folder as root) while launch applied a bind
+    mount, and left out the stop signal: the printed line now comes from sdk_kwargs itself."""
+    (spec, _) = build_plan(config(gpus=2), HOSTS, "10.0.0.11", [NodeFacts("eth0", user="1000:1000")] * 2)
+    shown = spec.docker_run_argv()
+    kwargs = spec.sdk_kwargs()
+    mounts = [a for a in shown if a.startswith("--mount=")]
+    assert mounts == [f"--mount=type=bind,source={m['Source']},target={m['Target']}" + (",readonly" if m["ReadOnly"]
+                                                                                     else "")
+                      for m in kwargs["mounts"]] and mounts
+    assert not any(a.startswith("--volume") for a in shown)
+    assert "--stop-signal=SIGTERM" in shown and "--gpus=2" in shown and "--user=1000:1000" in shown
+    assert shown[-len(spec.command) - 1:] == [spec.image, *spec.command]
