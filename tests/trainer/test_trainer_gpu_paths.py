@@ -309,3 +309,21 @@ def test_sigterm_on_an_epochs_last_step_keeps_its_metrics_line_and_resumes_exact
     assert [(r.get("event"), r["epoch"], r["step"]) for r in metrics_lines(ck)] == \
         [(None, 1, 8), ("resume", 1, 8), (None, 2, 16)]
     assert metrics_lines(ck)[-1]["test_acc"] is not None
+
+
+# --- no host-device synchronisation each step ---------------------------------------------------------------
+
+def test_the_stop_and_save_flags_are_agreed_every_few_steps_not_every_step(
+        data_dir: Path, tmp_path: Path, inprocess: None, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Reading an all_reduce's result on a GPU waits for every queued kernel: once a step, it would drain
+    the queue each step. 2 epochs of 32 steps agree 64 / AGREE_EVERY times (epoch ends fall on multiples)."""
+    agreements = []
+    real = dist.any_ranks
+
+    def counting(ctx: DistContext, *flags: bool) -> tuple[bool, ...]:
+        agreements.append(len(flags))
+        return real(ctx, *flags)
+
+    monkeypatch.setattr(dist, "any_ranks", counting)
+    assert main(base_args(data_dir, tmp_path, "--epochs", "2", "--batch-size", "16")) == 0
+    assert agreements.count(2) == 64 // loop.AGREE_EVERY

@@ -74,11 +74,13 @@ def test_ckpt_every_minutes_saves_mid_epoch(data_dir: Path, tmp_path: Path, inpr
         return real_step(*a, **k)  # type: ignore[arg-type]
 
     monkeypatch.setattr(loop, "train_step", step_one_minute)
-    args = base_args(data_dir, ck, "--epochs", "1", "--batch-size", "64", "--keep-checkpoints", "20",
+    args = base_args(data_dir, ck, "--epochs", "1", "--batch-size", "16", "--keep-checkpoints", "20",
                      "--ckpt-every-minutes", "2.5")
     assert main(args) == 0
     steps = sorted(int(p.name[5:13]) for p in ck.glob("ckpt-*.json"))
-    assert steps == [3, 6, 8]  # two time-based, mid-epoch; then the end of the run
+    # Due after 3 steps each time, but the ranks agree on it every loop.AGREE_EVERY (8) steps: three
+    # mid-epoch saves, then the end of the run (step 32).
+    assert steps == [8, 16, 24, 32]
     assert newest_state(ck)["samples_in_epoch"] == 0
 
 
