@@ -77,15 +77,23 @@ def remove_leftovers(nodes: Nodes, config: UpConfig, grace: float, ranks: Sequen
 
 
 def start_containers(nodes: Nodes, specs: Sequence[NodeSpec]) -> list[Any]:
-    """Create every container first, then start them all: a create failure starts nothing."""
-    created = fan_out("create", list(range(len(specs))),
-                      lambda r: _create(nodes.docker(r), specs[r]), lambda r: specs[r].host.label)
+    """Create every container first, then start them all. If a create or a start fails on any node, every
+    container already created (on the other nodes too) is removed: a failed launch leaves nothing behind."""
+    created: list[Any] = [None] * len(specs)
+
+    def create(r: int) -> Any:
+        created[r] = _create(nodes.docker(r), specs[r])
+        return created[r]
+
+    ranks = list(range(len(specs)))
     try:
-        fan_out("start", list(range(len(specs))), lambda r: created[r].start(), lambda r: specs[r].host.label)
+        fan_out("create", ranks, create, lambda r: specs[r].host.label)
+        fan_out("start", ranks, lambda r: created[r].start(), lambda r: specs[r].host.label)
     except Exception:
         for c in created:
             try:
-                c.remove(force=True)
+                if c is not None:
+                    c.remove(force=True)
             except Exception:  # best effort; the failure itself is raised below
                 pass
         raise

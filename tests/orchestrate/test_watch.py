@@ -80,3 +80,38 @@ def test_a_removed_container_is_not_an_unreachable_host() -> None:
     outcome = watcher([RUNNING, GONE]).poll()
     assert outcome is not None and (outcome.failed_rank, outcome.ok) == (1, False)
     assert "removed" in outcome.reason and "unreachable" not in outcome.reason
+
+
+class FakeContainer:
+    def __init__(self) -> None:
+        self.removed = False
+
+    def start(self) -> None:
+        pass
+
+    def remove(self, force: bool = False) -> None:
+        self.removed = True
+
+
+class CreatingNodes:
+    """Node 0 creates its container at once; node 1's daemon refuses (a missing image, a bad mount...)."""
+
+    def __init__(self) -> None:
+        self.made: list[FakeContainer] = []
+
+    def docker(self, rank: int, timeout: float | None = 60) -> Any:
+        def create(**_: Any) -> FakeContainer:
+            if rank == 1:
+                raise docker.errors.APIError("invalid mount config")
+            self.made.append(FakeContainer())
+            return self.made[-1]
+        return type("Client", (), {"containers": type("Containers", (), {"create": staticmethod(create)})()})()
+
+
+def test_a_create_failing_on_one_node_removes_the_containers_created_on_the_others() -> None:
+    hosts = [Host(name=f"h{i}", hostname=f"h{i}", port=22, user=None) for i in range(2)]
+    specs = build_plan(UpConfig(ssh=SSHOptions(Path("x"), None, False), gpus=0), hosts, "h0", [NodeFacts("eth0")] * 2)
+    nodes = CreatingNodes()
+    with pytest.raises(Exception, match="h1"):
+        launch.start_containers(nodes, specs)  # type: ignore[arg-type]
+    assert len(nodes.made) == 1 and nodes.made[0].removed
