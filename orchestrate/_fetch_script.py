@@ -1,20 +1,41 @@
 """Stdlib-only script run INSIDE a short container on a node: fetch, verify and extract CIFAR-10.
 
-Shipped to the node as the argument of `python -c` (no shell): argv = URL|-, MD5, DATA_DIR, ARCHIVE, BATCHES, MARKER.
+Shipped to the node as the argument of `python -c` (no shell): argv = MD5, DATA_DIR, ARCHIVE, BATCHES, MARKER;
+the URL ("-": the archive was sent) in the environment variable DATA_URL, never on the command line, where any
+account of the node could read a password in it (ps); messages show it with its credentials masked.
 Prints PROGRESS <bytes> <total>, then HAVE (already verified) or DONE <downloaded bytes>.
 Exit 3: md5 mismatch; exit 4: download failed; exit 5: extraction failed.
 """
 
+import base64
 import hashlib
 import os
+import re
 import sys
 import tarfile
 import tempfile
+import urllib.parse
 import urllib.request
 
 # The archive's and the folder's names come from trainer.contract (CIFAR-10's one file table) through argv,
 # so this script imports nothing of the project; the marker name is prefetch.py's.
-ARCHIVE, BATCHES, MARKER = sys.argv[4:7]
+ARCHIVE, BATCHES, MARKER = sys.argv[3:6]
+
+
+def shown(url):
+    return re.sub(r"//[^/@]*@", "//****@", url)
+
+
+def open_url(url):
+    """urlopen takes no user:password@ in a URL: those become a Basic authorization header."""
+    parts = urllib.parse.urlsplit(url)
+    if parts.username is None:
+        return urllib.request.urlopen(url, timeout=60)
+    host = f"[{parts.hostname}]" if ":" in (parts.hostname or "") else parts.hostname
+    bare = parts._replace(netloc=host + (f":{parts.port}" if parts.port else "")).geturl()
+    user = urllib.parse.unquote(parts.username) + ":" + urllib.parse.unquote(parts.password or "")
+    auth = "Basic " + base64.b64encode(user.encode()).decode()
+    return urllib.request.urlopen(urllib.request.Request(bare, headers={"Authorization": auth}), timeout=60)
 
 
 def md5_of(path):
@@ -29,7 +50,7 @@ def download(url, dest):
     # An unpredictable temporary name created with O_EXCL: a file or symlink planted beforehand is never opened.
     fd, part = tempfile.mkstemp(dir=os.path.dirname(dest), prefix=".ddp-cifar.")
     try:
-        with urllib.request.urlopen(url, timeout=60) as resp, os.fdopen(fd, "wb") as out:
+        with open_url(url) as resp, os.fdopen(fd, "wb") as out:
             total = int(resp.headers.get("Content-Length") or 0)
             done, last = 0, -1
             while True:
@@ -64,12 +85,12 @@ def main(url, md5, data_dir):
         try:
             fetched = download(url, archive)
         except Exception as err:
-            print(f"error: download of {url} failed: {err}", flush=True)
+            print(f"error: download of {shown(url)} failed: {shown(str(err))}", flush=True)
             return 4
         got = md5_of(archive)
         if got != md5:
             os.replace(archive, archive + ".bad")
-            print(f"error: md5 of {url} is {got}, expected {md5}; check --data-url/--data-md5", flush=True)
+            print(f"error: md5 of {shown(url)} is {got}, expected {md5}; check --data-url/--data-md5", flush=True)
             return 3
     try:
         with tarfile.open(archive) as tar:
@@ -93,4 +114,4 @@ def main(url, md5, data_dir):
 
 
 if __name__ == "__main__":
-    sys.exit(main(*sys.argv[1:4]))
+    sys.exit(main(os.environ.get("DATA_URL", "-"), sys.argv[1], sys.argv[2]))

@@ -59,6 +59,11 @@ def secret_values(env: dict[str, str]) -> list[str]:
     return [v for k, v in env.items() if is_secret(k) and v]
 
 
+def url_masked(url: str) -> str:
+    """A URL as shown and stored: a user:password@ in it becomes ****@ (the node still gets the real one)."""
+    return re.sub(r"//[^/@]*@", "//****@", url)
+
+
 def mask_text(text: str, secrets: list[str]) -> str:
     """Every secret value hidden; a multi-line secret also line by line (logs are shown a line at a time)."""
     for value in secrets:
@@ -135,7 +140,7 @@ class UpConfig:
             raise ConfigError(f"--data-from {self.data_from}: no such file or folder; give a folder to sync to every "
                               "node, or the path of cifar-10-python.tar.gz")
         if not re.fullmatch(r"(https?|ftp)://\S+", self.data_url):
-            raise ConfigError(f"--data-url {self.data_url!r} is not an http(s) URL")
+            raise ConfigError(f"--data-url {url_masked(self.data_url)!r} is not an http(s) URL")
         if not MD5_RE.fullmatch(self.data_md5):
             raise ConfigError(f"--data-md5 {self.data_md5!r} is not an md5 (32 lowercase hex digits)")
         for name, _ in self.env:

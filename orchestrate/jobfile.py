@@ -144,12 +144,13 @@ def of_config(config: Any) -> str:
     prints first, and what `up -f` of that text would apply."""
     import dataclasses
 
-    from .config import GPUS_ALL, mask_text, masked_env, secret_values
+    from .config import GPUS_ALL, mask_text, masked_env, secret_values, url_masked
 
     skip = {"ssh", "dry_run", "restart", "restart_cause", "env"}
     defaults = {f.name: f.default for f in dataclasses.fields(config) if f.name not in skip}
     options: dict[str, Any] = {k: getattr(config, k) for k in defaults}
     options = {k: (str(v) if isinstance(v, Path) else v) for k, v in options.items()}
+    options["data_url"] = url_masked(options["data_url"])
     if config.gpus == GPUS_ALL:
         options["gpus"] = defaults["gpus"] = "all"
     head = {"hosts": str(config.ssh.hosts_file)} if config.ssh.hosts_file else {}

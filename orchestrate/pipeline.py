@@ -16,7 +16,7 @@ from typing import Any
 from rich.console import Console
 
 from . import jobfile, state
-from .config import UpConfig
+from .config import UpConfig, url_masked
 from .entry import check_image
 from .errors import ConfigError, JobError
 from .hosts import Host, parse_hosts_file
@@ -346,5 +346,6 @@ def remember(config: UpConfig) -> Path:
     options = {k: (str(v) if isinstance(v, Path) else v) for k, v in dataclasses.asdict(config).items()
                if k not in ("ssh", "env")}
     options["env_names"] = [k for k, _ in config.env]  # values are not stored: they may be secrets
+    options["data_url"] = url_masked(config.data_url)  # nor a password in the URL
     return state.save(state.JobState(config.job, str(Path(config.ssh.hosts_file or "").resolve()),
                                      str(config.ssh.ssh_config) if config.ssh.ssh_config else None, options))

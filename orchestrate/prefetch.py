@@ -88,11 +88,11 @@ def _run_fetch(conn: Connection, docker_client: object, config: UpConfig, url: s
 
     client = docker_client  # a DockerClient over this host's SSH connection
     container = client.containers.run(  # type: ignore[attr-defined]
-        config.image, command=["python", "-c", SCRIPT, url, config.data_md5, "/data", ARCHIVE, BATCHES, MARKER], detach=True,
+        config.image, command=["python", "-c", SCRIPT, config.data_md5, "/data", ARCHIVE, BATCHES, MARKER], detach=True,
         network_mode="host", mounts=[docker.types.Mount("/data", data_dir, type="bind")],
         labels={"ddp-cifar.prefetch": config.job}, name=None,
         # As the SSH login, so the extracted files are theirs (root stays root); HOME: the image's is root's.
-        user=conn.identity().user_spec, environment={"HOME": "/tmp"},
+        user=conn.identity().user_spec, environment={"HOME": "/tmp", "DATA_URL": url},
     )
     lines: list[str] = []
     try:

@@ -100,3 +100,15 @@ def test_the_command_lines_defaults_are_the_configs(tmp_path: Path) -> None:
 
     assert parse("up", "--hosts", str(hosts)) == UpConfig(ssh=SSHOptions(hosts, None, False))
     assert cli.parse_args(["kill"])[1] == JobsConfig(ssh=SSHOptions(None, None, False))
+
+
+def test_a_password_in_the_data_url_is_neither_stored_nor_printed(tmp_path: Path,
+                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "state"))
+    url = "https://alice:pa55word@data.example/cifar-10-python.tar.gz"
+    argv = ["up", "--hosts", str(hosts_file(tmp_path)), "--job", "u", "--gpus", "0", "--data-url", url]
+    path = remember(parse(*argv))
+    assert "pa55word" not in path.read_text() and "https://****@data.example/" in path.read_text()
+    out = io.StringIO()
+    assert cli.run([*argv, "--dry-run"], Console(file=out, width=400)) == 0
+    assert "pa55word" not in out.getvalue() and "****@data.example" in out.getvalue()

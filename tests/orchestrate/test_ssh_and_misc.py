@@ -6,6 +6,7 @@ import socket
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import paramiko
 import pytest
@@ -211,3 +212,58 @@ def test_a_mistyped_env_never_echoes_its_value(capsys: pytest.CaptureFixture[str
     code = cli.main(["up", "--hosts", "h.txt", "--env", "HF_TOKEN:s3cr3t", "--dry-run"])
     err = capsys.readouterr().err
     assert code == 2 and "s3cr3t" not in err and "--env number 1 has no NAME=" in err
+
+
+def _serve_with_basic_auth(blob: bytes, user: str, password: str) -> tuple[str, Any]:
+    import base64
+    import http.server
+    import threading
+
+    expected = "Basic " + base64.b64encode(f"{user}:{password}".encode()).decode()
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:  # noqa: N802 (http.server's name)
+            ok = self.headers.get("Authorization") == expected
+            self.send_response(200 if ok else 401)
+            self.send_header("Content-Length", str(len(blob) if ok else 0))
+            self.end_headers()
+            self.wfile.write(blob if ok else b"")
+
+        def log_message(self, *args: Any) -> None:
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    return f"127.0.0.1:{server.server_address[1]}", server
+
+
+def test_the_fetch_script_takes_credentials_from_the_url_and_never_shows_them(tmp_path: Path) -> None:
+    """The URL reaches the node's fetch container in its environment (not argv, which `ps` shows to every
+    account); user:password@ works as Basic authorization and is masked in every message."""
+    import hashlib
+    import io
+    import tarfile
+
+    from orchestrate import prefetch
+
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w:gz") as tar:
+        info = tarfile.TarInfo(f"{prefetch.BATCHES}/data_batch_1")
+        tar.addfile(info, io.BytesIO(b""))
+    blob = buf.getvalue()
+    where, server = _serve_with_basic_auth(blob, "alice", "pa55word")
+    try:
+        def fetch(url: str, md5: str) -> subprocess.CompletedProcess[str]:
+            argv = [sys.executable, "-c", prefetch.SCRIPT, md5, str(tmp_path), prefetch.ARCHIVE, prefetch.BATCHES,
+                    prefetch.MARKER]
+            return subprocess.run(argv, env={"DATA_URL": url}, capture_output=True, text=True, timeout=60)
+
+        bad = fetch(f"http://alice:pa55word@{where}/c.tar.gz", "0" * 32)
+        assert bad.returncode == 3 and "pa55word" not in bad.stdout + bad.stderr and "//****@" in bad.stdout
+        denied = fetch(f"http://alice:wrong@{where}/c.tar.gz", hashlib.md5(blob).hexdigest())
+        assert denied.returncode == 4 and "401" in denied.stdout and "wrong" not in denied.stdout
+        good = fetch(f"http://alice:pa55word@{where}/c.tar.gz", hashlib.md5(blob).hexdigest())
+        assert good.returncode == 0 and "DONE" in good.stdout, good.stdout + good.stderr
+        assert (tmp_path / prefetch.BATCHES / "data_batch_1").is_file()
+    finally:
+        server.shutdown()
