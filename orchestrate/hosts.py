@@ -54,8 +54,10 @@ def default_ssh_config() -> Path:
     return Path(os.path.expanduser("~/.ssh/config"))
 
 
-def parse_hosts_file(path: str | os.PathLike[str], ssh_config: str | os.PathLike[str] | None = None) -> list[Host]:
-    """Read a hosts file; resolve each host through the ssh config (default ~/.ssh/config if present)."""
+def parse_hosts_file(path: str | os.PathLike[str], ssh_config: str | os.PathLike[str] | None = None,
+                     run_match_exec: bool = True) -> list[Host]:
+    """Read a hosts file; resolve each host through the ssh config (default ~/.ssh/config if present).
+    `run_match_exec=False` (a dry run, which runs nothing): the config's `Match exec` blocks are left out."""
     path = Path(path)
     try:
         data = path.read_bytes()
@@ -68,7 +70,7 @@ def parse_hosts_file(path: str | os.PathLike[str], ssh_config: str | os.PathLike
         raise HostsFileError(f"hosts file {path} does not exist; write one host a line, e.g. 'gpu1 slots=8'") from None
     except OSError as err:
         raise HostsFileError(f"hosts file {path} cannot be read: {err.strerror}") from None
-    config = load_ssh_config(ssh_config)
+    config = load_ssh_config(ssh_config, run_match_exec)
     hosts: list[Host] = []
     seen: dict[tuple[str, int], str] = {}
     for number, raw in enumerate(text.splitlines(), start=1):
@@ -90,14 +92,41 @@ def parse_hosts_file(path: str | os.PathLike[str], ssh_config: str | os.PathLike
     return hosts
 
 
-def load_ssh_config(path: str | os.PathLike[str] | None) -> paramiko.SSHConfig:
-    cfg_path = Path(path) if path is not None else default_ssh_config()
+def ssh_config_path(path: str | os.PathLike[str] | None) -> Path:
+    return Path(path) if path is not None else default_ssh_config()
+
+
+def match_exec_blocks(text: str) -> list[tuple[int, int]]:
+    """PURE: (first, last) line numbers of each `Match ... exec ...` block of an ssh config: paramiko runs its
+    command (through invoke) while looking a host up."""
+    blocks: list[tuple[int, int]] = []
+    start: int | None = None
+    lines = text.splitlines()
+    for number, raw in enumerate(lines, start=1):
+        words = raw.split("#", 1)[0].replace("=", " ").split()
+        if words and words[0].lower() in ("host", "match"):
+            if start is not None:
+                blocks.append((start, number - 1))
+            is_exec = words[0].lower() == "match" and any(w.lower() == "exec" for w in words[1:])
+            start = number if is_exec else None
+    if start is not None:
+        blocks.append((start, len(lines)))
+    return blocks
+
+
+def load_ssh_config(path: str | os.PathLike[str] | None, run_match_exec: bool = True) -> paramiko.SSHConfig:
+    cfg_path = ssh_config_path(path)
     if not cfg_path.exists():
         if path is not None:
             raise HostsFileError(f"ssh config {cfg_path} does not exist; give an existing file with --ssh-config")
         return paramiko.SSHConfig()
     try:
-        return paramiko.SSHConfig.from_path(str(cfg_path))
+        if run_match_exec:
+            return paramiko.SSHConfig.from_path(str(cfg_path))
+        lines = cfg_path.read_text().splitlines()
+        for first, last in match_exec_blocks("\n".join(lines)):
+            lines[first - 1:last] = [""] * (last - first + 1)
+        return paramiko.SSHConfig.from_text("\n".join(lines))
     except Exception as err:  # paramiko raises plain exceptions for bad syntax
         raise HostsFileError(f"ssh config {cfg_path} cannot be parsed: {err}") from None
 

@@ -19,7 +19,7 @@ from . import jobfile, state
 from .config import UpConfig, url_masked
 from .entry import check_image
 from .errors import ConfigError, JobError
-from .hosts import Host, parse_hosts_file
+from .hosts import Host, match_exec_blocks, parse_hosts_file, ssh_config_path
 from .image import ensure_images
 from .launch import (
     End,
@@ -42,7 +42,19 @@ from .staging import stage_all
 
 def load_hosts(config: UpConfig) -> list[Host]:
     assert config.ssh.hosts_file is not None
-    return parse_hosts_file(config.ssh.hosts_file, config.ssh.ssh_config)
+    return parse_hosts_file(config.ssh.hosts_file, config.ssh.ssh_config, run_match_exec=not config.dry_run)
+
+
+def _match_exec_note(config: UpConfig) -> str | None:
+    """A dry run runs nothing, also not the ssh config's `Match exec` commands: say which blocks it skipped."""
+    path = ssh_config_path(config.ssh.ssh_config)
+    try:
+        blocks = match_exec_blocks(path.read_text()) if path.is_file() else []
+    except (OSError, UnicodeDecodeError):
+        return None
+    where = ", ".join(f"{path}:{first}" for first, _ in blocks)
+    return (f"# ssh config: Match exec at {where} not run (a dry run runs nothing); the hosts it would configure "
+            "may differ at launch") if blocks else None
 
 
 def local_image(name: str) -> tuple[Any, str | None]:
@@ -125,6 +137,9 @@ def _up(config: UpConfig, console: Console, timings: Timings) -> int:
         console.print("\n".join(f"#   {line}" for line in jobfile.of_config(config).splitlines()), markup=False,
                       highlight=False, soft_wrap=True)
         console.print(render_plan(specs), markup=False, highlight=False, soft_wrap=True)
+        note = _match_exec_note(config)
+        if note:
+            console.print(note, markup=False, highlight=False, soft_wrap=True)
         return 0
     began, current, previous = time.time(), config, None
     while True:

@@ -87,3 +87,25 @@ def test_missing_file_and_missing_ssh_config(tmp_path: Path) -> None:
     hosts, _ = write(tmp_path, "a\n")
     with pytest.raises(HostsFileError, match="ssh config .* does not exist"):
         parse_hosts_file(hosts, tmp_path / "no_config")
+
+
+def test_a_dry_run_runs_no_match_exec_command_of_the_ssh_config(tmp_path: Path) -> None:
+    """paramiko runs `Match exec` commands while looking a host up; a dry run promises to run nothing."""
+    import io
+
+    from rich.console import Console
+
+    from orchestrate import cli
+
+    ran = tmp_path / "ran"
+    (tmp_path / "ssh_config").write_text(f'Host gpu1\n  Port 2201\n\nMatch exec "touch {ran}"\n  User someone\n'
+                                         "\nHost *\n  User ddp\n")
+    (tmp_path / "hosts").write_text("gpu1\n")
+    argv = ["up", "--hosts", str(tmp_path / "hosts"), "--ssh-config", str(tmp_path / "ssh_config"), "--gpus", "0"]
+    out = io.StringIO()
+    assert cli.run([*argv, "--dry-run"], Console(file=out, width=300)) == 0
+    assert not ran.exists()
+    assert f"Match exec at {tmp_path / 'ssh_config'}:4 not run" in out.getvalue()
+    assert "on gpu1:2201" in out.getvalue()  # the other blocks still apply
+    parse_hosts_file(tmp_path / "hosts", tmp_path / "ssh_config")  # a real launch evaluates it, as ssh would
+    assert ran.exists()
