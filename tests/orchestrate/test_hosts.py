@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -107,5 +109,8 @@ def test_a_dry_run_runs_no_match_exec_command_of_the_ssh_config(tmp_path: Path) 
     assert not ran.exists()
     assert f"Match exec at {tmp_path / 'ssh_config'}:4 not run" in out.getvalue()
     assert "on gpu1:2201" in out.getvalue()  # the other blocks still apply
-    parse_hosts_file(tmp_path / "hosts", tmp_path / "ssh_config")  # a real launch evaluates it, as ssh would
+    # A real launch evaluates it, as ssh would (in a child: invoke reads stdin, which pytest captures).
+    code = f"from orchestrate.hosts import parse_hosts_file; parse_hosts_file({str(tmp_path / 'hosts')!r}, " \
+           f"{str(tmp_path / 'ssh_config')!r})"
+    subprocess.run([sys.executable, "-c", code], stdin=subprocess.DEVNULL, check=True, timeout=60)
     assert ran.exists()
