@@ -147,10 +147,9 @@ def to_checkpoint(cfg: Config, ctx: DistContext, st: TrainState, global_batch: i
         "model": st.model.state_dict(),
         "optimizer": st.optimizer.state_dict(),
         "scaler": st.scaler.state_dict(),
-        # The learning rate is a pure function of the position (see loop.lr_at); this records its inputs.
-        "scheduler": {"kind": "warmup-cosine", "lr": cfg.lr, "warmup_epochs": cfg.warmup_epochs, "epochs": cfg.epochs},
         "epoch": st.pos.epoch, "samples_in_epoch": st.pos.sample, "step": st.pos.step,
         "world_size": ctx.world_size, "global_batch": global_batch,
+        # No scheduler state: the learning rate is a pure function of the position and the config (loop.lr_at).
         "rng": rng, "config": cfg.to_dict(),
     }
 
