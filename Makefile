@@ -23,7 +23,7 @@ SYNTH_TEST   ?= 500
 
 help:
 	@echo "make setup      create $(VENV) with the project and its dev dependencies"
-	@echo "make lint       ruff check ."
+	@echo "make lint       ruff check . and mypy (type hints of orchestrate/, trainer/, devcluster/)"
 	@echo "make image      build $(IMAGE) on $(BASE_IMAGE) (override with BASE_IMAGE=...)"
 	@echo "make cpu-base   build $(CPU_BASE) from nothing (debootstrap + local CPU torch wheel)"
 	@echo "make image-cpu  build $(CPU_IMAGE) on $(CPU_BASE)"
@@ -42,6 +42,7 @@ $(VENV)/.installed: pyproject.toml
 
 lint: setup
 	$(VENV)/bin/ruff check .
+	$(VENV)/bin/mypy
 
 image:
 	docker build --build-arg BASE_IMAGE=$(BASE_IMAGE) --build-arg VERSION=$(VERSION) -t $(IMAGE) .

@@ -26,10 +26,10 @@ def used_networks() -> list[ipaddress.IPv4Network]:
     for r in routes:
         dst = r.get("dst", "")
         if dst and dst != "default":
-            nets.append(ipaddress.ip_network(dst if "/" in dst else f"{dst}/32", strict=False))
+            nets.append(ipaddress.IPv4Network(dst if "/" in dst else f"{dst}/32", strict=False))
     for link in json.loads(run(["ip", "-j", "-4", "addr", "show"]).stdout or "[]"):
         for a in link.get("addr_info", []):
-            nets.append(ipaddress.ip_network(f"{a['local']}/{a['prefixlen']}", strict=False))
+            nets.append(ipaddress.IPv4Network(f"{a['local']}/{a['prefixlen']}", strict=False))
     return nets
 
 
@@ -69,7 +69,7 @@ def create_host_net(state: ClusterState, host: HostLayout, resolvers: list[str])
 
 def resolvers(path: Path = Path("/etc/resolv.conf")) -> list[str]:
     """IPv4 nameserver addresses of the machine (empty if none)."""
-    out = []
+    out: list[str] = []
     try:
         lines = path.read_text().splitlines()
     except OSError:

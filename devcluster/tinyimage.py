@@ -80,4 +80,4 @@ def load_tiny_image(client: docker.DockerClient, tag: str = TINY_IMAGE) -> str:
     """Import the tiny image into the daemon behind client; returns its ID."""
     repo, _, version = tag.partition(":")
     client.api.import_image_from_data(rootfs_tar(), repository=repo, tag=version or "latest")
-    return client.images.get(tag).id
+    return str(client.images.get(tag).id)

@@ -12,7 +12,7 @@ import logging
 import sys
 from collections.abc import Sequence
 from pathlib import Path
-from typing import NoReturn
+from typing import Any, NoReturn
 
 from rich.console import Console
 
@@ -42,8 +42,8 @@ Names resolve through ~/.ssh/config; host keys are checked against known_hosts.
 
 
 # The defaults are the configs' own (config.py): written once, shown by --help, used by job files (jobfile.py).
-UP = {f.name: f.default for f in dataclasses.fields(UpConfig)}
-JOBS = {f.name: f.default for f in dataclasses.fields(JobsConfig)}
+UP: dict[str, Any] = {f.name: f.default for f in dataclasses.fields(UpConfig)}
+JOBS: dict[str, Any] = {f.name: f.default for f in dataclasses.fields(JobsConfig)}
 
 
 class _Formatter(argparse.RawDescriptionHelpFormatter, argparse.ArgumentDefaultsHelpFormatter):
@@ -210,8 +210,8 @@ def check_config(ns: argparse.Namespace) -> UpConfig:
 
 def jobs_config(ns: argparse.Namespace) -> JobsConfig:
     return JobsConfig(ssh=SSHOptions(ns.hosts, ns.ssh_config, ns.accept_new_host_keys), job=ns.job,
-                      grace=getattr(ns, "grace", JOBS["grace"]), follow=getattr(ns, "follow", False),
-                      node=getattr(ns, "node", None), tail=getattr(ns, "tail", JOBS["tail"]),
+                      grace=float(getattr(ns, "grace", JOBS["grace"])), follow=getattr(ns, "follow", False),
+                      node=getattr(ns, "node", None), tail=int(getattr(ns, "tail", JOBS["tail"])),
                       rank=getattr(ns, "rank", None), out=getattr(ns, "out", None))
 
 
@@ -229,7 +229,7 @@ def parse_args(argv: Sequence[str]) -> tuple[str, UpConfig | JobsConfig]:
             raise ConfigError(f"unexpected argument {ns.trainer_args[0]!r}; put trainer options after '--'")
         base = _job_base(ns, parser.up_parser)  # type: ignore[attr-defined]
         if base:  # the job file's (or the stored job's) options under the command line's
-            file_args = base.pop("trainer_args", [])
+            file_args = list(base.pop("trainer_args", []))  # type: ignore[call-overload]
             parser.up_parser.set_defaults(**base)  # type: ignore[attr-defined]
             ns = parser.parse_args(argv)
             trainer = trainer if given_args else file_args

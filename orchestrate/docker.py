@@ -67,21 +67,22 @@ class _TunnelAdapter(SSHHTTPAdapter):
         # Deliberately not calling SSHHTTPAdapter.__init__: it would open its own paramiko connection.
         self.ssh_client = None
         self.ssh_host = conn.host.label
-        self.timeout = timeout
+        self.timeout = timeout  # type: ignore[assignment]  # the stubs say int; requests takes a float
         self.max_pool_size = max_pool_size
         self._conn = conn
         self._command = command
-        self.pools = urllib3._collections.RecentlyUsedContainer(4, dispose_func=lambda p: p.close())
+        self.pools = urllib3._collections.RecentlyUsedContainer(4, dispose_func=lambda p: p.close())  # type: ignore[assignment]
         super(SSHHTTPAdapter, self).__init__()
 
-    def get_connection(self, url: str, proxies: Any = None) -> _ChannelPool:
+    def get_connection(self, url: Any, proxies: Any = None) -> Any:
         # One pool per client, whatever the URL: keyed by URL (docker-py's way) each API path kept its own idle
         # channel, up to 4 per client, which overran sshd's stock MaxSessions of 10 with 3 clients per host.
-        with self.pools.lock:
-            pool = self.pools.get("tunnel")
+        pools: Any = self.pools
+        with pools.lock:
+            pool = pools.get("tunnel")
             if pool is None:
                 pool = _ChannelPool(self._conn, self._command, self.timeout, self.max_pool_size)
-                self.pools["tunnel"] = pool
+                pools["tunnel"] = pool
             return pool
 
     def close(self) -> None:
@@ -95,14 +96,15 @@ def dial_command(docker_host: str | None) -> str:
 
 def client_over_ssh(conn: Connection, timeout: float | None = 60.0) -> docker.DockerClient:
     """A DockerClient talking to the host's daemon through `conn`. Raises SSHError if the daemon is absent."""
-    api = docker.APIClient(base_url="tcp://127.0.0.1:1", version=API_VERSION_MIN, timeout=timeout)
+    api = docker.APIClient(base_url="tcp://127.0.0.1:1", version=API_VERSION_MIN,
+                           timeout=timeout)  # type: ignore[arg-type]  # None: no timeout (log followers)
     adapter = _TunnelAdapter(conn, dial_command(conn.host.docker_host), timeout)
     api.mount("http+docker://ssh", adapter)
-    api._unmount("http://", "https://")
+    api._unmount("http://", "https://")  # type: ignore[attr-defined]
     api.base_url = "http+docker://ssh"
     try:
         server = api.version(api_version=False)
-        api._version = server["ApiVersion"]
+        api._version = server["ApiVersion"]  # type: ignore[attr-defined]
     except Exception as err:
         raise SSHError(f"{conn.host.label}: cannot reach the Docker daemon over SSH "
                        f"({_docker_problem(conn)}); install Docker or set docker_host= in the hosts file") from err

@@ -63,8 +63,8 @@ def parse_hosts_file(path: str | os.PathLike[str], ssh_config: str | os.PathLike
         data = path.read_bytes()
         text = data.decode()
     except UnicodeDecodeError as err:
-        line = data[:err.start].count(b"\n") + 1
-        raise HostsFileError(f"{path}:{line}: not UTF-8 text (byte {data[err.start]:#04x}); save the hosts file "
+        bad_line = data[:err.start].count(b"\n") + 1
+        raise HostsFileError(f"{path}:{bad_line}: not UTF-8 text (byte {data[err.start]:#04x}); save the hosts file "
                              "as UTF-8") from None
     except FileNotFoundError:
         raise HostsFileError(f"hosts file {path} does not exist; write one host a line, e.g. 'gpu1 slots=8'") from None

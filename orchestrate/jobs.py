@@ -143,7 +143,7 @@ def status_rows(nodes: Nodes, job: str, unreachable: dict[str, str]) -> list[lis
             last = mask_text(last, _secrets_of(c))[:100]
             folder = _ckpt_dir_of(c)
             manifest = newest_manifest(nodes.conn(rank), folder) if folder else None
-            where = keep_tail(posixpath.join(folder, str(manifest["file"])), TAIL_CHARS) if manifest else ""
+            where = keep_tail(posixpath.join(folder, str(manifest["file"])), TAIL_CHARS) if folder and manifest else ""
             ckpt = f"{where} (epoch {manifest.get('epoch')})" if manifest else \
                 "-" if _runs_trainer(c) else "- (no manifest: resume by flag only)"
             running = state.get("Status") == "running"
@@ -213,7 +213,7 @@ def stream_logs(nodes: Nodes, job: str, console: Console, follow: bool, node: in
     """Print (or follow) the logs of the job's containers, each line prefixed with its node rank."""
     targets: list[tuple[int, Any]] = []
     for rank in nodes.reachable():
-        for c in job_containers(nodes.docker(rank, timeout=None if follow else 60), job):  # type: ignore[arg-type]
+        for c in job_containers(nodes.docker(rank, timeout=None if follow else 60), job):
             if node is None or _rank_of(c) == node:
                 targets.append((_rank_of(c), c))
     if not targets:

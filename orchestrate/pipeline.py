@@ -347,7 +347,8 @@ def _data(nodes: Nodes, config: UpConfig, console: Console) -> None:
             console.print(line, markup=False, highlight=False)
         return
     if not config.is_trainer:
-        fan_out("dirs", nodes.conns, lambda c: make_dirs(c, config), lambda c: c.host.label)  # type: ignore[arg-type]
+        conns = [nodes.conn(r) for r in range(len(nodes.hosts))]
+        fan_out("dirs", conns, lambda c: make_dirs(c, config), lambda c: c.host.label)
         return
     for res in prefetch_all(nodes.conns, lambda r: nodes.docker(r, timeout=3600), config,  # type: ignore[arg-type]
                             console):

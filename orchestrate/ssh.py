@@ -312,7 +312,8 @@ class Connection:
 
 def _open_count(transport: paramiko.Transport) -> int:
     """Open channels on one connection (paramiko keeps no public count)."""
-    return sum(1 for chan in list(transport._channels.values()) if not chan.closed)  # type: ignore[attr-defined]
+    channels: dict[int, paramiko.Channel] = transport._channels  # type: ignore[attr-defined]
+    return sum(1 for chan in list(channels.values()) if not chan.closed)
 
 
 def _connect(host: Host, accept_new_host_keys: bool, timeout: float) -> paramiko.SSHClient:
@@ -324,7 +325,7 @@ def _connect(host: Host, accept_new_host_keys: bool, timeout: float) -> paramiko
     client.set_missing_host_key_policy(_AcceptNew(host) if accept_new_host_keys else _RejectUnknown(host))
     try:
         client.connect(
-            host.hostname, port=host.port, username=host.user, key_filename=list(host.key_filenames) or None,
+            host.hostname, port=host.port, username=host.user, key_filename=list(host.key_filenames) or None,  # type: ignore[arg-type]  # paramiko takes a list too
             timeout=timeout, banner_timeout=timeout, auth_timeout=timeout, channel_timeout=timeout,
             look_for_keys=not host.identities_only, allow_agent=not host.identities_only,
         )

@@ -14,11 +14,13 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import functools
 import json
 import os
 import socket
 import sys
 import time
+from collections.abc import Callable
 
 import torch
 import torch.distributed as dist
@@ -31,7 +33,7 @@ def _say(payload: dict[str, object]) -> None:
     print("NETCHECK " + json.dumps(payload), flush=True)
 
 
-def _timed(fn: object, reps: int) -> float:
+def _timed(fn: Callable[[], object], reps: int) -> float:
     fn()  # warm-up: connections, buffers
     t0 = time.perf_counter()
     for _ in range(reps):
@@ -51,7 +53,7 @@ def allreduce_busbw(world: int, device: torch.device, max_mb: int) -> list[dict[
     out = []
     for mb in _sizes(max_mb):
         t = torch.ones(mb * MB // 4, dtype=torch.float32, device=device)
-        took = _timed(lambda t=t: (dist.all_reduce(t), _sync(device)), reps=3)
+        took = _timed(functools.partial(_all_reduce_synced, t, device), reps=3)
         # Every rank decides the same way: the slowest rank's time (a MAX all_reduce), so no rank leaves early.
         took = _agree_max(took, device)
         out.append({"mb": mb, "busbw_gbps": mb * MB / took * 2 * (world - 1) / world / 1e9, "s": took})
@@ -89,6 +91,11 @@ def pair_bw(a: int, b: int, rank: int, device: torch.device, max_mb: int) -> flo
 def _sync(device: torch.device) -> None:
     if device.type == "cuda":
         torch.cuda.synchronize(device)
+
+
+def _all_reduce_synced(t: torch.Tensor, device: torch.device) -> None:
+    dist.all_reduce(t)
+    _sync(device)  # a GPU all_reduce returns once queued: time it to its end
 
 
 def _agree_max(value: float, device: torch.device) -> float:

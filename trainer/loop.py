@@ -64,7 +64,9 @@ def train_step(st: TrainState, x: torch.Tensor, y: torch.Tensor, lr: float, prec
     total = torch.zeros((), device=x.device)
     for i, (xs, ys) in enumerate(parts):
         last = i == len(parts) - 1
-        with st.ddp.no_sync() if not last and hasattr(st.ddp, "no_sync") else contextlib.nullcontext():
+        # DDP.no_sync: no all_reduce for the micro-batches before the last (a plain module has none).
+        skip_sync = st.ddp.no_sync() if not last and hasattr(st.ddp, "no_sync") else contextlib.nullcontext()  # type: ignore[operator]
+        with skip_sync:
             with autocast(x.device, precision):
                 loss = F.cross_entropy(st.ddp(xs), ys) * (len(ys) / len(y))
             st.scaler.scale(loss).backward()  # the scaler is a pass-through unless fp16

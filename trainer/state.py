@@ -70,7 +70,8 @@ def _fused_sgd_class() -> type[torch.optim.Optimizer]:
 
 
 def _optimizer(cfg: Config, params: Any) -> torch.optim.Optimizer:
-    kwargs = {"lr": cfg.lr, "momentum": cfg.momentum, "weight_decay": cfg.weight_decay, "nesterov": cfg.momentum > 0}
+    kwargs: dict[str, Any] = {"lr": cfg.lr, "momentum": cfg.momentum, "weight_decay": cfg.weight_decay,
+                              "nesterov": cfg.momentum > 0}
     if cfg.optimizer == "sgd":
         return torch.optim.SGD(params, **kwargs)
     try:
@@ -121,7 +122,7 @@ def _make_model(cfg: Config) -> nn.Module:
 
 
 def _place(model: nn.Module, device: torch.device) -> nn.Module:
-    model = model.to(device, memory_format=memory_format(device))
+    model = model.to(device, memory_format=memory_format(device))  # type: ignore[call-overload]  # not in its stubs
     if device.type == "cuda":
         torch.backends.cudnn.benchmark = True  # fixed 32x32 shapes: let cuDNN pick its fastest kernels
     return model
