@@ -21,6 +21,9 @@ IMAGE_RE = re.compile(
     r"(?:/[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*)*(?::[A-Za-z0-9_][A-Za-z0-9_.-]{0,127})?"
     r"(?:@sha256:[a-f0-9]{64})?$"
 )
+# Docker refuses a repository name over 255 characters; with a tag (128) and a digest the reference is longer.
+MAX_IMAGE_REF = 255 + 1 + 128 + 72
+MAX_SLOTS = 1024  # processes (or GPUs) per node, as the hosts file's slots=: more is a typo, not a machine
 ENV_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 SECRET_NAME_RE = re.compile(r"TOKEN|KEY|PASSWORD|PASSWD|SECRET|CREDENTIAL", re.IGNORECASE)
 MD5_RE = re.compile(r"^[0-9a-f]{32}$")
@@ -121,12 +124,15 @@ class UpConfig:
 
     def __post_init__(self) -> None:
         check_job(self.job)
-        if not IMAGE_RE.fullmatch(self.image):
-            raise ConfigError(f"--image {self.image!r} is not a valid image name; write e.g. ddp-cifar:latest")
+        if not IMAGE_RE.fullmatch(self.image) or len(self.image) > MAX_IMAGE_REF:
+            raise ConfigError(f"--image {self.image[:80]!r} is not a valid image name (at most {MAX_IMAGE_REF} "
+                              "characters); write e.g. ddp-cifar:latest")
         if self.gpus < GPUS_ALL:
             raise ConfigError(f"--gpus {self.gpus} is negative; give a number of GPUs per node, 'all', or 0 for CPU")
-        if self.nproc_per_node is not None and self.nproc_per_node < 1:
-            raise ConfigError(f"--nproc-per-node {self.nproc_per_node} must be at least 1")
+        if self.gpus > MAX_SLOTS:
+            raise ConfigError(f"--gpus {self.gpus}: at most {MAX_SLOTS} per node; give the GPUs of one node, or 'all'")
+        if self.nproc_per_node is not None and not 1 <= self.nproc_per_node <= MAX_SLOTS:
+            raise ConfigError(f"--nproc-per-node {self.nproc_per_node} must be between 1 and {MAX_SLOTS}")
         if self.gpus > 0 and self.nproc_per_node is not None and self.nproc_per_node > self.gpus:
             raise ConfigError(f"--nproc-per-node {self.nproc_per_node} exceeds --gpus {self.gpus}: one process per GPU")
         check_port(self.master_port, "--master-port")

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import paramiko
 
-from .config import host_dir_problem
+from .config import MAX_SLOTS, host_dir_problem
 from .errors import HostsFileError
 
 # Host names and users are restricted to plain characters: nothing that a shell could interpret.
@@ -22,7 +22,8 @@ _USER_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9._-]*$")
 _IFACE_RE = re.compile(r"^[A-Za-z0-9_.:@-]{1,15}$")
 _DOCKER_HOST_RE = re.compile(r"^(unix://|tcp://|ssh://)\S+$")
 PATH_KEYS = ("data_dir", "ckpt_dir", "log_dir")
-MAX_SLOTS = 1024  # processes per host; more is a typo, not a machine
+
+MAX_HOST_NAME = 253  # DNS (RFC 1035)
 KNOWN_KEYS = ("slots", "docker_host", "iface", *PATH_KEYS)
 
 
@@ -173,6 +174,8 @@ def _split_target(text: str, where: str) -> tuple[str | None, str, int | None]:
             raise HostsFileError(f"{where}: port {port} out of range; use 1-65535")
     if not _NAME_RE.fullmatch(text):
         raise HostsFileError(f"{where}: bad host name {text!r}; write [user@]host[:port] [slots=N] [key=value ...]")
+    if len(text) > MAX_HOST_NAME:
+        raise HostsFileError(f"{where}: host name of {len(text)} characters; a DNS name has at most {MAX_HOST_NAME}")
     return user, text, port
 
 
