@@ -68,15 +68,23 @@ class _NumpyOnlyUnpickler(pickle.Unpickler):
 
 
 def md5_of(path: Path) -> str:
-    with path.open("rb") as f:
-        return hashlib.file_digest(f, "md5").hexdigest()
+    try:
+        with path.open("rb") as f:
+            return hashlib.file_digest(f, "md5").hexdigest()
+    except OSError as e:
+        raise DataError(f"cannot read {path} ({e.strerror or e}); check its permissions") from e
 
 
 def _read_pickle(path: Path) -> dict[str, Any]:
     try:
         with path.open("rb") as f:
             raw = _NumpyOnlyUnpickler(f, encoding="bytes").load()
-    except (pickle.UnpicklingError, EOFError, ValueError, TypeError, AttributeError, IndexError) as e:
+    except OSError as e:
+        raise DataError(f"cannot read data file {path} ({e.strerror or e}); check its permissions") from e
+    # What a damaged or hostile pickle raises while loading (an unknown codec is a LookupError, a huge
+    # length an OverflowError or MemoryError): all mean the file is not a CIFAR batch.
+    except (pickle.UnpicklingError, EOFError, ValueError, TypeError, AttributeError, IndexError, LookupError,
+            OverflowError, MemoryError) as e:
         raise DataError(f"data file {path} is corrupt ({e}); re-extract the archive or regenerate it") from e
     if not isinstance(raw, dict):
         raise DataError(f"data file {path} does not hold a CIFAR batch dict; re-extract the archive")
@@ -89,9 +97,13 @@ def _read_batch(path: Path) -> tuple[np.ndarray, np.ndarray]:
     data, labels = entry.get("data"), entry.get("labels")
     if not isinstance(data, np.ndarray) or data.dtype != np.uint8 or data.ndim != 2 or data.shape[1] != 3072:
         raise DataError(f"data file {path}: 'data' is not an N x 3072 uint8 array; re-extract the archive")
-    labels_arr = np.asarray(labels, dtype=np.int64)
+    wrong = DataError(f"data file {path}: 'labels' must be {data.shape[0]} integers in 0..9; re-extract the archive")
+    try:  # missing (None), strings, or integers beyond 64 bits: none converts
+        labels_arr = np.asarray(labels, dtype=np.int64)
+    except (TypeError, ValueError, OverflowError):
+        raise wrong from None
     if labels_arr.shape != (data.shape[0],) or (labels_arr.size and not 0 <= labels_arr.min() <= labels_arr.max() <= 9):
-        raise DataError(f"data file {path}: 'labels' must be {data.shape[0]} integers in 0..9; re-extract the archive")
+        raise wrong
     return data.reshape(-1, 3, 32, 32), labels_arr
 
 
@@ -281,11 +293,16 @@ def synth_files(n_train: int, n_test: int, seed: int) -> dict[str, bytes]:
     return files
 
 
+# 10x CIFAR-10's training set (3 KB an image: 1.5 GB on disk, held in memory while written); more is a typo.
+MAX_SYNTH = 500_000
+
+
 def write_synthetic(out: Path, n_train: int = 50000, n_test: int = 10000, seed: int = 0,
                     archive: Path | None = None) -> Path:
     """Write <out>/cifar-10-batches-py (and optionally the .tar.gz in the official layout)."""
-    if n_train < 5 or n_test < 1:
-        raise DataError(f"synthetic set needs --train >= 5 and --test >= 1, got {n_train}/{n_test}")
+    if not (5 <= n_train <= MAX_SYNTH and 1 <= n_test <= MAX_SYNTH):
+        raise DataError(f"synthetic set needs --train between 5 and {MAX_SYNTH} and --test between 1 and "
+                        f"{MAX_SYNTH}, got {n_train}/{n_test}")
     files = synth_files(n_train, n_test, seed)
     folder = out / BASE_FOLDER
     folder.mkdir(parents=True, exist_ok=True)

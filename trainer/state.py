@@ -165,11 +165,31 @@ def _load_on_main(cfg: Config, ctx: DistContext) -> tuple[dict[str, Any] | None,
         state = checkpoint.load(info, torch.device("cpu"))
     except CheckpointError as e:
         return None, str(e)
+    problem = _shape_problem(state)
+    if problem is not None:
+        return None, (f"checkpoint {info.path} is not one this trainer wrote ({problem}); move it away to resume "
+                      "from the one before, or run without --resume")
     saved_model = state.get("config", {}).get("model")
     if saved_model != cfg.model:
         return None, f"checkpoint {info.path} was trained with --model {saved_model}, not {cfg.model}; pass --model {saved_model}"
     log.info("resuming from %s (epoch %d, step %d, world size %d)", info.path, state["epoch"], state["step"], state["world_size"])
     return state, None
+
+
+# What restore reads, and the type each must have (a valid sha256 proves the bytes, not that a trainer wrote them).
+_STATE_FIELDS: dict[str, type] = {"model": dict, "optimizer": dict, "scaler": dict, "rng": dict, "config": dict,
+                                  "epoch": int, "samples_in_epoch": int, "step": int, "world_size": int}
+
+
+def _shape_problem(state: object) -> str | None:
+    if not isinstance(state, dict):
+        return f"it holds a {type(state).__name__}, not a dict"
+    for key, kind in _STATE_FIELDS.items():
+        if not isinstance(state.get(key), kind):
+            return f"{key!r} is missing or not of type {kind.__name__}"
+    if "torch" not in state["rng"]:
+        return "'rng' has no torch generator state"
+    return None
 
 
 def _load_scaler(scaler: torch.amp.GradScaler, saved: dict[str, Any]) -> None:

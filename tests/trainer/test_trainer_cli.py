@@ -4,15 +4,22 @@ import per case); one case runs the real `python -m trainer` to check the proces
 
 from __future__ import annotations
 
+import hashlib
+import io
+import json
+import pickle
+import shutil
 import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
+import torch
 from trainer_helpers import REPO, base_args, child_env, metrics_lines, tmpfs
 
-from trainer import data
+from trainer import checkpoint, contract, data
 from trainer.__main__ import main
 
 
@@ -95,6 +102,80 @@ def test_bad_files_are_one_error_line_and_exit_2(case: str, needle: str, data_di
         args.remove("--allow-unverified-data")
     assert main(args) == 2
     assert needle in _error_line(capsys)
+
+
+def _damaged_batch(data_dir: Path, tmp_path: Path, case: str) -> Path:
+    """A copy of the data set whose data_batch_1 is damaged as `case` says."""
+    out = tmp_path / "damaged"
+    shutil.copytree(data_dir, out)
+    path = out / data.BASE_FOLDER / "data_batch_1"
+    batch = pickle.loads(path.read_bytes())
+    if case == "unknown codec":  # _codecs.encode('x', 'nosuchcodec'): a LookupError while unpickling
+        path.write_bytes(b"\x80\x02c_codecs\nencode\nq\x00X\x01\x00\x00\x00xX\x0b\x00\x00\x00nosuchcodec\x86R.")
+        return out
+    labels = {"no labels": None, "string labels": ["cat"] * len(batch["labels"]),
+              "label 2**70": [2**70] + batch["labels"][1:]}[case]
+    batch["labels"] = labels
+    path.write_bytes(pickle.dumps(batch, protocol=2))
+    return out
+
+
+@pytest.mark.parametrize(("case", "needle"), [
+    ("no labels", "'labels' must be"), ("string labels", "'labels' must be"), ("label 2**70", "'labels' must be"),
+    ("unknown codec", "data_batch_1 is corrupt (unknown encoding: nosuchcodec)"),
+])
+def test_a_damaged_batch_is_one_error_line(case: str, needle: str, data_dir: Path, tmp_path: Path,
+                                           inprocess: None, capsys: pytest.CaptureFixture[str]) -> None:
+    damaged = _damaged_batch(data_dir, tmp_path, case)
+    assert main(base_args(damaged, tmp_path / "ck", "--epochs", "1", "--batch-size", "64")) == 2
+    assert needle in _error_line(capsys)
+
+
+def test_an_unreadable_data_file_is_one_error_line(data_dir: Path, tmp_path: Path, inprocess: None,
+                                                    capsys: pytest.CaptureFixture[str],
+                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    real_open = Path.open
+
+    def denied(self: Path, *a: Any, **k: Any) -> Any:  # root reads any mode bits: deny like a foreign file
+        if self.name == "test_batch":
+            raise PermissionError(13, "Permission denied")
+        return real_open(self, *a, **k)
+
+    monkeypatch.setattr(Path, "open", denied)
+    assert main(base_args(data_dir, tmp_path / "ck", "--epochs", "1", "--batch-size", "64")) == 2
+    line = _error_line(capsys)
+    assert "cannot read" in line and "test_batch (Permission denied)" in line
+
+
+@pytest.mark.parametrize(("case", "needle"), [("a list", "it holds a list"), ("no epoch", "'epoch' is missing")])
+def test_a_checkpoint_not_written_by_the_trainer_is_refused_on_resume(
+        case: str, needle: str, data_dir: Path, tmp_path: Path, inprocess: None,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    ck = tmp_path / "ck"
+    assert main(base_args(data_dir, ck, "--epochs", "1", "--batch-size", "64")) == 0
+    info = checkpoint.newest_valid(ck)
+    assert info is not None
+    state = torch.load(info.path, weights_only=True)
+    if case == "a list":
+        state = [1, 2, 3]
+    else:
+        del state["epoch"]
+    buf = io.BytesIO()
+    torch.save(state, buf)
+    info.path.write_bytes(buf.getvalue())  # with a manifest that matches it: only its content is wrong
+    manifest = ck / contract.manifest_name(info.step)
+    fields = json.loads(manifest.read_text()) | {"sha256": hashlib.sha256(buf.getvalue()).hexdigest(),
+                                                 "bytes": len(buf.getvalue())}
+    manifest.write_text(json.dumps(fields))
+    capsys.readouterr()
+    assert main(base_args(data_dir, ck, "--epochs", "2", "--batch-size", "64", "--resume")) == 2
+    line = _error_line(capsys)
+    assert needle in line and "is not one this trainer wrote" in line
+
+
+def test_synth_refuses_an_absurd_size(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert data.main(["synth", "--out", str(tmp_path), "--train", str(10**13)]) == 2
+    assert "--train between 5 and 500000" in capsys.readouterr().err
 
 
 def test_real_process_exit_code_and_single_error_line(tmp_path: Path) -> None:
