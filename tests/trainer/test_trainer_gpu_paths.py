@@ -146,7 +146,9 @@ def test_resuming_a_checkpoint_without_scaler_state_into_fp16_starts_a_fresh_sca
     scaler = torch.amp.GradScaler("cpu", enabled=True)  # stands in for the fp16 CUDA scaler
     state._load_scaler(scaler, {})  # what a disabled (fp32/bf16) scaler saved
     assert scaler.get_scale() == 65536.0
-    state._load_scaler(torch.amp.GradScaler("cpu", enabled=False), {"scale": 8.0})  # fp16 -> fp32: ignored
+    disabled = torch.amp.GradScaler("cpu", enabled=False)
+    state._load_scaler(disabled, {"scale": 8.0})  # fp16 -> fp32: ignored, and no error
+    assert not disabled.is_enabled() and disabled.state_dict() == {}
 
 
 # --- which options the device accepts -------------------------------------------------------------------------
