@@ -238,6 +238,23 @@ def host_dir_problem(path: str) -> str | None:
     return None
 
 
+DEFAULT_DOCKER_SOCKET = "/var/run/docker.sock"
+
+
+def socket_exposure(dirs: dict[str, str], docker_host: str | None) -> str | None:
+    """PURE: a dir that is the Docker socket's folder or one above it would hand the socket (root on the host)
+    to the containers; say which (None when none is). `dirs` as resolved on the host (~ expanded)."""
+    socket = docker_host[len("unix://"):] if docker_host and docker_host.startswith("unix://") \
+        else DEFAULT_DOCKER_SOCKET
+    folder = posixpath.dirname(posixpath.normpath(socket))
+    for kind, path in dirs.items():
+        norm = posixpath.normpath(path)
+        if folder == norm or folder.startswith(norm.rstrip("/") + "/"):
+            return (f"{kind} dir {path} holds the Docker socket {socket}, which the containers would get; "
+                    "choose a folder beside it, e.g. a subfolder of your home")
+    return None
+
+
 def check_job(job: str) -> None:
     if not JOB_RE.fullmatch(job):
         raise ConfigError(f"job name {job!r} is not allowed; use lowercase letters, digits, '.', '_', '-' "

@@ -11,7 +11,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from .config import UpConfig
+from .config import UpConfig, socket_exposure
 from .docker import client_over_ssh, image_id, job_containers
 from .errors import MultiHostError, PreflightError, SSHError
 from .plan import host_dirs
@@ -123,7 +123,11 @@ def check_host(conn: Connection, rank: int, config: UpConfig, master_addr: str, 
         return report
     facts = probe_host(conn, config, rank, master_addr, master_ssh_port)
     judge_gpus(facts, report, config, conn.host.slots)
-    judge_disk(facts, report, config, report.dirs)
+    exposed = socket_exposure(report.dirs, conn.host.docker_host)
+    if exposed:
+        report.add("disk", False, exposed)
+    else:
+        judge_disk(facts, report, config, report.dirs)
     if rank == 0:
         judge_port(facts, report, config.master_port)
     judge_master(facts, report, rank, master_addr, master_ssh_port, conn.host.iface)

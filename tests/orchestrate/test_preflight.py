@@ -105,3 +105,16 @@ def test_the_preflight_table_fits_80_and_120_columns() -> None:
         out = io.StringIO()
         Console(file=out, width=width).print(render_table(reports))
         assert max(len(line) for line in out.getvalue().splitlines()) <= width
+
+
+def test_a_dir_holding_the_docker_socket_is_refused() -> None:
+    """A rootless daemon's socket in the home (docker_host=) must not reach the containers through ~."""
+    from orchestrate.config import socket_exposure
+
+    home_sock = "unix:///home/u/.docker/run/docker.sock"
+    problem = socket_exposure({"data": "/home/u/data", "ckpt": "/home/u", "log": "/home/u/logs"}, home_sock)
+    assert problem is not None and problem.startswith("ckpt dir /home/u holds the Docker socket")
+    assert socket_exposure({"ckpt": "/home/u/.docker/run"}, home_sock) is not None
+    assert socket_exposure({"ckpt": "/home/u/ck", "data": "/home/u/.docker/other"}, home_sock) is None
+    assert socket_exposure({"ckpt": "/var/run"}, None) is not None  # the default socket's folder
+    assert socket_exposure({"ckpt": "/home/u/ck"}, "ssh://elsewhere") is None
