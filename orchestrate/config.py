@@ -176,7 +176,10 @@ class UpConfig:
         if not 1 <= self.check_max_mb <= 4096:
             raise ConfigError(f"--max-mb {self.check_max_mb} must be between 1 and 4096 (MB)")
         if self.is_trainer:  # another program's arguments are its own business
-            check_trainer_args(self.trainer_args, self.cpu_mode)
+            try:
+                check_trainer_args(self.trainer_args, self.cpu_mode)
+            except ConfigError as e:  # the trainer's words may quote an option's value, a secret too
+                raise ConfigError(mask_text(str(e), secret_values(self.env_dict))) from None
 
     @property
     def is_trainer(self) -> bool:

@@ -362,6 +362,8 @@ def _connect(host: Host, accept_new_host_keys: bool, timeout: float) -> paramiko
 
 
 def _drain(chan: paramiko.Channel, deadline: float, label: str, what: str) -> tuple[bytes, bytes]:
+    """All of stdout and stderr, until the end of the channel's data (EOF), not until the exit status: OpenSSH
+    may send the exit status before the last output (a short command's last line was lost that way)."""
     out, err = bytearray(), bytearray()
     while True:
         got = False
@@ -372,7 +374,8 @@ def _drain(chan: paramiko.Channel, deadline: float, label: str, what: str) -> tu
             err += chan.recv_stderr(65536)
             got = True
         if not got:
-            if chan.exit_status_ready() and not chan.recv_ready() and not chan.recv_stderr_ready():
+            ended = chan.eof_received or chan.closed
+            if ended and not chan.recv_ready() and not chan.recv_stderr_ready():
                 return bytes(out), bytes(err)
             if time.monotonic() > deadline:
                 raise TimeoutError(f"{label}: {what}")

@@ -105,11 +105,11 @@ def test_hostile_values_run_nothing_and_secrets_are_masked(cluster: Cluster, wor
     evil = f"$(touch {marker}); `touch {marker}`\ntouch {marker} & touch {marker}"
     # Under the login's home on the hosts (a /tmp/pytest-... folder there may belong to root from another test).
     ckpt_dir = f"{cluster.hosts[0].home}/hostile-{tmp_path.name}/ck $(touch {marker});`touch {marker}`/{{job}}"
-    secret = "s3cr3t-model"
+    secret = "s3cr3tmodel"  # shaped like a torchvision name: up lets it pass, the image has no torchvision
     state = work / "state"
     common = ["--ckpt-dir", ckpt_dir, "--env", f"EVIL={evil}", "--env", f"API_TOKEN={secret}"]
     hostile_hosts = hosts  # the hosts file names no dirs: the hostile --ckpt-dir is used
-    # The model name is the secret, so the trainer's own error line carries it: it must be masked.
+    # The model name is the secret, so the trainer's own error line (in the container) carries it: masked.
     trainer = ("--epochs", "1", "--model", secret)
     attached = orchestrate(cluster, state, *up_args(hostile_hosts, data, "hostile", *common, trainer=trainer))
     assert attached.returncode != 0 and "failed: exited with code" in attached.stderr + attached.stdout

@@ -105,3 +105,13 @@ def test_refused_with_one_line(argv: list[str], message: str, hosts: Path, tmp_p
     lines = err.strip().splitlines()
     assert len(lines) == 1, err
     assert lines[0].startswith("error: ") and message in lines[0], lines[0]
+
+
+def test_a_refused_trainer_option_never_shows_a_secrets_value() -> None:
+    from orchestrate.config import SSHOptions, UpConfig
+    from orchestrate.errors import ConfigError
+
+    with pytest.raises(ConfigError) as refused:
+        UpConfig(ssh=SSHOptions(None, None, False), env=(("API_TOKEN", "s3cr3t-value"),),
+                 trainer_args=("--model", "s3cr3t-value"))
+    assert "unknown model '****'" in str(refused.value) and "s3cr3t" not in str(refused.value)

@@ -267,3 +267,36 @@ def test_the_fetch_script_takes_credentials_from_the_url_and_never_shows_them(tm
         assert (tmp_path / prefetch.BATCHES / "data_batch_1").is_file()
     finally:
         server.shutdown()
+
+
+class _ExitStatusFirstChannel:
+    """An exec channel as OpenSSH may drive it: the exit status arrives first, the last output after it."""
+
+    def __init__(self) -> None:
+        self.polls, self.closed, self.eof_received = 0, False, False
+        self.pending = b""
+
+    def exit_status_ready(self) -> bool:
+        return True
+
+    def recv_ready(self) -> bool:
+        self.polls += 1
+        if self.polls == 3:  # the output shows up a little after the exit status
+            self.pending, self.eof_received = b"/home/ddp\n", True
+        return bool(self.pending)
+
+    def recv(self, n: int) -> bytes:
+        out, self.pending = self.pending, b""
+        return out
+
+    def recv_stderr_ready(self) -> bool:
+        return False
+
+
+def test_output_after_the_exit_status_is_still_read() -> None:
+    import time
+
+    from orchestrate.ssh import _drain
+
+    out, err = _drain(_ExitStatusFirstChannel(), time.monotonic() + 5, "h", "id")  # type: ignore[arg-type]
+    assert out == b"/home/ddp\n" and err == b""
