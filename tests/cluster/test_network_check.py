@@ -19,7 +19,7 @@ CHECK_MB = "16"  # enough to tell a 30 Mbit/s link from a veth; the check then t
 
 @pytest.fixture(scope="module")
 def target(cluster_factory, cpu_image: str) -> Iterator[Cluster]:  # type: ignore[no-untyped-def]
-    c = cluster_factory(3)
+    c = cluster_factory(3, no_sftp=[2])  # the session's three hosts (stock hosts, self-healing)
     yield c
     for h in c.hosts:
         h.throttle(None)
