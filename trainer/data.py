@@ -98,19 +98,27 @@ def _read_batch(path: Path) -> tuple[np.ndarray, np.ndarray]:
     if not isinstance(data, np.ndarray) or data.dtype != np.uint8 or data.ndim != 2 or data.shape[1] != 3072:
         raise DataError(f"data file {path}: 'data' is not an N x 3072 uint8 array; re-extract the archive")
     wrong = DataError(f"data file {path}: 'labels' must be {data.shape[0]} integers in 0..9; re-extract the archive")
-    try:  # missing (None), strings, or integers beyond 64 bits: none converts
-        labels_arr = np.asarray(labels, dtype=np.int64)
-    except (TypeError, ValueError, OverflowError):
+    try:
+        found = np.asarray(labels)
+    except (TypeError, ValueError):
         raise wrong from None
-    if labels_arr.shape != (data.shape[0],) or (labels_arr.size and not 0 <= labels_arr.min() <= labels_arr.max() <= 9):
+    # Integers only: strings ("3"), floats (2.7), bools and None would convert silently or not at all, and a
+    # number beyond 64 bits makes an object array.
+    if found.dtype.kind not in "iu" or found.shape != (data.shape[0],) or \
+            (found.size and not 0 <= found.min() <= found.max() <= 9):
         raise wrong
+    labels_arr = found.astype(np.int64)
     return data.reshape(-1, 3, 32, 32), labels_arr
 
 
 def verify_files(folder: Path, allow_unverified: bool) -> None:
     """Every official file must exist; its md5 must match unless the user accepts unverified data."""
     for name, _ in ALL_FILES:
-        if not (folder / name).is_file():
+        try:
+            present = (folder / name).is_file()
+        except OSError as e:  # a folder this account may not enter (EACCES is not "missing")
+            raise DataError(f"cannot read data folder {folder} ({e.strerror or e}); check its permissions") from e
+        if not present:
             raise DataError(
                 f"data file {folder / name} is missing; extract the official {ARCHIVE_NAME} into {folder.parent} "
                 f"or write a synthetic set with: python -m trainer.data synth --out {folder.parent}"

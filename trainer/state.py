@@ -173,7 +173,7 @@ def _load_on_main(cfg: Config, ctx: DistContext) -> tuple[dict[str, Any] | None,
     if saved_model != cfg.model:
         return None, f"checkpoint {info.path} was trained with --model {saved_model}, not {cfg.model}; pass --model {saved_model}"
     log.info("resuming from %s (epoch %d, step %d, world size %d)", info.path, state["epoch"], state["step"], state["world_size"])
-    return state, None
+    return {**state, "_path": str(info.path)}, None  # the path goes with the state to every rank, for errors
 
 
 # What restore reads, and the type each must have (a valid sha256 proves the bytes, not that a trainer wrote them).
@@ -201,6 +201,15 @@ def _load_scaler(scaler: torch.amp.GradScaler, saved: dict[str, Any]) -> None:
         log.warning("checkpoint has no loss-scaler state (not trained in fp16): starting from a fresh scale")
 
 
+def _load_into(st: TrainState, state: dict[str, Any], ctx: DistContext) -> None:
+    st.model.load_state_dict(state["model"])  # copies into this rank's device tensors
+    st.optimizer.load_state_dict(state["optimizer"])  # casts the state to the parameters' device
+    _load_scaler(st.scaler, state["scaler"])
+    torch.set_rng_state(state["rng"]["torch"])
+    if "cuda" in state["rng"] and ctx.device.type == "cuda":
+        torch.cuda.set_rng_state(state["rng"]["cuda"], ctx.device)
+
+
 def restore(cfg: Config, ctx: DistContext, st: TrainState) -> int:
     """Load the newest valid checkpoint on rank 0, share it with every rank, continue from its position.
     Returns the global batch the checkpoint was trained with."""
@@ -213,12 +222,12 @@ def restore(cfg: Config, ctx: DistContext, st: TrainState) -> int:
     state, err = payload
     if err is not None:
         raise CheckpointError(err)
-    st.model.load_state_dict(state["model"])  # copies into this rank's device tensors
-    st.optimizer.load_state_dict(state["optimizer"])  # casts the state to the parameters' device
-    _load_scaler(st.scaler, state["scaler"])
-    torch.set_rng_state(state["rng"]["torch"])
-    if "cuda" in state["rng"] and ctx.device.type == "cuda":
-        torch.cuda.set_rng_state(state["rng"]["cuda"], ctx.device)
+    try:
+        _load_into(st, state, ctx)
+    except (RuntimeError, KeyError, TypeError, ValueError) as e:  # fields of the right type, content that is not
+        raise CheckpointError(f"checkpoint {state.get('_path', '?')} does not fit this run's model or optimizer "
+                              f"({str(e).splitlines()[0][:200]}); point --ckpt-dir at this model's run, "
+                              "or run without --resume") from None
     st.pos = Position(int(state["epoch"]), int(state["samples_in_epoch"]), int(state["step"]))
     if state["world_size"] != ctx.world_size:
         log.warning("checkpoint was written with world size %d, continuing with %d at sample %d of epoch %d",

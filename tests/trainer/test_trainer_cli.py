@@ -113,8 +113,9 @@ def _damaged_batch(data_dir: Path, tmp_path: Path, case: str) -> Path:
     if case == "unknown codec":  # _codecs.encode('x', 'nosuchcodec'): a LookupError while unpickling
         path.write_bytes(b"\x80\x02c_codecs\nencode\nq\x00X\x01\x00\x00\x00xX\x0b\x00\x00\x00nosuchcodec\x86R.")
         return out
-    labels = {"no labels": None, "string labels": ["cat"] * len(batch["labels"]),
-              "label 2**70": [2**70] + batch["labels"][1:]}[case]
+    n = len(batch["labels"])
+    labels = {"no labels": None, "string labels": ["cat"] * n, "label 2**70": [2**70] + batch["labels"][1:],
+              "numeric strings": ["3"] * n, "float labels": [2.7] * n, "bool labels": [True] * n}[case]
     batch["labels"] = labels
     path.write_bytes(pickle.dumps(batch, protocol=2))
     return out
@@ -122,6 +123,7 @@ def _damaged_batch(data_dir: Path, tmp_path: Path, case: str) -> Path:
 
 @pytest.mark.parametrize(("case", "needle"), [
     ("no labels", "'labels' must be"), ("string labels", "'labels' must be"), ("label 2**70", "'labels' must be"),
+    ("numeric strings", "'labels' must be"), ("float labels", "'labels' must be"), ("bool labels", "'labels' must be"),
     ("unknown codec", "data_batch_1 is corrupt (unknown encoding: nosuchcodec)"),
 ])
 def test_a_damaged_batch_is_one_error_line(case: str, needle: str, data_dir: Path, tmp_path: Path,
@@ -129,6 +131,21 @@ def test_a_damaged_batch_is_one_error_line(case: str, needle: str, data_dir: Pat
     damaged = _damaged_batch(data_dir, tmp_path, case)
     assert main(base_args(damaged, tmp_path / "ck", "--epochs", "1", "--batch-size", "64")) == 2
     assert needle in _error_line(capsys)
+
+
+def test_a_data_folder_that_cannot_be_entered_is_one_error_line(data_dir: Path, tmp_path: Path, inprocess: None,
+                                                               capsys: pytest.CaptureFixture[str],
+                                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    real_is_file = Path.is_file
+
+    def denied(self: Path) -> bool:  # what a folder without the x bit gives a non-root account
+        if self.parent.name == data.BASE_FOLDER:
+            raise PermissionError(13, "Permission denied")
+        return real_is_file(self)
+
+    monkeypatch.setattr(Path, "is_file", denied)
+    assert main(base_args(data_dir, tmp_path / "ck", "--epochs", "1", "--batch-size", "64")) == 2
+    assert "cannot read data folder" in _error_line(capsys)
 
 
 def test_an_unreadable_data_file_is_one_error_line(data_dir: Path, tmp_path: Path, inprocess: None,
@@ -147,7 +164,12 @@ def test_an_unreadable_data_file_is_one_error_line(data_dir: Path, tmp_path: Pat
     assert "cannot read" in line and "test_batch (Permission denied)" in line
 
 
-@pytest.mark.parametrize(("case", "needle"), [("a list", "it holds a list"), ("no epoch", "'epoch' is missing")])
+@pytest.mark.parametrize(("case", "needle"), [
+    ("a list", "is not one this trainer wrote (it holds a list"),
+    ("no epoch", "is not one this trainer wrote ('epoch' is missing"),
+    ("weights of another shape", "does not fit this run's model or optimizer"),
+    ("empty optimizer state", "does not fit this run's model or optimizer"),
+])
 def test_a_checkpoint_not_written_by_the_trainer_is_refused_on_resume(
         case: str, needle: str, data_dir: Path, tmp_path: Path, inprocess: None,
         capsys: pytest.CaptureFixture[str]) -> None:
@@ -158,8 +180,12 @@ def test_a_checkpoint_not_written_by_the_trainer_is_refused_on_resume(
     state = torch.load(info.path, weights_only=True)
     if case == "a list":
         state = [1, 2, 3]
-    else:
+    elif case == "no epoch":
         del state["epoch"]
+    elif case == "weights of another shape":
+        state["model"]["fc.weight"] = torch.zeros(3, 3)
+    else:
+        state["optimizer"] = {}
     buf = io.BytesIO()
     torch.save(state, buf)
     info.path.write_bytes(buf.getvalue())  # with a manifest that matches it: only its content is wrong
@@ -170,7 +196,7 @@ def test_a_checkpoint_not_written_by_the_trainer_is_refused_on_resume(
     capsys.readouterr()
     assert main(base_args(data_dir, ck, "--epochs", "2", "--batch-size", "64", "--resume")) == 2
     line = _error_line(capsys)
-    assert needle in line and "is not one this trainer wrote" in line
+    assert needle in line and str(info.path) in line
 
 
 def test_synth_refuses_an_absurd_size(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
