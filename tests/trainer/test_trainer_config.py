@@ -68,3 +68,16 @@ def test_an_abbreviated_option_is_refused_not_guessed() -> None:
 def test_direct_construction_validates_too() -> None:
     with pytest.raises(ConfigError, match="--grad-compression"):
         Config(data_dir=Path("/d"), ckpt_dir=Path("/c"), grad_compression="int8")
+
+
+def test_the_options_table_in_docs_lists_exactly_the_parsers_options() -> None:
+    """docs/trainer.md's table is prose beside the parser: this keeps it from drifting (it had, twice)."""
+    import re
+
+    from trainer.config import build_parser
+
+    options = {o for a in build_parser()._actions for o in a.option_strings if o.startswith("--") and o != "--help"}
+    doc = (Path(__file__).resolve().parents[2] / "docs" / "trainer.md").read_text()
+    rows = [ln for ln in doc.split("## Options", 1)[1].split("\n## ", 1)[0].splitlines() if ln.startswith("| `")]
+    documented = {o for row in rows for o in re.findall(r"`(--[a-z0-9_-]+)", row.split("|")[1])}
+    assert documented == options
