@@ -54,8 +54,9 @@ image-cpu: cpu-base
 	docker build --build-arg BASE_IMAGE=$(CPU_BASE) --build-arg VERSION=$(VERSION) -t $(CPU_IMAGE) .
 
 # pytest exits 5 when it collected nothing: that is a failure here too (make fails on any non-zero).
+# --durations: CI prints its 25 slowest tests, where its time goes (the 30-minute budget).
 test: setup image-cpu lint
-	DDP_TEST_IMAGE=$(CPU_IMAGE) $(PY) -m pytest tests
+	DDP_TEST_IMAGE=$(CPU_IMAGE) $(PY) -m pytest --durations=25 tests
 
 # The input-pipeline benchmark compares with torchvision, which the project venv does not carry: it gets
 # its own venv (.venv-bench, made once). launch_scaling needs root, dockerd and the CPU image.
