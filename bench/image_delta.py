@@ -1,13 +1,18 @@
-"""Image delivery after a code change: bytes and seconds for `up` to give 2 and 4 test hosts the new image,
-layer delta beside the full transfer, in one run.
+"""Image delivery after a code change: bytes and seconds for `up` to give 2 and 4 test hosts the new image, the
+full transfer, the layer delta from `docker save` and the layer delta from the local layer cache, in one run.
 
     sudo .venv/bin/python bench/image_delta.py [--image ddp-cifar:cpu]
 
-Needs root, the local dockerd and the CPU image built from this tree's Dockerfile. For each host count a fresh
-devcluster is made (and removed): a first `up` of IMAGE sends the whole image (what every `up` after a code
-change sent before layer-aware transfer), then IMAGE is rebuilt with one line added to trainer/ and the next
-`up` sends what the nodes lack. Both are 1-step jobs; the figure is the `image` phase of `up --timings` and the
-per-node summary "sent N MB (k of m layers)".
+Needs root, the local dockerd, Debian's docker-registry and the CPU image built from this tree's Dockerfile. For
+each host count a fresh devcluster is made (and removed):
+  1. `up --layer-cache off` of IMAGE sends the whole image (what every `up` after a code change sent before
+     layer-aware transfer): the baseline;
+  2. IMAGE rebuilt with one line added to trainer/, `up --layer-cache off`: the delta filtered from `docker save`;
+  3. rebuilt again with another line, `up --layer-cache on`: the delta from the local layer cache. The cache (a
+     folder of this run) already holds IMAGE, as after any earlier `up`; the time to fill an empty cache with
+     IMAGE, paid once per machine, is printed too.
+All are 1-step jobs; the figure is the `image` phase of `up --timings` and the per-node summary "sent N MB (k of
+m layers)".
 """
 
 from __future__ import annotations
@@ -17,6 +22,7 @@ import re
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
@@ -33,10 +39,13 @@ SENT = re.compile(r"image \S+ on (\S+): sent ([\d.]+) MB \((\d+) of (\d+) layers
 IMAGE_PHASE = re.compile(r"timings \(s\):.*?\bimage ([\d.]+)")
 
 
-def up(cluster: Cluster, work: Path, hosts: Path, url: str, md5: str, image: str, job: str) -> tuple[float, list]:
-    env = {**cluster.client_env(), "PYTHONPATH": str(REPO), "XDG_STATE_HOME": str(work / "state")}
+def up(cluster: Cluster, work: Path, hosts: Path, url: str, md5: str, image: str, job: str,
+       cache: str) -> tuple[float, list]:
+    env = {**cluster.client_env(), "PYTHONPATH": str(REPO), "XDG_STATE_HOME": str(work / "state"),
+           "XDG_CACHE_HOME": str(work / "cache")}
     res = subprocess.run([sys.executable, "-m", "orchestrate", "up", "--timings", "--hosts", str(hosts), "--job", job,
-                          "--gpus", "0", "--image", image, "--data-url", url, "--data-md5", md5, "--", *TRAIN],
+                          "--gpus", "0", "--image", image, "--data-url", url, "--data-md5", md5,
+                          "--layer-cache", cache, "--", *TRAIN],
                          env=env, cwd=REPO, capture_output=True, text=True, timeout=1800)
     phase = IMAGE_PHASE.search(res.stdout)
     if res.returncode != 0 or phase is None:
@@ -44,33 +53,56 @@ def up(cluster: Cluster, work: Path, hosts: Path, url: str, md5: str, image: str
     return float(phase[1]), [(m[1], float(m[2]), int(m[3]), int(m[4]), int(m[5])) for m in SENT.finditer(res.stdout)]
 
 
+def fill_cache(work: Path, image: str) -> float:
+    """Seconds to push IMAGE into the empty layer cache of this run (once per machine in real use)."""
+    from orchestrate.layercache import LayerCache, registry_binary
+
+    binary = registry_binary()
+    if binary is None:
+        raise SystemExit("docker-registry is missing: apt-get install docker-registry")
+    local = docker.from_env(timeout=600)
+    found = local.images.get(image)
+    start = time.monotonic()
+    with LayerCache.started(binary, work / "cache" / "ddp-cifar" / "layers") as cache:
+        cache.put(local, str(found.id), len(found.attrs["RootFS"]["Layers"]), lambda event: None)
+    return time.monotonic() - start
+
+
+def row(n: int, what: str, seconds: float, sent: list, base: float) -> str:
+    return (f"| {n} | {what} | {max(s[1] for s in sent):.2f} MB ({sent[0][2]} of {sent[0][3]}) | {seconds:.2f} s "
+            f"| {base / seconds:.0f}x |")
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--image", default="ddp-cifar:cpu")
     args = parser.parse_args()
-    changed = f"{args.image}-bench-change"
+    changed = [f"{args.image}-bench-change-{k}" for k in (1, 2)]
     work = Path(tempfile.mkdtemp(prefix="image-delta-"))
+    print(f"filling an empty layer cache with {args.image}: {fill_cache(work, args.image):.1f} s", flush=True)
     rows = []
     try:
         for n in (2, 4):
             with Cluster.create(n) as cluster, serve_data(work / f"served{n}", cluster.gateway) as data:
                 hosts = cluster.write_hosts_file(work / f"hosts{n}.txt", keys=host_dirs(work / f"c{n}", n))
-                full_s, full = up(cluster, work, hosts, data.url, data.md5, args.image, "full")
-                build_changed_image(args.image, changed, line=f"run {n}")
-                delta_s, delta = up(cluster, work, hosts, data.url, data.md5, changed, "delta")
-            rows.append((n, full_s, full, delta_s, delta))
-            print(f"{n} hosts: full {full_s:.1f} s {full}; delta {delta_s:.2f} s {delta}", flush=True)
+                full_s, full = up(cluster, work, hosts, data.url, data.md5, args.image, "full", "off")
+                build_changed_image(args.image, changed[0], line=f"run {n} save")
+                save_s, save = up(cluster, work, hosts, data.url, data.md5, changed[0], "save", "off")
+                build_changed_image(args.image, changed[1], line=f"run {n} cache")
+                cache_s, cache = up(cluster, work, hosts, data.url, data.md5, changed[1], "cache", "on")
+            rows += [row(n, "full image (baseline)", full_s, full, full_s),
+                     row(n, "delta from docker save", save_s, save, full_s),
+                     row(n, "delta from the layer cache", cache_s, cache, full_s)]
+            print("\n".join(rows[-3:]), flush=True)
     finally:
-        try:
-            docker.from_env().images.remove(changed)
-        except docker.errors.APIError:
-            pass
-    print("\n| hosts | full image: MB sent per node | image phase | after a trainer/ change: MB sent per node "
-          "(layers) | image phase | faster |")
-    print("|---:|---:|---:|---:|---:|---:|")
-    for n, full_s, full, delta_s, delta in rows:
-        print(f"| {n} | {max(f[1] for f in full):.1f} | {full_s:.1f} s | {max(d[1] for d in delta):.2f} "
-              f"({delta[0][2]} of {delta[0][3]}) | {delta_s:.2f} s | {full_s / delta_s:.0f}x |")
+        for tag in changed:
+            try:
+                docker.from_env().images.remove(tag)
+            except docker.errors.APIError:
+                pass
+    print("\n| hosts | image delivery | sent per node (layers) | image phase | faster than the full image |")
+    print("|---:|---|---:|---:|---:|")
+    print("\n".join(rows))
     print("\ngoal: <= 1 MB per node after a trainer/ change, image phase >= 20x faster than the full transfer")
     return 0
 

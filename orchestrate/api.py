@@ -34,14 +34,14 @@ def Job(hosts: str | Path, *, ssh_config: str | Path | None = None, accept_new_h
 def up(job: UpConfig, console: Console | None = None) -> int:
     from .pipeline import up as run_up
 
-    return run_up(job, console or Console())
+    return run_up(job, console or Console(emoji=False))
 
 
 def check(job: UpConfig, console: Console | None = None) -> int:
     """The network check with the job's settings (`check`); 1 when a node is an outlier."""
     from .pipeline import check as run_check
 
-    return run_check(job, console or Console())
+    return run_check(job, console or Console(emoji=False))
 
 
 def kill(name: str, hosts: str | Path | None = None, grace: float = 60.0, console: Console | None = None) -> int:
@@ -74,4 +74,4 @@ def jobs(command: str, config: JobsConfig, console: Console | None = None) -> in
 def _jobs(command: str, config: JobsConfig, console: Console | None) -> int:
     from .commands import run_jobs_command
 
-    return run_jobs_command(command, config, console or Console())
+    return run_jobs_command(command, config, console or Console(emoji=False))

@@ -18,6 +18,7 @@ from rich.console import Console
 
 from .config import (
     GPUS_ALL,
+    LAYER_CACHE_MODES,
     JobsConfig,
     SSHOptions,
     UpConfig,
@@ -91,6 +92,11 @@ def build_parser() -> argparse.ArgumentParser:
     up.add_argument("--data-md5", default=UP["data_md5"], help="expected md5 of the archive")
     up.add_argument("--env", action="append", default=[], metavar="KEY=VALUE", help="extra environment (repeat)")
     up.add_argument("--pull", action="store_true", help="pull the image on the nodes instead of sending it")
+    up.add_argument("--layer-cache", choices=LAYER_CACHE_MODES, default=UP["layer_cache"],
+                    help="where the layers a node lacks are read here: 'on' = the local layer cache (docker push into "
+                         "a docker-registry on loopback, ~/.cache/ddp-cifar/layers: only new layers are compressed), "
+                         "'off' = one docker save stream (the whole image is read every time), 'auto' = on when "
+                         "docker-registry is installed, else off")
     up.add_argument("--detach", action="store_true", help="return once every container runs")
     up.add_argument("--dry-run", action="store_true", help="print the plan; touch nothing")
     up.add_argument("--timings", action="store_true", help="print each phase's time (seconds) at the end")
@@ -193,7 +199,7 @@ def up_config(ns: argparse.Namespace) -> UpConfig:
         ssh=SSHOptions(ns.hosts, ns.ssh_config, ns.accept_new_host_keys), job=ns.job, image=ns.image,
         gpus=ns.gpus, nproc_per_node=ns.nproc_per_node, master_addr=ns.master_addr,
         master_port=ns.master_port, data_dir=ns.data_dir, ckpt_dir=ns.ckpt_dir, log_dir=ns.log_dir,
-        data_url=ns.data_url, data_from=ns.data_from, data_md5=ns.data_md5, env=_env(ns.env), pull=ns.pull,
+        data_url=ns.data_url, data_from=ns.data_from, data_md5=ns.data_md5, env=_env(ns.env), pull=ns.pull, layer_cache=ns.layer_cache,
         detach=ns.detach, dry_run=ns.dry_run, timings=ns.timings, resume=ns.resume, replace=ns.replace,
         stop_on_interrupt=ns.stop_on_interrupt, min_free_gb=ns.min_free_gb, shm_size=ns.shm_size, grace=ns.grace,
         trainer_args=tuple(ns.trainer_args), entry=ns.entry, max_restarts=ns.max_restarts,
@@ -272,8 +278,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     logging.getLogger("paramiko").setLevel(logging.CRITICAL)  # its tracebacks duplicate our one-line errors
     # Wide output when piped (logs, CI): tables and long error lines stay on one line each.
-    console = Console(highlight=False, width=None if sys.stdout.isatty() else 200)
-    err_console = Console(stderr=True, highlight=False, width=None if sys.stderr.isatty() else 400)
+    # emoji=False: an image tag such as ":new" before a colon would print as an emoji
+    console = Console(highlight=False, emoji=False, width=None if sys.stdout.isatty() else 200)
+    err_console = Console(stderr=True, highlight=False, emoji=False, width=None if sys.stderr.isatty() else 400)
     try:
         return run(sys.argv[1:] if argv is None else argv, console)
     except MultiHostError as err:

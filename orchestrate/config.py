@@ -28,6 +28,7 @@ ENV_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 SECRET_NAME_RE = re.compile(r"TOKEN|KEY|PASSWORD|PASSWD|SECRET|CREDENTIAL", re.IGNORECASE)
 MD5_RE = re.compile(r"^[0-9a-f]{32}$")
 MASK = "****"
+LAYER_CACHE_MODES = ("auto", "on", "off")
 
 DEFAULT_JOB = "cifar"
 DEFAULT_IMAGE = "ddp-cifar:latest"
@@ -101,6 +102,7 @@ class UpConfig:
     data_md5: str = DEFAULT_DATA_MD5
     env: tuple[tuple[str, str], ...] = ()
     pull: bool = False
+    layer_cache: str = "auto"  # where layers for the nodes come from: the local layer cache or `docker save`
     detach: bool = False
     dry_run: bool = False
     timings: bool = False
@@ -136,6 +138,8 @@ class UpConfig:
         if self.gpus > 0 and self.nproc_per_node is not None and self.nproc_per_node > self.gpus:
             raise ConfigError(f"--nproc-per-node {self.nproc_per_node} exceeds --gpus {self.gpus}: one process per GPU")
         check_port(self.master_port, "--master-port")
+        if self.layer_cache not in LAYER_CACHE_MODES:
+            raise ConfigError(f"--layer-cache {self.layer_cache!r}: choose one of {', '.join(LAYER_CACHE_MODES)}")
         if self.master_addr is not None and not re.fullmatch(r"[A-Za-z0-9.:-]+", self.master_addr):
             raise ConfigError(f"--master-addr {self.master_addr!r} is not a host address; give an IP address")
         for flag, path in (("--data-dir", self.data_dir), ("--ckpt-dir", self.ckpt_dir), ("--log-dir", self.log_dir)):

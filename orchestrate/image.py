@@ -1,6 +1,9 @@
 """Give every node the job's image, sending only the layers its daemon lacks.
 
-How (Docker 20.10's `docker save` layout, checked on this machine):
+The layers come from the local layer cache (layercache.py: the cached compressed blobs, nothing read or
+compressed but the new layers) when `--layer-cache` allows it, else from one `docker save` stream filtered here.
+
+The `docker save` stream, how (Docker 20.10's `docker save` layout, checked on this machine):
     <config-sha>.json                     the image config
     <v1-id>/VERSION, <v1-id>/json         per layer: legacy metadata (small)
     <v1-id>/layer.tar                     per layer: the uncompressed layer (its sha256 is the layer's diff ID)
@@ -25,6 +28,8 @@ import tarfile
 import threading
 import zlib
 from collections.abc import Iterable, Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import ExitStack
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -34,6 +39,15 @@ from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, Trans
 from .config import UpConfig
 from .docker import image_id
 from .errors import SSHError
+from .layercache import (
+    REGISTRY_BINARY,
+    CachedImage,
+    LayerCache,
+    LayerCacheError,
+    archive,
+    cache_dir,
+    registry_binary,
+)
 from .nodes import Nodes
 from .ssh import fan_out
 
@@ -116,7 +130,7 @@ def _plural(n: int, what: str) -> str:
 
 def summary_line(name: str, label: str, sent: int, layers_sent: int, layers: int, total: int) -> str:
     """The per-node line the tests and the benchmark read: sent N MB (k of m layers) of T MB."""
-    return (f"image {name} on {label}: sent {sent / 1e6:.1f} MB ({layers_sent} of {_plural(layers, 'layer')}) "
+    return (f"image {name} on {label}: sent {sent / 1e6:.2f} MB ({layers_sent} of {_plural(layers, 'layer')}) "
             f"of {total / 1e6:.0f} MB")
 
 
@@ -296,6 +310,32 @@ def node_chain_ids(client: Any) -> set[str]:
     return all_chain_ids(layer_lists)
 
 
+def load_name(image: Any, name: str) -> str | None:
+    """The tag the node's `docker load` gives the image: `name` itself when the image has it (a name without a
+    tag means :latest), else its first tag (docker-py's save(named=True) would always take the first one)."""
+    tagged = name if "@" in name or ":" in name.rsplit("/", 1)[-1] else f"{name}:latest"
+    tags = list(image.tags)
+    return tagged if tagged in tags else (tags[0] if tags else None)
+
+
+def _load(nodes: Nodes, rank: int, chunks: Iterable[bytes], bars: Progress, task: Any) -> None:
+    """One node's `docker load` of an archive arriving as `chunks`; a refusal raises DeltaLoadError."""
+    client = nodes.docker(rank, timeout=3600)
+
+    def counted() -> Iterator[bytes]:
+        for chunk in chunks:
+            bars.advance(task, len(chunk))
+            yield chunk
+
+    for event in client.api.load_image(counted()):
+        if isinstance(event, dict) and event.get("error"):
+            raise DeltaLoadError(f"docker load: {event['error']}")
+
+
+def _bars(nodes: Nodes, ranks: Sequence[int], bars: Progress) -> dict[int, Any]:
+    return {r: bars.add_task(f"image -> {nodes.hosts[r].label}", total=None) for r in ranks}
+
+
 def send_layers(nodes: Nodes, ranks: Sequence[int], local: Any, name: str, held: dict[int, int],
                 bars: Progress) -> dict[int, Delivery]:
     """One local save stream, filtered per distinct held prefix, loaded on every node in `ranks` in parallel."""
@@ -303,13 +343,14 @@ def send_layers(nodes: Nodes, ranks: Sequence[int], local: Any, name: str, held:
     diff_ids = list(image.attrs["RootFS"]["Layers"])
     feeds = {r: _Feed() for r in ranks}
     sinks = [_Sink(p, [feeds[r] for r in ranks if held[r] == p]) for p in sorted({held[r] for r in ranks})]
-    tasks = {r: bars.add_task(f"image -> {nodes.hosts[r].label}", total=None) for r in ranks}
+    tasks = _bars(nodes, ranks, bars)
     total = [0]
     errors: dict[int, BaseException] = {}
 
     def produce() -> None:
         try:
-            total[0] = filter_save(image.save(named=True, chunk_size=CHUNK), diff_ids, sinks)
+            total[0] = filter_save(image.save(named=load_name(image, name) or False, chunk_size=CHUNK), diff_ids,
+                                   sinks)
             for sink in sinks:
                 sink.finish()
         except BaseException:
@@ -318,22 +359,12 @@ def send_layers(nodes: Nodes, ranks: Sequence[int], local: Any, name: str, held:
             raise
 
     def consume(rank: int) -> None:
-        feed = feeds[rank]
-        client = nodes.docker(rank, timeout=3600)
-
-        def counted() -> Iterator[bytes]:
-            for chunk in feed:
-                bars.advance(tasks[rank], len(chunk))
-                yield chunk
-
         try:
-            for event in client.api.load_image(counted()):
-                if isinstance(event, dict) and event.get("error"):
-                    raise DeltaLoadError(f"docker load: {event['error']}")
+            _load(nodes, rank, feeds[rank], bars, tasks[rank])
         except BaseException as err:
             errors[rank] = err
         finally:
-            feed.closed.set()
+            feeds[rank].closed.set()
 
     threads = [threading.Thread(target=consume, args=(r,), daemon=True) for r in ranks]
     for t in threads:
@@ -353,16 +384,113 @@ def send_layers(nodes: Nodes, ranks: Sequence[int], local: Any, name: str, held:
     return out
 
 
-def deliver(nodes: Nodes, ranks: Sequence[int], local: Any, local_id: str, name: str,
-            console: Console) -> dict[int, Delivery]:
-    """Send each node in `ranks` the layers it lacks; where a delta does not load, send the full archive."""
-    diff_ids = list(local.images.get(name).attrs["RootFS"]["Layers"])
-    found = fan_out("image layers", list(ranks), lambda r: node_chain_ids(nodes.docker(r)),
-                    lambda r: nodes.hosts[r].label)
-    held = {r: held_prefix(diff_ids, chains) for r, chains in zip(ranks, found, strict=True)}
-    with Progress(TextColumn("{task.description}"), BarColumn(), DownloadColumn(), TransferSpeedColumn(),
-                  console=console, transient=True) as bars:
-        done = send_layers(nodes, ranks, local, name, held, bars)
+def send_cached(nodes: Nodes, ranks: Sequence[int], cache: LayerCache, cached: CachedImage, name: str | None,
+                held: dict[int, int], bars: Progress) -> dict[int, Delivery]:
+    """Each node in `ranks` loads an archive of the cached blobs of the layers it lacks, all in parallel."""
+    tasks = _bars(nodes, ranks, bars)
+    out = {r: Delivery("sent", 0, len(cached.layers) - held[r], len(cached.layers), cached.total) for r in ranks}
+
+    def one(rank: int) -> None:
+        def counted() -> Iterator[bytes]:
+            for chunk in archive(cached, name, held[rank], cache.blob_chunks):
+                out[rank].sent += len(chunk)
+                yield chunk
+
+        try:
+            _load(nodes, rank, counted(), bars, tasks[rank])
+        except BaseException as err:
+            out[rank].fallback = str(err) or type(err).__name__
+
+    threads = [threading.Thread(target=one, args=(r,), daemon=True) for r in ranks]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return out
+
+
+class _Pushed:
+    """`docker push` progress as one bar (bytes of the layers being compressed and stored) and a count of the
+    layers the cache gained."""
+
+    def __init__(self, bars: Progress, name: str) -> None:
+        self.bars, self.task = bars, bars.add_task(f"image {name} -> local layer cache", total=None)
+        self.layers: dict[str, tuple[int, int]] = {}
+        self.new = 0
+
+    def __call__(self, event: dict[str, Any]) -> None:
+        detail, layer = event.get("progressDetail") or {}, str(event.get("id", ""))
+        if event.get("status") == "Pushed":
+            self.new += 1
+        if detail.get("total"):
+            self.layers[layer] = (int(detail.get("current", 0)), int(detail["total"]))
+            self.bars.update(self.task, completed=sum(c for c, _ in self.layers.values()),
+                             total=sum(t for _, t in self.layers.values()))
+
+
+def _cache_failed(err: LayerCacheError, mode: str, name: str, console: Console) -> None:
+    if mode == "on":
+        raise err
+    console.print(f"image {name}: {err}; sending from docker save instead", markup=False, highlight=False)
+
+
+def _open_cache(mode: str, name: str, console: Console, stack: ExitStack) -> LayerCache | None:
+    """The running local layer cache (`--layer-cache`), or None to use `docker save` (the reason printed).
+
+    Called on the main thread: the registry is told to die with the thread that started it (layercache.py)."""
+    binary = registry_binary()
+    if mode == "off" or (binary is None and mode == "auto"):
+        return None
+    try:
+        if binary is None:
+            raise LayerCacheError(f"layer cache: {REGISTRY_BINARY} is not installed here")
+        return stack.enter_context(LayerCache.started(binary, cache_dir()))
+    except LayerCacheError as err:
+        _cache_failed(err, mode, name, console)
+        return None
+
+
+def _fill(cache: LayerCache, local: Any, local_id: str, layers: int, name: str, mode: str, console: Console,
+          bars: Progress) -> CachedImage | None:
+    """Push the image into the cache; None (the reason printed) when that fails."""
+    pushed = _Pushed(bars, name)
+    try:
+        cached = cache.put(local, local_id, layers, pushed)
+    except LayerCacheError as err:
+        _cache_failed(err, mode, name, console)
+        return None
+    console.print(f"image {name}: local layer cache has it ({_plural(pushed.new, 'new layer')} of "
+                  f"{len(cached.layers)}, {cached.total / 1e6:.0f} MB compressed)", markup=False, highlight=False)
+    return cached
+
+
+def deliver(nodes: Nodes, ranks: Sequence[int], local: Any, local_id: str, name: str, console: Console,
+            layer_cache: str = "off") -> dict[int, Delivery]:
+    """Send each node in `ranks` the layers it lacks; where a delta does not load, send the full archive.
+
+    The layers come from the local layer cache (`layer_cache` auto/on, see layercache.py) or from one filtered
+    `docker save` stream; the cache is filled while the nodes are asked which layers they hold.
+    """
+    image = local.images.get(name)
+    diff_ids = list(image.attrs["RootFS"]["Layers"])
+    with ExitStack() as stack, ThreadPoolExecutor(1) as pool, Progress(
+            TextColumn("{task.description}"), BarColumn(), DownloadColumn(), TransferSpeedColumn(),
+            console=console, transient=True) as bars:
+        cache = _open_cache(layer_cache, name, console, stack)
+        filling = pool.submit(_fill, cache, local, local_id, len(diff_ids), name, layer_cache, console,
+                              bars) if cache else None
+        found = fan_out("image layers", list(ranks), lambda r: node_chain_ids(nodes.docker(r)),
+                        lambda r: nodes.hosts[r].label)
+        held = {r: held_prefix(diff_ids, chains) for r, chains in zip(ranks, found, strict=True)}
+        cached = filling.result() if filling else None
+        source = (cache, cached) if cache and cached else None
+
+        def send(targets: Sequence[int], keep: dict[int, int]) -> dict[int, Delivery]:
+            if source is None:
+                return send_layers(nodes, targets, local, name, keep, bars)
+            return send_cached(nodes, targets, *source, load_name(image, name), keep, bars)
+
+        done = send(ranks, held)
         for rank in ranks:
             if not done[rank].fallback and image_id(nodes.docker(rank), name) != local_id:
                 done[rank].fallback = "the loaded image has another ID"
@@ -371,7 +499,7 @@ def deliver(nodes: Nodes, ranks: Sequence[int], local: Any, local_id: str, name:
             console.print(f"image {name} on {nodes.hosts[rank].label}: layer delta failed "
                           f"({done[rank].fallback}); sending the full image", markup=False, highlight=False)
         if retry:
-            full = send_layers(nodes, retry, local, name, dict.fromkeys(retry, 0), bars)
+            full = send(retry, dict.fromkeys(retry, 0))
             for rank in retry:
                 full[rank].sent += done[rank].sent
                 done[rank] = full[rank]
@@ -398,7 +526,7 @@ def ensure_images(nodes: Nodes, config: UpConfig, local: Any, local_id: str | No
         need = [r for r in ranks if remote_ids[r] != local_id] if local_id else []
         if need:
             assert local_id is not None
-            result.update(deliver(nodes, need, local, local_id, config.image, console))
+            result.update(deliver(nodes, need, local, local_id, config.image, console, config.layer_cache))
     for r in need:  # whatever happened, the node must now hold the image by name
         got = image_id(nodes.docker(r), config.image)
         if got is None or (local_id and not config.pull and got != local_id):

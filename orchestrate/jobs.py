@@ -8,7 +8,7 @@ import re
 import tarfile
 import threading
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import Any
@@ -69,7 +69,14 @@ def kill_job(nodes: Nodes, job: str, grace: float, console: Console,
     results: list[KillResult] = []
 
     def one(rank: int) -> KillResult:
-        return kill_on_host(nodes.docker(rank), job, grace, nodes.hosts[rank].label)
+        try:
+            return kill_on_host(nodes.docker(rank), job, grace, nodes.hosts[rank].label)
+        except Exception:
+            # A kill is idempotent: one cut short because the connection dropped is done again on a new one.
+            # A host that stopped answering keeps its (silent) connection and is not tried twice.
+            if not nodes.conn(rank).dropped:
+                raise
+            return kill_on_host(nodes.docker(rank), job, grace, nodes.hosts[rank].label)
 
     try:
         results = fan_out("kill", ranks, one, lambda r: nodes.hosts[r].label)
@@ -337,6 +344,55 @@ def follow_lines(console: Console, rank: int, chunks: Iterable[bytes], secrets: 
         response = getattr(chunks, "_response", None)
         if response is not None:
             response.close()
+
+
+class LogResume:
+    """Follow a container's log again after a broken stream without showing a line twice or losing one.
+
+    The stream is asked with timestamps=True: each line starts with its RFC 3339 time (nanoseconds, trailing
+    zeros cut). A stream opened again starts a second before the last line shown, and lines up to it are skipped."""
+
+    def __init__(self) -> None:
+        self.last_ns = 0  # time of the last line shown, in ns since the epoch; 0: none yet
+
+    def since(self) -> float | None:
+        return self.last_ns / 1e9 - 1 if self.last_ns else None
+
+    def unstamped(self, chunks: Iterable[bytes]) -> Iterator[bytes]:
+        """The stream's lines without their time stamps, those already shown left out."""
+        pending = b""
+        try:
+            for chunk in chunks:
+                pending += chunk
+                *lines, pending = pending.split(b"\n")
+                yield from (line + b"\n" for line in self._new(lines))
+            yield from self._new([pending] if pending else [])
+        finally:
+            response = getattr(chunks, "_response", None)  # see follow_lines: hands the SSH channel back
+            if response is not None:
+                response.close()
+
+    def _new(self, lines: list[bytes]) -> Iterator[bytes]:
+        for line in lines:
+            stamp, _, text = line.partition(b" ")
+            ns = stamp_ns(stamp.decode(errors="replace"))
+            if ns is None:  # not a stamped line: shown as it is
+                yield line
+            elif ns > self.last_ns:
+                self.last_ns = ns
+                yield text
+
+
+def stamp_ns(stamp: str) -> int | None:
+    """Nanoseconds since the epoch of Docker's RFC 3339 log stamp (2026-11-23T10:12:04.1234Z); None if not one."""
+    whole, _, frac = stamp.rstrip("Z").partition(".")
+    try:
+        seconds = datetime.fromisoformat(whole).replace(tzinfo=timezone.utc).timestamp()
+    except ValueError:
+        return None
+    if not stamp.endswith("Z") or (frac and not frac.isdigit()):
+        return None
+    return int(seconds) * 1_000_000_000 + int((frac or "0").ljust(9, "0")[:9])
 
 
 # Terminal control sequences (ESC ... and other C0/C1 controls but tab) from a node's log could move the cursor,

@@ -25,7 +25,7 @@ from .health import (
     read_stacks,
     signal_ranks,
 )
-from .jobs import follow_lines, kill_job, kill_on_host, print_lines
+from .jobs import LogResume, follow_lines, kill_job, kill_on_host, print_lines
 from .nodes import Nodes
 from .plan import NodeSpec
 from .ssh import fan_out
@@ -38,6 +38,7 @@ UNREACHABLE_S = 15.0  # a host that answers no poll for this long counts as down
 LAST_LINES = 20
 FAILED_GRACE_S = 10.0
 STREAM_DRAIN_S = 2.0  # at most this long for the log streams' last lines once the job has ended
+STREAM_RETRY_S = 1.0  # a node's log stream broke while its container runs: follow it again this much later
 PROGRESS_EVERY_S = 30.0  # without a terminal (CI, a pipe), a progress line this often instead of a live one
 
 
@@ -178,11 +179,24 @@ class Watcher:
             self.exited.set()
             return
         threading.Thread(target=self._wait, args=(client, rank), daemon=True).start()
+        resume = LogResume()
+        while not self.stop_event.is_set():
+            try:
+                chunks = client.api.logs(self.ids[rank], stream=True, follow=True, timestamps=True,
+                                         since=resume.since())
+                follow_lines(self.console, rank, resume.unstamped(chunks), self.secrets, self.stop_event)
+            except Exception:  # the stream is best effort; the poller decides what happened
+                pass
+            # The stream ends with the container, or with a dropped connection while it runs on: then follow
+            # again from the last line shown (the connection is opened anew), until the job's end stops us.
+            if self.stop_event.wait(STREAM_RETRY_S) or not self._running(client, rank):
+                return
+
+    def _running(self, client: Any, rank: int) -> bool:
         try:
-            follow_lines(self.console, rank, client.api.logs(self.ids[rank], stream=True, follow=True),
-                         self.secrets, self.stop_event)
-        except Exception:  # the stream is best effort; the poller decides what happened
-            return
+            return bool(client.api.inspect_container(self.ids[rank])["State"]["Running"])
+        except Exception:  # unreachable for now: try again while the job lasts
+            return True
 
     def _wait(self, client: Any, rank: int) -> None:
         """Block in the daemon's wait until the container exits: the exit is seen at once, without polling."""

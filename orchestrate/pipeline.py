@@ -31,6 +31,7 @@ from .launch import (
     summary,
     watch,
 )
+from .layercache import REGISTRY_BINARY, registry_binary
 from .netcheck import measure, require_all_joined
 from .nodes import Nodes
 from .plan import NodeFacts, NodeSpec, build_plan, render_plan
@@ -129,6 +130,9 @@ def _up(config: UpConfig, console: Console, timings: Timings) -> int:
     if config.min_nodes is not None and config.min_nodes > len(hosts):
         raise ConfigError(f"--min-nodes {config.min_nodes} exceeds the {len(hosts)} host(s) in "
                           f"{config.ssh.hosts_file}; give at most {len(hosts)}")
+    if config.layer_cache == "on" and not config.pull and registry_binary() is None:
+        raise ConfigError(f"--layer-cache on: {REGISTRY_BINARY} is not installed here; install it (Debian: apt-get "
+                          "install docker-registry) or use --layer-cache auto")
     if config.dry_run:
         # Offline: nothing is contacted; interfaces and GPU counts are shown as detected at launch.
         specs = build_plan(config, hosts, config.master_addr or hosts[0].hostname)
@@ -249,6 +253,7 @@ def _attempt(config: UpConfig, hosts: list[Host], console: Console, timings: Tim
                 resumed_from = _resume(nodes, specs, config, console)
         with timings.phase("image"):
             ready.images(config, console)
+        with timings.phase("image check"):
             # The image is on every node now: one short container on node 0 checks torch and the entry.
             launcher = check_image(nodes.conn(0), config)
         specs = build_plan(config, nodes.hosts, master, facts, launcher)

@@ -128,11 +128,11 @@ def check_host(conn: Connection, rank: int, config: UpConfig, master_addr: str, 
         report.add("disk", False, exposed)
     else:
         judge_disk(facts, report, config, report.dirs)
+    replaced = _check_job(report, config)
     if rank == 0:
-        judge_port(facts, report, config.master_port)
+        judge_port(facts, report, config.master_port, replaced)
     judge_master(facts, report, rank, master_addr, master_ssh_port, conn.host.iface)
     _check_image(report, config, local_image_id)
-    _check_job(report, config)
     return report
 
 
@@ -194,13 +194,16 @@ def judge_disk(facts: dict[str, str], report: HostReport, config: UpConfig, dirs
     report.add("disk", True, " ".join(texts))
 
 
-def judge_port(facts: dict[str, str], report: HostReport, port: int) -> None:
-    """PURE: the master port is not listening on node 0."""
+def judge_port(facts: dict[str, str], report: HostReport, port: int, replaced: bool = False) -> None:
+    """PURE: the master port is not listening on node 0, or the job that `--replace` removes first runs there
+    (its torchrun holds the port: the replacement refused itself once torchrun was up)."""
     if facts.get("ss_ok") != "1":
         report.add("port", False, "cannot list listening ports (ss from iproute2 missing?)")
         return
     used = {addr.rsplit(":", 1)[-1] for addr in facts.get("listening", "").split()}
-    if str(port) in used:
+    if str(port) in used and replaced:
+        report.add("port", True, f"{port} in use (the job being replaced?)")
+    elif str(port) in used:
         report.add("port", False, f"master port {port} already in use on node 0; pick another with --master-port")
     else:
         report.add("port", True, f"{port} free")
@@ -249,7 +252,8 @@ def _check_image(report: HostReport, config: UpConfig, local_id: str | None) -> 
                                    "or pass --pull to pull it on the nodes")
 
 
-def _check_job(report: HostReport, config: UpConfig) -> None:
+def _check_job(report: HostReport, config: UpConfig) -> bool:
+    """Whether the job runs here and --replace will remove it before the start."""
     report.containers = job_containers(report.docker, config.job)
     running = [c.name for c in report.containers if c.status in ("running", "restarting", "created")]
     if running and not config.replace:
@@ -257,6 +261,7 @@ def _check_job(report: HostReport, config: UpConfig) -> None:
                                  f"use --replace, or 'kill --job {config.job}'")
     else:
         report.add("job", True, "replace" if running else "free")
+    return bool(running and config.replace)
 
 
 def run_preflight(conns: Sequence[Connection], config: UpConfig, master_addr: str, local_image_id: str | None,

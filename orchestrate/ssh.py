@@ -178,13 +178,19 @@ class Connection:
         return transport
 
     @property
+    def dropped(self) -> bool:
+        """The main connection has ended (the next channel will connect again, see _revive)."""
+        transport = self.client.get_transport()
+        return transport is None or not transport.is_active()
+
+    @property
     def peer_address(self) -> str:
         return str(self.transport.getpeername()[0])
 
     def open_channel(self, timeout: float = CONNECT_TIMEOUT) -> paramiko.Channel:
         """A session channel on a connection with room; another connection when all are full or refuse."""
         with self._lock:
-            self.transport  # noqa: B018 - raises SSHError naming the host when the main connection is dead
+            self._revive()
             refused = 0
             for client in list(self._clients):
                 transport = client.get_transport()
@@ -207,6 +213,18 @@ class Connection:
                 raise ChannelLimitError(f"{self.host.label}: sshd refuses every session channel on a new connection; "
                                         "check MaxSessions in its sshd_config")
             return self._counted(chan)
+
+    def _revive(self) -> None:
+        """Connect again when the main connection was dropped while the host may still answer (a reset by a
+        firewall or NAT, a killed sshd session): a job must not be declared lost, nor a kill refused, because
+        one TCP connection ended. A host that does not answer raises SSHError naming it (caller holds the lock)."""
+        if not self.dropped:
+            return
+        log.warning("%s: the SSH connection was dropped; connecting again", self.host.label)
+        self._clients = [c for c in self._clients if c is not self.client]
+        self.client.close()
+        self.client = _connect(self.host, self._accept_new, CONNECT_TIMEOUT)
+        self._clients.insert(0, self.client)
 
     def _try_open(self, transport: paramiko.Transport, timeout: float) -> paramiko.Channel | None:
         try:

@@ -5,6 +5,11 @@
 - ``cpu_image`` (session): the tag ``ddp-cifar:cpu`` (or $DDP_TEST_IMAGE, so that parallel work trees can test
   images of their own); fails with "run make image-cpu" when it is missing.
 - ``repo_root``: the repository's root folder (a Path).
+
+Parallel runs (pytest-xdist, ``make test`` runs 2 workers): the scheduler below keeps each kind of test cluster on
+one worker. Every worker makes its own clusters (session fixtures are per process), and a cluster costs its start
+and an image load per host, so the 2-host and the 3-host cluster tests each form one unit of work, started first
+(they are the longest); every other test module is a unit of its own, largest first.
 """
 
 from __future__ import annotations
@@ -16,7 +21,12 @@ from pathlib import Path
 import docker
 import docker.errors
 import pytest
+from xdist.scheduler import LoadScopeScheduling
 
+# The cluster test modules that share the 3-host cluster; the other cluster modules share the 2-host one (see
+# tests/cluster/conftest.py). One worker runs each group.
+THREE_HOST_MODULES = ("test_network_check", "test_self_healing", "test_stock_hosts")
+CLUSTER_GROUPS = ("cluster-2-hosts", "cluster-3-hosts")
 CPU_IMAGE = os.environ.get("DDP_TEST_IMAGE", "ddp-cifar:cpu")
 REPO_ROOT = Path(__file__).resolve().parent.parent
 
@@ -49,3 +59,32 @@ def cpu_image(docker_client: docker.DockerClient) -> str:
     except docker.errors.ImageNotFound:
         pytest.fail(f"image {CPU_IMAGE} is missing: run make image-cpu", pytrace=False)
     return CPU_IMAGE
+
+
+def xdist_group_of(nodeid: str) -> str:
+    """The unit of work of a test: its cluster group, else its module."""
+    module = nodeid.split("::", 1)[0]
+    if not module.startswith("tests/cluster/"):
+        return module
+    return CLUSTER_GROUPS[1] if Path(module).stem in THREE_HOST_MODULES else CLUSTER_GROUPS[0]
+
+
+class ClusterGroupScheduling(LoadScopeScheduling):
+    """xdist's load-by-scope scheduling, with the scopes of xdist_group_of and the cluster groups handed out first.
+
+    Not `--dist loadgroup` with xdist_group marks: pytest 9.2 ignores the node ids that mode rewrites, and the
+    tests would be spread round-robin (pytest-dev/pytest-xdist#1386)."""
+
+    def _split_scope(self, nodeid: str) -> str:
+        return xdist_group_of(nodeid)
+
+    def _assign_work_unit(self, node: object) -> None:
+        for group in reversed(CLUSTER_GROUPS):
+            if group in self.workqueue:
+                self.workqueue.move_to_end(group, last=False)
+        super()._assign_work_unit(node)  # type: ignore[arg-type]
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config: pytest.Config, log: object) -> ClusterGroupScheduling:
+    return ClusterGroupScheduling(config, log)  # type: ignore[arg-type]

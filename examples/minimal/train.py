@@ -75,6 +75,7 @@ def main() -> int:
     checkpoint(model, opt, step, world, rank, done=True)
     if rank == 0:
         print(f"DONE step={step} loss={loss.item():.4f}", flush=True)
+    dist.barrier()  # every rank done before any tears its group down (gloo can abort the early one)
     dist.destroy_process_group()
     return 0
 

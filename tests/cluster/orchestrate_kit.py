@@ -59,8 +59,13 @@ def serve_data(tmp: Path, bind: str) -> Iterator[Data]:
         server.server_close()
 
 
+# One layer cache for every test's `up`, as on a user's machine, where it outlives any job (HOME is the cluster's).
+LAYER_CACHE_HOME = REPO / "out" / "test-cache"
+
+
 def orch_env(cluster: Cluster, state: Path) -> dict[str, str]:
-    return {**cluster.client_env(), "XDG_STATE_HOME": str(state), "PYTHONPATH": str(REPO)}
+    return {**cluster.client_env(), "XDG_STATE_HOME": str(state), "PYTHONPATH": str(REPO),
+            "XDG_CACHE_HOME": str(LAYER_CACHE_HOME)}
 
 
 def orchestrate(cluster: Cluster, state: Path, *args: str, timeout: float = 400) -> subprocess.CompletedProcess[str]:

@@ -98,6 +98,29 @@ def test_link_down_mid_run(cluster: Cluster, work: Path, data: Data, hosts: Path
     assert cleaned.returncode == 0 and job_containers(cluster, "cut") == []
 
 
+def test_a_dropped_ssh_connection_is_opened_again_and_the_job_finishes(cluster: Cluster, work: Path, data: Data,
+                                                                      hosts: Path) -> None:
+    """The SSH connection to the master's host ends under a running job while the host still answers (a reset
+    by a firewall, a killed session): `up` connects again and the job ends as a success, never as a lost host."""
+    state, h0 = work / "state", cluster.hosts[0]
+    proc = start(cluster, state, *up_args(hosts, data, "drop", trainer=("--epochs", "20")))
+    try:
+        wait_for(lambda: running(cluster, "drop") == 2 and len(manifests(job_dir(cluster, 0, "drop"))) >= 1, 300,
+                 "the job to run and write a checkpoint")
+        # The login's own sshd processes are the connections' ends on the host; the listener (root) stays. The
+        # test hosts share this machine's process table: only those in h0's network namespace (--ns $$).
+        dropped = h0.run(["sh", "-c", f"pkill -KILL -u {h0.user} -x sshd --ns $$ --nslist net"], check=False)
+        assert dropped.returncode == 0, "no sshd session of the login was found on the host"
+        code, out, _ = finish(proc, 300)
+    finally:
+        kill_process_group(proc, signal.SIGKILL)
+    assert "connection was dropped; connecting again" in out
+    assert code == 0, out
+    assert "unreachable" not in out and "DONE" in out
+    # node 0's log was followed again from where it broke: every epoch's line, none twice
+    assert [out.count(f"[rank 0] INFO epoch {e}/20 step ") for e in range(1, 21)] == [1] * 20
+
+
 def test_hostile_values_run_nothing_and_secrets_are_masked(cluster: Cluster, work: Path, data: Data,
                                                            hosts: Path, tmp_path: Path) -> None:
     """Paths and --env values with shell metacharacters reach the hosts as plain data; secrets never show."""

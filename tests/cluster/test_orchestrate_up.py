@@ -156,8 +156,9 @@ def test_orchestrator_killed_during_up_is_cleaned_by_labels(
     state = work / "state"
     proc = start(fresh, state, *up_args(hosts, data, "orphan", trainer=("--epochs", "40")))
     try:
-        wait_for(lambda: len([c for _, c in job_containers(fresh, "orphan") if c.status == "running"]) == 2, 240,
-                 "the job's containers to run")
+        # Until a checkpoint: node 0's torchrun then holds the master port, which --replace must accept.
+        wait_for(lambda: len([c for _, c in job_containers(fresh, "orphan") if c.status == "running"]) == 2
+                 and len(manifests(job_dir(fresh, 0, "orphan"))) >= 1, 240, "the job to run and checkpoint")
     finally:
         kill_process_group(proc, signal.SIGKILL)
         proc.wait(timeout=30)

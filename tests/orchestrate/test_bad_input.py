@@ -84,6 +84,7 @@ CASES: list[tuple[str, list[str], str]] = [
     ("hosts log_dir=/run", ["up", "--hosts", "@a log_dir=/run\n"], ":1: log_dir is a system folder"),
     ("kill unknown job", ["kill", "--job", "ghost", "--no-hosts"], "no record of job 'ghost'"),
     ("logs node", ["logs", "--node", "-1"], "--node -1 must be a node rank"),
+    ("layer cache word", ["up", "--layer-cache", "yes"], "argument --layer-cache: invalid choice: 'yes'"),
 ]
 
 
@@ -115,3 +116,12 @@ def test_a_refused_trainer_option_never_shows_a_secrets_value() -> None:
         UpConfig(ssh=SSHOptions(None, None, False), env=(("API_TOKEN", "s3cr3t-value"),),
                  trainer_args=("--model", "s3cr3t-value"))
     assert "unknown model '****'" in str(refused.value) and "s3cr3t" not in str(refused.value)
+
+
+def test_layer_cache_on_without_docker_registry_is_refused_before_any_host(hosts: Path, capsys: pytest.CaptureFixture[str],
+                                                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("PATH", "/nonexistent")
+    assert cli.main(["up", "--hosts", str(hosts), "--layer-cache", "on"]) == 2
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert lines == ["error: --layer-cache on: docker-registry is not installed here; install it (Debian: apt-get "
+                     "install docker-registry) or use --layer-cache auto"]

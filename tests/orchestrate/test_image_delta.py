@@ -138,7 +138,7 @@ def test_filter_leaves_out_held_layers_and_keeps_everything_else() -> None:
 
 def test_summary_line_names_the_delta() -> None:
     assert summary_line("img:cpu", "h1", 31_000, 1, 5, 912_000_000) == \
-        "image img:cpu on h1: sent 0.0 MB (1 of 5 layers) of 912 MB"
+        "image img:cpu on h1: sent 0.03 MB (1 of 5 layers) of 912 MB"
 
 
 # ---- fallback: a delta that does not load is replaced by the full archive (fakes for the daemons) --------
@@ -189,6 +189,7 @@ class _Nodes:
 class _Local:
     def __init__(self, archive: bytes, diff_ids: list[str]) -> None:
         self.archive, self.attrs, self.images = archive, {"RootFS": {"Layers": diff_ids}}, self
+        self.tags = ["img:new"]
 
     def get(self, name: str) -> _Local:
         return self

@@ -31,7 +31,7 @@ def test_every_option_round_trips_through_a_job_file(tmp_path: Path) -> None:
     hosts = hosts_file(tmp_path)
     original = parse("up", "--hosts", str(hosts), "--job", "r18", "--image", "reg:5000/img:2", "--gpus", "4",
                      "--nproc-per-node", "2", "--master-port", "29600", "--data-dir", "/data/c", "--ckpt-dir",
-                     "/ck/{job}", "--log-dir", "/lg", "--env", "A=1", "--env", "B=x y", "--pull", "--timings",
+                     "/ck/{job}", "--log-dir", "/lg", "--env", "A=1", "--env", "B=x y", "--pull", "--layer-cache", "off", "--timings",
                      "--replace", "--stop-on-interrupt", "--min-free-gb", "2.5", "--shm-size", "16g", "--grace", "5",
                      "--max-restarts", "3", "--min-nodes", "1", "--stall-timeout", "60", "--ckpt-mirror",
                      str(tmp_path / "mirror"), "--check-network", "--check-max-mb", "64", "--entry", "-m app.train",

@@ -59,6 +59,9 @@ def test_port_and_master() -> None:
     r = report()
     judge_port({"ss_ok": "1", "listening": "0.0.0.0:22 [::]:29500 "}, r, 29500)
     assert "already in use on node 0" in r.problems[0]
+    r = report()  # up --replace on a running job: its own torchrun holds the port, and goes first
+    judge_port({"ss_ok": "1", "listening": "0.0.0.0:22 [::]:29500 "}, r, 29500, replaced=True)
+    assert not r.problems
     r = report()
     judge_port({"ss_ok": "1", "listening": "0.0.0.0:22 127.0.0.1:295000"}, r, 29500)
     assert not r.problems

@@ -141,7 +141,9 @@ class _FakeTransport:
         self._channels: dict[int, _FakeChannel] = {}
 
     def is_active(self) -> bool:
-        return True
+        return self.active
+
+    active = True
 
     def open_session(self, timeout: float) -> _FakeChannel:
         if sum(not c.closed for c in self._channels.values()) >= self.limit:
@@ -187,6 +189,46 @@ def test_a_refused_channel_opens_another_connection_not_an_unreachable_host(
     with pytest.raises(ssh.ChannelLimitError) as err:
         conn.open_channel()
     assert "unreachable" not in str(err.value) and "MaxSessions" in str(err.value)
+
+
+def test_a_dropped_connection_is_opened_again_and_an_unreachable_host_named(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The main connection ended (a reset, a killed sshd session): the next channel comes from a new connection;
+    when the host does not answer that connection either, the error names it."""
+    from orchestrate import ssh
+
+    made: list[_FakeClient] = []
+
+    def connect(host: Host, accept: bool, timeout: float) -> _FakeClient:
+        if len(made) >= 2:
+            raise SSHError(f"connecting to {host.label} (h:22) timed out after 10 s; is the host up?")
+        made.append(_FakeClient(limit=10))
+        return made[-1]
+
+    monkeypatch.setattr(ssh, "_connect", connect)
+    host = Host(name="h", hostname="h", port=22, user="ddp")
+    conn = Connection(host, connect(host, False, 1), False)  # type: ignore[arg-type]
+    made[0].transport.active = False
+    conn.open_channel()
+    assert len(made) == 2 and made[1].transport._channels and conn.client is made[1]
+    made[1].transport.active = False
+    with pytest.raises(SSHError, match="connecting to h .*timed out"):
+        conn.open_channel()
+
+
+def test_a_log_stream_followed_again_shows_each_line_once() -> None:
+    """Lines come with Docker's stamps (nanoseconds, trailing zeros cut) in any chunking; a stream opened again
+    after a break starts a second before the last line shown and repeats none of it."""
+    from orchestrate.jobs import LogResume, stamp_ns
+
+    assert stamp_ns("2026-11-23T10:12:04.1234Z") == stamp_ns("2026-11-23T10:12:04Z") + 123_400_000  # type: ignore[operator]
+    assert stamp_ns("not-a-stamp") is None and stamp_ns("2026-11-23T10:12:04.12x4Z") is None
+    resume = LogResume()
+    assert resume.since() is None
+    first = [b"2026-11-23T10:12:04.1Z epoch 1\n2026-11-23T10:12:0", b"4.2Z epoch 2\n2026-11-23T10:12:04.25Z ep"]
+    assert list(resume.unstamped(first)) == [b"epoch 1\n", b"epoch 2\n", b"ep"]
+    assert resume.since() == pytest.approx(stamp_ns("2026-11-23T10:12:03.25Z") / 1e9)  # type: ignore[operator]
+    again = [b"2026-11-23T10:12:04.2Z epoch 2\n2026-11-23T10:12:04.25Z ep\n2026-11-23T10:12:05Z epoch 3\n"]
+    assert list(resume.unstamped(again)) == [b"epoch 3\n"]
 
 
 def test_node_log_lines_are_masked_and_cannot_drive_the_terminal() -> None:
@@ -300,3 +342,44 @@ def test_output_after_the_exit_status_is_still_read() -> None:
 
     out, err = _drain(_ExitStatusFirstChannel(), time.monotonic() + 5, "h", "id")  # type: ignore[arg-type]
     assert out == b"/home/ddp\n" and err == b""
+
+
+def test_a_kill_cut_short_by_a_dropped_connection_is_done_again_but_a_silent_host_is_not(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """kill_job on two hosts whose first stop fails: the host whose connection dropped is killed on a new one;
+    the host whose connection is still open (it stopped answering) is reported, not tried twice."""
+    import io as _io
+
+    from rich.console import Console
+
+    from orchestrate import jobs
+
+    class _Conn:
+        def __init__(self, dropped: bool) -> None:
+            self.dropped = dropped
+
+    class _Nodes:
+        hosts = [Host(name="a", hostname="a", port=22, user="ddp"), Host(name="b", hostname="b", port=22, user="ddp")]
+        conns = [_Conn(True), _Conn(False)]
+
+        def reachable(self) -> list[int]:
+            return [0, 1]
+
+        def conn(self, rank: int) -> _Conn:
+            return self.conns[rank]
+
+        def docker(self, rank: int) -> int:
+            return rank
+
+    tries: list[int] = []
+
+    def kill_on_host(client: int, job: str, grace: float, label: str) -> jobs.KillResult:
+        tries.append(client)
+        if tries.count(client) == 1:
+            raise SSHError(f"{label}: Connection aborted")
+        return jobs.KillResult(label, ["j-node0"], {"j-node0": 143})
+
+    monkeypatch.setattr(jobs, "kill_on_host", kill_on_host)
+    with pytest.raises(MultiHostError) as err:
+        jobs.kill_job(_Nodes(), "j", 5, Console(file=_io.StringIO()))  # type: ignore[arg-type]
+    assert sorted(tries) == [0, 0, 1] and list(err.value.failures) == ["b"]

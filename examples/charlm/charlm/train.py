@@ -113,6 +113,7 @@ def main(argv: list[str]) -> int:
     if rank == 0:
         print(f"sample: {sample(model.module, vocab, text[:args.context], 60)!r}", flush=True)
         print(f"DONE step={step} loss={loss.item():.4f}", flush=True)
+    dist.barrier()  # every rank done before any tears its group down (gloo can abort the early one)
     dist.destroy_process_group()
     return 0
 
