@@ -143,6 +143,7 @@ class EpochStats:
     loss: float
     images_per_s: float
     complete: bool
+    stopped: bool = False  # every rank agreed to stop (SIGTERM on any of them)
 
 
 def save(cfg: Config, ctx: DistContext, st: TrainState, loader: TrainLoader, pace: Pace) -> Path | None:
@@ -170,7 +171,7 @@ def _train_epoch(cfg: Config, ctx: DistContext, st: TrainState, loader: TrainLoa
                  pace: Pace) -> EpochStats:
     n = len(loader.split)
     total = torch.zeros(2, dtype=torch.float64, device=loader.split.images.device)
-    steps_done, t0 = 0, time.perf_counter()
+    steps_done, stopped, t0 = 0, False, time.perf_counter()
     for x, y in loader.batches(st.pos.epoch, st.pos.sample):
         lr = lr_at(cfg, st.pos.epoch + (st.pos.sample + loader.global_batch) / n)
         loss = train_step(st, x, y, lr, cfg.precision, pace.micro)
@@ -190,8 +191,11 @@ def _train_epoch(cfg: Config, ctx: DistContext, st: TrainState, loader: TrainLoa
             continue
         # Every rank must stop (or save) at the same step, though a signal or rank 0's clock tells them at
         # different times: one all_reduce of both flags, every AGREE_EVERY steps and wherever the loop may end.
-        stop.requested, save_due = dist.any_ranks(ctx, stop.requested, pace.save_due(ctx))
-        if stop.requested or hit_max:
+        # The agreed value, never the flag itself: a signal landing after this line sets the flag on one rank
+        # only, and a rank that acted on it alone would meet its peers in another collective (gloo aborts).
+        # The flag stays set, so the next agreement stops every rank.
+        stopped, save_due = dist.any_ranks(ctx, stop.requested, pace.save_due(ctx))
+        if stopped or hit_max:
             break
         if save_due and not epoch_end:  # at an epoch's end, _after_epoch's save is due anyway
             save(cfg, ctx, st, loader, pace)
@@ -201,7 +205,7 @@ def _train_epoch(cfg: Config, ctx: DistContext, st: TrainState, loader: TrainLoa
     if complete:
         st.pos.epoch, st.pos.sample = st.pos.epoch + 1, 0
     loss_mean = float(total[0] / total[1]) if total[1] > 0 else float("nan")
-    return EpochStats(loss_mean, steps_done * loader.global_batch / max(elapsed, 1e-9), complete)
+    return EpochStats(loss_mean, steps_done * loader.global_batch / max(elapsed, 1e-9), complete, stopped)
 
 
 def _record_epoch(cfg: Config, ctx: DistContext, st: TrainState, loader: TrainLoader, stats: EpochStats,
@@ -257,7 +261,7 @@ def run(cfg: Config, ctx: DistContext, st: TrainState, loader: TrainLoader, test
         if cfg.max_steps and st.pos.step >= cfg.max_steps:
             break
         stats = _train_epoch(cfg, ctx, st, loader, stop, pace)
-        if stop.requested:
+        if stats.stopped:
             return _stop(cfg, ctx, st, loader, stats, pace)
         if stats.complete:
             acc = _after_epoch(cfg, ctx, st, loader, test, stats, pace)

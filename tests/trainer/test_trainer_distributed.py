@@ -30,7 +30,7 @@ from trainer_helpers import (
 from trainer import checkpoint, data, models
 from trainer.__main__ import main
 from trainer.dist import DistContext
-from trainer.loop import evaluate
+from trainer.loop import AGREE_EVERY, evaluate
 
 pytestmark = pytest.mark.slow
 STEPS = 20  # 16 steps per epoch at global batch 32: stop 4 steps into epoch 2
@@ -141,10 +141,27 @@ def test_sigterm_to_the_torchrun_process_group_leaves_a_valid_checkpoint(data_di
     assert checkpoint.load(info, torch.device("cpu"))["step"] == info.step
 
 
+def test_sigterm_on_one_rank_after_the_epochs_last_agreement_stops_both_at_the_same_step(
+        data_dir: Path, tmp_path: Path) -> None:
+    """Rank 0 alone gets SIGTERM after the epoch's last agreement (CI: a signal at an epoch's end left rank 0
+    saving while rank 1 evaluated, until torchrun's SIGKILL). The stop is agreed at the next agreement."""
+    ck = tmp_path / "ck"
+    cmd = torchrun_cmd(2, base_args(data_dir, ck, "--epochs", "3", "--batch-size", "16", "--dist-timeout", "20"),
+                       entry=(str(Path(__file__).with_name("late_sigterm_worker.py")),))
+    proc = subprocess.run(cmd, cwd=REPO, env=child_env(), capture_output=True, text=True, timeout=120)
+    text = proc.stdout + proc.stderr
+    steps = re.findall(r"stopped by SIGTERM at step (\d+)", text)
+    assert steps == [str(16 + AGREE_EVERY)] * 2, text[-3000:]  # both ranks, at epoch 2's first agreement
+    info = checkpoint.newest_valid(ck)
+    assert info is not None and info.step == 16 + AGREE_EVERY
+
+
 def test_sigterm_single_process_exits_143_after_a_mid_epoch_checkpoint(data_dir: Path, tmp_path: Path) -> None:
     ck, log = tmp_path / "ck", tmp_path / "log"
+    # Batches of 4: the epoch is long enough that the SIGTERM lands inside it even when the process runs on
+    # past step 5 before the signal comes (CI: a batch of 16 reached the epoch's end first).
     proc = _start([sys.executable, "-m", "trainer", *base_args(data_dir, ck, "--epochs", "1000",
-                                                              "--batch-size", "16")], log)
+                                                              "--batch-size", "4")], log)
     try:
         _wait_for(log, r"epoch 1 step 5 ", proc)
         proc.send_signal(signal.SIGTERM)
@@ -158,12 +175,12 @@ def test_sigterm_single_process_exits_143_after_a_mid_epoch_checkpoint(data_dir:
     assert f"stopped by SIGTERM at step {info.step}" in log.read_text()
     # Resuming from it continues inside the same epoch, at the next step.
     resumed = subprocess.run([sys.executable, "-m", "trainer", *base_args(data_dir, ck, "--epochs", "1000",
-                              "--batch-size", "16", "--resume", "--max-steps", str(info.step + 2))],
+                              "--batch-size", "4", "--resume", "--max-steps", str(info.step + 2))],
                              env=child_env(), cwd=REPO, capture_output=True, text=True, timeout=300)
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     state = newest_state(ck)
     assert state["step"] == info.step + 2 and state["epoch"] == 0
-    assert state["samples_in_epoch"] == (info.step + 2) * 16
+    assert state["samples_in_epoch"] == (info.step + 2) * 4
 
 
 def test_resume_under_torchrun_shares_rank_0s_checkpoint(two_procs: tuple[Path, str], data_dir: Path,

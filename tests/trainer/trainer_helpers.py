@@ -39,9 +39,10 @@ def base_args(data_dir: Path, ckpt_dir: Path, *extra: str) -> list[str]:
             "--model", "tiny", "--device", "cpu", "--log-every", "1", *extra]
 
 
-def torchrun_cmd(nproc: int, args: list[str]) -> list[str]:
+def torchrun_cmd(nproc: int, args: list[str], entry: tuple[str, ...] = ("-m", "trainer")) -> list[str]:
+    """`entry`: what torchrun starts (the trainer module, or a test's wrapper script)."""
     return [sys.executable, "-m", "torch.distributed.run", "--nnodes", "1", "--nproc_per_node", str(nproc),
-            "--master_addr", "127.0.0.1", "--master_port", str(free_port()), "-m", "trainer", *args]
+            "--master_addr", "127.0.0.1", "--master_port", str(free_port()), *entry, *args]
 
 
 def run_torchrun(nproc: int, args: list[str], timeout: float = 180) -> subprocess.CompletedProcess[str]:
