@@ -12,13 +12,15 @@ layers the node lacks (FIELD-NOTES: `docker load` never opens the layer files of
 The registry is Debian's `docker-registry` (distribution 2.8), started for one delivery on a free loopback port
 and stopped after it; its storage, $XDG_CACHE_HOME/ddp-cifar/layers, persists between runs. dockerd pushes to a
 127.0.0.0/8 registry over plain HTTP without configuration. Concurrent `up`s each start their own registry on
-the same storage, which distribution supports (uploads are private until an atomic rename). Deleting the folder
-is safe: the next push uploads what is missing again.
+the same storage, which distribution supports (uploads are private until an atomic rename); their pushes take
+turns (a lock file), so that two `up`s of a new base compress it once, not twice at the same time. Deleting the
+folder is safe: the next push uploads what is missing again.
 """
 
 from __future__ import annotations
 
 import ctypes
+import fcntl
 import hashlib
 import json
 import logging
@@ -48,6 +50,10 @@ START_TIMEOUT_S = 20.0
 PORT_ATTEMPTS = 3
 CHUNK = 1 << 20
 PR_SET_PDEATHSIG = 1  # linux/prctl.h
+# How long a push waits for another `up`'s push into the same cache: a first fill with NGC's base compresses
+# about 20 GB. Past it the push fails (auto: `docker save` is used instead).
+FILL_WAIT_S = 1800.0
+LOCK_POLL_S = 0.5
 
 
 class LayerCacheError(OrchestrateError):
@@ -156,8 +162,9 @@ def _config(root: Path, port: int) -> str:
 class LayerCache:
     """A running registry on 127.0.0.1:port over the cache folder (use `started`)."""
 
-    def __init__(self, port: int) -> None:
+    def __init__(self, port: int, root: Path) -> None:
         self.port = port
+        self.root = root
         self.base = f"http://127.0.0.1:{port}/v2/{REPOSITORY}"
 
     @classmethod
@@ -168,7 +175,7 @@ class LayerCache:
         with tempfile.TemporaryDirectory(prefix="registry-", dir=root.parent) as tmp:
             proc, port = cls._start(binary, root, Path(tmp))
             try:
-                yield cls(port)
+                yield cls(port, root)
             finally:
                 proc.terminate()
                 try:
@@ -204,10 +211,11 @@ class LayerCache:
         ref, tag = f"127.0.0.1:{self.port}/{REPOSITORY}", image_id.split(":", 1)[1]
         local.api.tag(image_id, ref, tag)
         try:
-            for event in local.api.push(ref, tag=tag, stream=True, decode=True):
-                if isinstance(event, dict) and event.get("error"):
-                    raise LayerCacheError(f"layer cache: docker push: {event['error']}")
-                progress(event)
+            with one_filler(self.root, FILL_WAIT_S):
+                for event in local.api.push(ref, tag=tag, stream=True, decode=True):
+                    if isinstance(event, dict) and event.get("error"):
+                        raise LayerCacheError(f"layer cache: docker push: {event['error']}")
+                    progress(event)
         finally:
             local.api.remove_image(f"{ref}:{tag}")  # the temporary tag only; the image keeps its own names
         raw = self._get(f"{self.base}/manifests/{tag}", {"Accept": MANIFEST_V2})
@@ -231,6 +239,30 @@ class LayerCache:
                 return bytes(res.read())
         except (urllib.error.URLError, OSError) as err:
             raise LayerCacheError(f"layer cache: GET {url}: {err}") from None
+
+
+@contextmanager
+def one_filler(root: Path, wait_s: float) -> Iterator[None]:
+    """Hold the cache's fill lock (flock: released by the kernel when its holder dies, even by SIGKILL)."""
+    with (root / ".fill.lock").open("a") as lock:
+        deadline, told = time.monotonic() + wait_s, False
+        while True:
+            try:
+                fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if time.monotonic() >= deadline:
+                    raise LayerCacheError(f"layer cache: another `up` has been filling {root} for more than "
+                                          f"{wait_s:.0f} s") from None
+                if not told:
+                    log.warning("layer cache: another `up` is filling it; waiting for its layers (at most %.0f s)",
+                                wait_s)
+                    told = True
+                time.sleep(LOCK_POLL_S)  # flock has no timeout of its own: poll, bounded by the deadline
+        try:
+            yield
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
 
 
 def _die_with_parent() -> None:

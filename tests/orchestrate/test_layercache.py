@@ -8,7 +8,12 @@ from __future__ import annotations
 import hashlib
 import io
 import json
+import logging
+import os
+import signal
+import subprocess
 import tarfile
+import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -24,6 +29,7 @@ from orchestrate.layercache import (
     LayerCacheError,
     archive,
     layer_path,
+    one_filler,
     parse_manifest,
     registry_binary,
 )
@@ -166,3 +172,41 @@ def test_the_registry_ends_with_the_process_that_started_it_even_on_sigkill(tmp_
             return  # nothing answers: the registry is gone
         time.sleep(0.1)
     pytest.fail("the registry still answers 15 s after its `up` was killed")
+
+
+def _held_by_another_process(root: Path) -> subprocess.Popen[bytes]:
+    """Another `up` pushing: a process holding the fill lock (util-linux flock), until it is killed."""
+    root.mkdir(parents=True, exist_ok=True)
+    holder = subprocess.Popen(["flock", "--exclusive", "--close", str(root / ".fill.lock"), "sleep", "600"],
+                              start_new_session=True)
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        try:
+            with one_filler(root, 0):
+                time.sleep(0.05)  # not held yet: flock starts in a moment
+        except LayerCacheError:
+            return holder
+    _kill(holder)
+    pytest.fail("the flock process did not take the lock within 10 s")
+
+
+def _kill(holder: subprocess.Popen[bytes]) -> None:
+    os.killpg(holder.pid, signal.SIGKILL)  # flock and its sleep
+    holder.wait(timeout=10)
+
+
+def test_a_push_waits_for_another_ups_push_into_the_same_cache_and_says_so(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    root = tmp_path / "layers"
+    holder = _held_by_another_process(root)
+    try:
+        with caplog.at_level(logging.WARNING, "orchestrate.layercache"), pytest.raises(LayerCacheError) as err:
+            with one_filler(root, 0.6):
+                pytest.fail("entered while another process held the lock")
+        assert str(root) in str(err.value)
+        assert [r.getMessage() for r in caplog.records].count(
+            "layer cache: another `up` is filling it; waiting for its layers (at most 1 s)") == 1
+    finally:
+        _kill(holder)  # SIGKILL: the kernel releases a dead holder's lock
+    with one_filler(root, 5):
+        pass
