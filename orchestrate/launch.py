@@ -187,9 +187,10 @@ class Watcher:
                 follow_lines(self.console, rank, resume.unstamped(chunks), self.secrets, self.stop_event)
             except Exception:  # the stream is best effort; the poller decides what happened
                 pass
-            # The stream ends with the container, or with a dropped connection while it runs on: then follow
-            # again from the last line shown (the connection is opened anew), until the job's end stops us.
-            if self.stop_event.wait(STREAM_RETRY_S) or not self._running(client, rank):
+            # The stream ends with the container (then at once: `up` waits for the last lines), or with a
+            # dropped connection while it runs on: then follow again from the last line shown (the connection
+            # is opened anew), until the job's end stops us.
+            if not self._running(client, rank) or self.stop_event.wait(STREAM_RETRY_S):
                 return
 
     def _running(self, client: Any, rank: int) -> bool:

@@ -115,3 +115,25 @@ def test_a_create_failing_on_one_node_removes_the_containers_created_on_the_othe
     with pytest.raises(Exception, match="h1"):
         launch.start_containers(nodes, specs)  # type: ignore[arg-type]
     assert len(nodes.made) == 1 and nodes.made[0].removed
+
+
+class EndedAPI(FakeAPI):
+    """A container that printed one line and exited: its log stream ends, its wait returns."""
+
+    def logs(self, _id: str, **_kwargs: Any) -> Any:
+        return iter([b"2026-11-23T10:00:00.000000001Z DONE\n"])
+
+    def wait(self, _id: str) -> dict[str, Any]:
+        return {"StatusCode": 0}
+
+
+def test_a_log_stream_ends_with_its_container_without_waiting_to_follow_it_again(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The retry delay is for a stream broken while its container runs; an exited container's stream ends at
+    once (it cost every `up` a second at the end, before its summary)."""
+    monkeypatch.setattr(launch, "STREAM_RETRY_S", 60.0)
+    w = watcher([exited(0, "t"), exited(0, "t")])
+    w.nodes.docker = lambda rank, timeout=60: type("Client", (), {"api": EndedAPI({"Running": False})})()  # type: ignore[method-assign]
+    w.start_streams()
+    w.drain_streams(10.0)
+    assert not [t for t in w.streams if t.is_alive()]
