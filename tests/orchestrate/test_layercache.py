@@ -183,9 +183,10 @@ def _held_by_another_process(root: Path) -> subprocess.Popen[bytes]:
     while time.monotonic() < deadline:
         try:
             with one_filler(root, 0):
-                time.sleep(0.05)  # not held yet: flock starts in a moment
+                pass
         except LayerCacheError:
             return holder
+        time.sleep(0.05)  # not held yet: flock starts in a moment
     _kill(holder)
     pytest.fail("the flock process did not take the lock within 10 s")
 

@@ -30,19 +30,20 @@ class FakeAPI:
 
 
 class FakeNodes:
-    def __init__(self, states: list[dict[str, Any] | None]) -> None:
-        self.states = states
+    def __init__(self, states: list[dict[str, Any] | None], api: type[FakeAPI] = FakeAPI) -> None:
+        self.states, self.api = states, api
 
     def docker(self, rank: int, timeout: float | None = 60) -> Any:
-        return type("Client", (), {"api": FakeAPI(self.states[rank])})()
+        return type("Client", (), {"api": self.api(self.states[rank])})()
 
 
-def watcher(states: list[dict[str, Any] | None]) -> launch.Watcher:
+def watcher(states: list[dict[str, Any] | None], api: type[FakeAPI] | None = None) -> launch.Watcher:
     hosts = [Host(name=f"h{i}", hostname=f"h{i}", port=22, user=None) for i in range(len(states))]
     config = UpConfig(ssh=SSHOptions(Path("x"), None, False), gpus=0)
     specs = build_plan(config, hosts, "h0", [NodeFacts("eth0")] * len(hosts))
     containers = [type("C", (), {"id": f"c{i}"})() for i in range(len(hosts))]
-    return launch.Watcher(FakeNodes(states), specs, containers, Console(), [])  # type: ignore[arg-type]
+    nodes = FakeNodes(states, api or FakeAPI)
+    return launch.Watcher(nodes, specs, containers, Console(), [])  # type: ignore[arg-type]
 
 
 RUNNING = {"Status": "running", "ExitCode": 0}
@@ -132,8 +133,7 @@ def test_a_log_stream_ends_with_its_container_without_waiting_to_follow_it_again
     """The retry delay is for a stream broken while its container runs; an exited container's stream ends at
     once (it cost every `up` a second at the end, before its summary)."""
     monkeypatch.setattr(launch, "STREAM_RETRY_S", 60.0)
-    w = watcher([exited(0, "t"), exited(0, "t")])
-    w.nodes.docker = lambda rank, timeout=60: type("Client", (), {"api": EndedAPI({"Running": False})})()  # type: ignore[method-assign]
+    w = watcher([{"Running": False}, {"Running": False}], EndedAPI)
     w.start_streams()
     w.drain_streams(10.0)
     assert not [t for t in w.streams if t.is_alive()]
