@@ -24,7 +24,6 @@ import fcntl
 import hashlib
 import json
 import logging
-import os
 import shutil
 import signal
 import socket
@@ -41,6 +40,7 @@ from pathlib import Path
 from typing import Any
 
 from .errors import OrchestrateError
+from .state import cache_root
 
 log = logging.getLogger(__name__)
 REGISTRY_BINARY = "docker-registry"
@@ -63,7 +63,7 @@ class LayerCacheError(OrchestrateError):
 
 
 def cache_dir() -> Path:
-    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "ddp-cifar" / "layers"
+    return cache_root() / "layers"
 
 
 def registry_binary() -> str | None:

@@ -254,8 +254,9 @@ def _attempt(config: UpConfig, hosts: list[Host], console: Console, timings: Tim
         with timings.phase("image"):
             ready.images(config, console)
         with timings.phase("image check"):
-            # The image is on every node now: one short container on node 0 checks torch and the entry.
-            launcher = check_image(nodes.conn(0), config)
+            # The image is on every node now: one short container on node 0 checks torch and the entry. Where
+            # it was sent (not pulled), node 0 holds the local ID: a check of that ID that passed is remembered.
+            launcher = check_image(nodes.conn(0), config, None if config.pull else ready.local_id)
         specs = build_plan(config, nodes.hosts, master, facts, launcher)
         if config.check_network and not config.restart:
             with timings.phase("network check"):

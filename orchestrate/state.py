@@ -1,4 +1,4 @@
-"""Local memory of a job: which hosts file and options its last `up` used.
+"""Local memory of a job: which hosts file and options its last `up` used; and where caches live here.
 
 Only where to look: the containers' labels on the hosts are the truth about what runs.
 Stored at $XDG_STATE_HOME/ddp-cifar/jobs/<job>.json (default ~/.local/state/...).
@@ -20,6 +20,20 @@ def state_dir() -> Path:
     return Path(base) / "ddp-cifar" / "jobs"
 
 
+def cache_root() -> Path:
+    """$XDG_CACHE_HOME/ddp-cifar (default ~/.cache/...): what can be made again, deleting it is always safe."""
+    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "ddp-cifar"
+
+
+def write_atomically(path: Path, text: str) -> None:
+    """A killed orchestrator never leaves half a file; two writers: the last one wins whole."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
+    with os.fdopen(fd, "w") as fh:
+        fh.write(text)
+    os.replace(tmp, path)
+
+
 @dataclass(frozen=True)
 class JobState:
     job: str
@@ -32,15 +46,10 @@ class JobState:
 
 
 def save(state: JobState) -> Path:
-    """Write atomically so a killed orchestrator never leaves half a file."""
     path = state.path()
-    path.parent.mkdir(parents=True, exist_ok=True)
     data = {"job": state.job, "hosts_file": state.hosts_file, "ssh_config": state.ssh_config,
             "options": state.options}
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{state.job}.")
-    with os.fdopen(fd, "w") as fh:
-        json.dump(data, fh, indent=2)
-    os.replace(tmp, path)
+    write_atomically(path, json.dumps(data, indent=2))
     return path
 
 

@@ -16,7 +16,7 @@ import time
 
 import torch
 import torch.distributed as dist
-from example_ckpt import EXIT_STOPPED, StopFlag, load_newest, save
+from example_ckpt import EXIT_STOPPED, StopFlag, exit_without_finalizing, load_newest, save
 from torch.nn.parallel import DistributedDataParallel
 
 
@@ -88,4 +88,4 @@ def checkpoint(model: DistributedDataParallel, opt: torch.optim.Optimizer, step:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    exit_without_finalizing(main())

@@ -3,7 +3,9 @@ check's verdicts, and `logs --rank`'s rank arithmetic. Pure: nothing is contacte
 
 from __future__ import annotations
 
+import dataclasses
 import io
+import json
 import shlex
 import tarfile
 from pathlib import Path
@@ -12,7 +14,7 @@ from types import SimpleNamespace
 import pytest
 from rich.console import Console
 
-from orchestrate import cli
+from orchestrate import cli, entry
 from orchestrate.config import JobsConfig, SSHOptions, UpConfig
 from orchestrate.entry import ImageFacts, judge, parse_facts
 from orchestrate.errors import ConfigError, PreflightError
@@ -184,3 +186,46 @@ def test_rank_files_takes_the_newest_attempt_of_one_local_rank() -> None:
             tar.addfile(info, io.BytesIO(text.encode()))
     assert rank_files(buf.getvalue(), 1) == {"stdout": "new one", "stderr": "new err"}
     assert rank_files(buf.getvalue(), 2) == {}
+
+
+class CheckClient:
+    """A docker client whose check container answers `facts`; counts the containers run."""
+
+    def __init__(self, answer: ImageFacts) -> None:
+        self.runs = 0
+        self.answer = answer
+        self.containers = SimpleNamespace(run=self._run)
+
+    def _run(self, *args: object, **kwargs: object) -> bytes:
+        self.runs += 1
+        return (json.dumps(dataclasses.asdict(self.answer)) + "\n").encode()
+
+    def close(self) -> None:
+        pass
+
+
+def test_a_passed_check_is_remembered_by_image_id_and_entry_only(tmp_path: Path,
+                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    client = CheckClient(facts(torchrun=None))
+    monkeypatch.setattr(entry, "client_over_ssh", lambda conn, timeout: client)
+    launcher = ("/usr/bin/python", "-m", "torch.distributed.run")
+    for image_id, entry_arg, runs in [("sha256:aa", "/app/t.py", 1), ("sha256:aa", "/app/t.py", 1),
+                                      ("sha256:aa", "-m pkg.t", 2), ("sha256:bb", "/app/t.py", 3),
+                                      (None, "/app/t.py", 4), (None, "/app/t.py", 5)]:
+        assert entry.check_image(None, config(entry=entry_arg), image_id) == launcher  # type: ignore[arg-type]
+        assert client.runs == runs, (image_id, entry_arg)
+    for memo in (tmp_path / "ddp-cifar" / "image-checks").iterdir():
+        memo.write_text("{garbage")  # a damaged memory: the check runs again
+    entry.check_image(None, config(entry="/app/t.py"), "sha256:aa")  # type: ignore[arg-type]
+    assert client.runs == 6
+
+
+def test_a_refused_image_is_checked_again(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    client = CheckClient(facts(entry=False))
+    monkeypatch.setattr(entry, "client_over_ssh", lambda conn, timeout: client)
+    for runs in (1, 2):
+        with pytest.raises(PreflightError, match="lacks the entry"):
+            entry.check_image(None, config(entry="/app/t.py"), "sha256:aa")  # type: ignore[arg-type]
+        assert client.runs == runs

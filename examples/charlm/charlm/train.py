@@ -19,7 +19,7 @@ from pathlib import Path
 
 import torch
 import torch.distributed as dist
-from example_ckpt import EXIT_STOPPED, StopFlag, load_newest, save
+from example_ckpt import EXIT_STOPPED, StopFlag, exit_without_finalizing, load_newest, save
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
@@ -129,4 +129,4 @@ def sample(model: CharModel, vocab: list[str], prompt: str, n: int) -> str:
 
 
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))
+    exit_without_finalizing(main(sys.argv[1:]))
