@@ -10,6 +10,7 @@ $XDG_CACHE_HOME/ddp-cifar/image-checks and not run again (0.4 s of every `up` of
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import hashlib
 import json
@@ -105,7 +106,8 @@ def check_image(conn: Connection, config: UpConfig, image_id: str | None) -> tup
         client.close()
     launcher = judge(facts, config)
     if memo:  # only a check that passed: a refused image is checked again after the user's fix
-        write_atomically(memo, json.dumps(dataclasses.asdict(facts)))
+        with contextlib.suppress(OSError):  # a cache that cannot be written (full, read-only) costs 0.4 s, no more
+            write_atomically(memo, json.dumps(dataclasses.asdict(facts)))
     return launcher
 
 

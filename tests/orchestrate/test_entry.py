@@ -229,3 +229,13 @@ def test_a_refused_image_is_checked_again(tmp_path: Path, monkeypatch: pytest.Mo
         with pytest.raises(PreflightError, match="lacks the entry"):
             entry.check_image(None, config(entry="/app/t.py"), "sha256:aa")  # type: ignore[arg-type]
         assert client.runs == runs
+
+
+def test_a_cache_that_cannot_be_written_costs_the_check_only(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    (tmp_path / "ddp-cifar").write_text("a file where the cache folder would be")
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    client = CheckClient(facts())
+    monkeypatch.setattr(entry, "client_over_ssh", lambda conn, timeout: client)
+    for runs in (1, 2):
+        assert entry.check_image(None, config(entry="/app/t.py"), "sha256:aa") == ("torchrun",)  # type: ignore[arg-type]
+        assert client.runs == runs
