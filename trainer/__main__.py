@@ -153,8 +153,8 @@ def exit_without_finalizing(code: int) -> NoReturn:
     destroy_process_group and even a gc. One that takes the GIL while the interpreter finalizes is ended by
     pthread_exit through a noexcept frame, and the rank dies with SIGABRT ("terminate called without an
     active exception") after a successful run, so its node counts as failed. Seen in several full test runs
-    (our trainer, the examples), never on demand; the cause is inferred from pytorch/pytorch#38230, #179291. Nothing of ours needs
-    finalization: checkpoints and metrics are closed files, and logs are flushed here."""
+    (our trainer, the examples), never on demand; the cause is inferred from pytorch/pytorch#38230, #179291.
+    Nothing of ours needs finalization: checkpoints and metrics are closed files, and logs are flushed here."""
     logging.shutdown()
     for stream in (sys.stdout, sys.stderr, _stack_file):
         if stream is not None and not stream.closed:
