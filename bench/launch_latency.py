@@ -17,6 +17,7 @@ seconds and the ratios up / DeepSpeed.
 from __future__ import annotations
 
 import argparse
+import atexit
 import os
 import shutil
 import statistics
@@ -80,6 +81,8 @@ def main() -> int:
     (REPO / ".cache").mkdir(exist_ok=True)
     ds_dir = Path(tempfile.mkdtemp(prefix="launch-latency-ds-", dir=REPO / ".cache"))
     ds_dir.chmod(0o755)
+    for folder in (work, ds_dir):  # removed however the bench ends (an error in a run included)
+        atexit.register(shutil.rmtree, folder, True)
     (ds_dir / "allreduce.py").write_text(ALL_REDUCE)
     (ds_dir / ".deepspeed_env").write_text("GLOO_SOCKET_IFNAME=eth0\nDS_ACCELERATOR=cpu\n")
     rows = []
@@ -122,7 +125,6 @@ def main() -> int:
     print("|---:|---:|---:|---:|---:|---:|")
     for n, ours_s, same_s, ds_s in rows:
         print(f"| {n} | {ours_s:.2f} s | {same_s:.2f} s | {ds_s:.2f} s | {ours_s / ds_s:.2f}x | {same_s / ds_s:.2f}x |")
-    shutil.rmtree(ds_dir)
     print(f"\nmedian of {args.repeats}; goal: up <= 1.0x DeepSpeed on 2 hosts; {os.cpu_count()} CPU cores shared")
     return 0
 

@@ -8,11 +8,9 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import posixpath
-import tempfile
 import threading
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -21,6 +19,7 @@ from trainer.contract import MANIFEST_RE, METRICS_FILE, Manifest
 
 from .errors import SSHError
 from .ssh import Connection
+from .state import write_atomically
 
 
 @dataclass(frozen=True)
@@ -172,11 +171,11 @@ class Replicator:
         src = self.nodes.conn(0)
         self.mirror.mkdir(parents=True, exist_ok=True)
         pt = self.mirror / ckpt.file
-        _write_local(pt, src.stream_file(ckpt.path))
+        write_atomically(pt, src.stream_file(ckpt.path))
         if _sha256(pt) != ckpt.sha256 or pt.stat().st_size != ckpt.bytes:
             pt.unlink(missing_ok=True)
             raise OSError(f"the mirror copy of {ckpt.file} does not match its manifest")
-        _write_local(self.mirror / posixpath.basename(ckpt.manifest), src.stream_file(ckpt.manifest))
+        write_atomically(self.mirror / posixpath.basename(ckpt.manifest), src.stream_file(ckpt.manifest))
         self._say(f"checkpoint step {ckpt.step} copied to {self.mirror}, sha256 verified")
 
     def _say(self, text: str) -> None:
@@ -189,18 +188,3 @@ def _sha256(path: Path) -> str:
         for block in iter(lambda: fh.read(1 << 20), b""):
             digest.update(block)
     return digest.hexdigest()
-
-
-def _write_local(path: Path, chunks: Iterator[bytes]) -> None:
-    """Temp file in the same folder, fsync, rename: a crash leaves the old file or the new one."""
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
-    try:
-        with os.fdopen(fd, "wb") as fh:
-            for chunk in chunks:
-                fh.write(chunk)
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise

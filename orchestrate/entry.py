@@ -107,7 +107,7 @@ def check_image(conn: Connection, config: UpConfig, image_id: str | None) -> tup
     launcher = judge(facts, config)
     if memo:  # only a check that passed: a refused image is checked again after the user's fix
         with contextlib.suppress(OSError):  # a cache that cannot be written (full, read-only) costs 0.4 s, no more
-            write_atomically(memo, json.dumps(dataclasses.asdict(facts)))
+            write_atomically(memo, [json.dumps(dataclasses.asdict(facts)).encode()])
     return launcher
 
 

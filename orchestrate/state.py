@@ -10,6 +10,7 @@ import json
 import os
 import tempfile
 import time
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -25,13 +26,17 @@ def cache_root() -> Path:
     return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "ddp-cifar"
 
 
-def write_atomically(path: Path, text: str) -> None:
-    """A killed orchestrator never leaves half a file; two writers: the last one wins whole."""
+def write_atomically(path: Path, chunks: Iterable[bytes]) -> None:
+    """Temp file in the same folder, fsync, rename: a crash leaves the old file or the new one, and two
+    writers leave one of theirs whole."""
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
     try:
-        with os.fdopen(fd, "w") as fh:
-            fh.write(text)
+        with os.fdopen(fd, "wb") as fh:
+            for chunk in chunks:
+                fh.write(chunk)
+            fh.flush()
+            os.fsync(fh.fileno())
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
@@ -53,7 +58,7 @@ def save(state: JobState) -> Path:
     path = state.path()
     data = {"job": state.job, "hosts_file": state.hosts_file, "ssh_config": state.ssh_config,
             "options": state.options}
-    write_atomically(path, json.dumps(data, indent=2))
+    write_atomically(path, [json.dumps(data, indent=2).encode()])
     return path
 
 
