@@ -44,6 +44,10 @@ class JobError(OrchestrateError):
     exit_code = 1
 
 
+class NoCheckpointError(JobError):
+    """--resume (or an automatic restart) found no valid checkpoint of the job on any node."""
+
+
 class MultiHostError(OrchestrateError):
     """Failures on several hosts, collected from a parallel fan-out: one line per host."""
 

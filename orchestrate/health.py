@@ -42,6 +42,7 @@ class Beat:
     slowest_step_s: float
     ckpt_step: int | None
     raw: str  # the file as read: any change in it is progress
+    written_at: float | None = None  # its `time`: epoch seconds by node 0's clock, when the program wrote it
 
     @classmethod
     def parse(cls, text: str) -> Beat | None:
@@ -51,7 +52,8 @@ class Beat:
             return cls(int(data["step"]), _int(data.get("total_steps")), _int(data.get("epoch")),
                        _int(data.get("epochs")), str(data.get("state", "training")), _float(data.get("images_per_s")),
                        _float(data.get("eta_s")), _float(data.get("loss")),
-                       _float(data.get("slowest_step_s")) or 0.0, _int(data.get("ckpt_step")), text)
+                       _float(data.get("slowest_step_s")) or 0.0, _int(data.get("ckpt_step")), text,
+                       _float(data.get("time")))
         except (ValueError, KeyError, TypeError):
             return None
 
@@ -97,15 +99,20 @@ def read_beat(conn: Connection, ckpt_dir: str) -> Beat | None:
 class StallClock:
     """PURE: the time of the last progress, by the orchestrator's own clock (the hosts' clocks may differ).
 
-    Progress is any change of the heartbeat file. The check is armed by the first change seen while watching:
-    a stale file from an earlier run is no evidence of this one, and a start that takes long (a slow import,
-    data on a network disk) is not a stall; a start that hangs is torchrun's rendezvous timeout's to end."""
+    Progress is any change of the heartbeat file. The check is armed once the file is known to be this run's:
+    it changed while watched, or its `time` is after node 0's container started (both by node 0's clock). A
+    stale file from an earlier run is no evidence of this one, and a start that takes long (a slow import, data
+    on a network disk) is not a stall; a start that hangs before the first beat is torchrun's rendezvous
+    timeout's to end. Without `time` (another program's beat), only a change arms it: a run that stops before
+    the second beat read differs from the first is then left to --dist-timeout."""
 
     timeout_s: float
     last_change: float = field(default_factory=time.monotonic)
     last_raw: str | None = None
     slowest_step_s: float = 0.0
     seen: bool = False
+    started_at: float | None = None  # node 0's container start, epoch seconds by node 0's clock (docker inspect)
+    written_at: float | None = None  # the current beat's `time`
 
     def update(self, beat: Beat | None, now: float) -> None:
         if beat is None:
@@ -114,14 +121,19 @@ class StallClock:
         if beat.raw != self.last_raw:
             if self.last_raw is not None:
                 self.seen = True  # a change we saw happen: this run writes a heartbeat
-            self.last_raw, self.last_change = beat.raw, now
+            self.last_raw, self.last_change, self.written_at = beat.raw, now, beat.written_at
+
+    @property
+    def armed(self) -> bool:
+        return self.seen or (self.started_at is not None and self.written_at is not None
+                             and self.written_at >= self.started_at)
 
     def limit_s(self) -> float:
         return max(self.timeout_s, STALL_STEP_FACTOR * self.slowest_step_s)
 
     def stalled_for(self, now: float) -> float | None:
         """Seconds without progress once over the limit; None while within it or when the check is off."""
-        if self.timeout_s <= 0 or not self.seen:
+        if self.timeout_s <= 0 or not self.armed:
             return None
         idle = now - self.last_change
         return idle if idle > self.limit_s() else None

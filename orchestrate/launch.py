@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import datetime
+import math
 import os
 import threading
 import time
@@ -14,7 +16,7 @@ from rich.console import Console
 
 from .checkpoints import Checkpoint, Replicator, copy_checkpoint, last_metrics, newest_valid, validate
 from .config import UpConfig, secret_values
-from .errors import JobError
+from .errors import NoCheckpointError
 from .health import (
     STACK_WAIT_S,
     Beat,
@@ -52,7 +54,7 @@ def find_resume_checkpoint(nodes: Nodes, specs: Sequence[NodeSpec], console: Con
     valid = [c for c in found if c is not None]
     if not valid:
         dirs = ", ".join(f"{s.host.label}:{s.dirs['ckpt']}" for s in specs)
-        raise JobError(f"--resume: no valid checkpoint of this job in {dirs}; start it without --resume")
+        raise NoCheckpointError(f"--resume: no valid checkpoint of this job in {dirs}; start it without --resume")
     best = max(valid, key=lambda c: c.step)
     src = next(r for r, c in enumerate(found) if c is not None and c.step == best.step)
     console.print(f"resuming from {best.host}:{best.path} (epoch {best.epoch}, step {best.step}, "
@@ -230,20 +232,22 @@ class Watcher:
             t.join(max(0.0, deadline - time.monotonic()))
         now = time.monotonic()
         done = 0
-        failed: list[tuple[str, int, str]] = []  # (finished at, rank, why)
+        failed: list[tuple[float, int, str]] = []  # (finished at, rank, why)
         for rank, state in enumerate(results):
             if state is None:
                 if now - self.last_seen[rank] > UNREACHABLE_S:
                     return Outcome(False, End.UNREACHABLE, rank, f"host unreachable for {UNREACHABLE_S:.0f} s")
                 continue
             self.last_seen[rank] = now
+            if rank == 0 and self.stall.started_at is None:  # node 0's clock, as the heartbeat's `time`
+                self.stall.started_at = docker_time(str(state.get("StartedAt", "")))
             status, code = state.get("Status"), int(state.get("ExitCode", 0))
             if status == REMOVED:
                 return Outcome(False, End.REMOVED, rank, "its container was removed (stopped with 'kill'?)")
             if status in ("exited", "dead"):
                 if code != 0:
                     why = "killed (OOM)" if state.get("OOMKilled") else f"exited with code {code}"
-                    failed.append((_sortable_time(str(state.get("FinishedAt", ""))), rank, why))
+                    failed.append((docker_time(str(state.get("FinishedAt", ""))) or math.inf, rank, why))
                 done += 1
         if failed:
             # Name the node that went first: the others usually fail *because* it did (a lost peer).
@@ -252,11 +256,14 @@ class Watcher:
         if done == len(self.specs):
             return Outcome(True, End.DONE)
         idle = self.stall.stalled_for(now)
-        if idle is not None and done == 0:
-            step = self.beat.step if self.beat else "?"
-            return Outcome(False, End.STALLED, None, f"no training progress for {idle:.0f} s after step {step} "
-                                                     f"(--stall-timeout {self.stall.limit_s():.0f} s)")
-        return None
+        if idle is None:
+            return None
+        limit = f"(--stall-timeout {self.stall.limit_s():.0f} s)"
+        if done:  # the others ended well, and the heartbeat with them: a rank that never returns (a hung teardown)
+            return Outcome(False, End.STALLED, None, f"{len(self.specs) - done} node(s) still running {idle:.0f} s "
+                                                     f"after the last beat, though {done} ended with exit 0 {limit}")
+        step = self.beat.step if self.beat else "?"
+        return Outcome(False, End.STALLED, None, f"no training progress for {idle:.0f} s after step {step} {limit}")
 
     def refresh_beat(self) -> None:
         try:
@@ -306,10 +313,15 @@ class Watcher:
             return f"(logs unavailable: {err})"
 
 
-def _sortable_time(stamp: str) -> str:
-    """Docker's RFC 3339 times have a fraction of varying length: pad it so strings sort by time."""
-    head, dot, frac = stamp.rstrip("Z").partition(".")
-    return f"{head}.{frac.ljust(9, '0')}" if dot else f"{head}.000000000"
+def docker_time(stamp: str) -> float | None:
+    """PURE: epoch seconds of one of Docker's RFC 3339 UTC times (a fraction of up to 9 digits, which datetime
+    does not take: cut to microseconds); None for an empty, a zero (never) or a malformed one."""
+    head, _, frac = stamp.rstrip("Z").partition(".")
+    try:
+        at = datetime.datetime.fromisoformat(f"{head}.{frac[:6].ljust(6, '0')}+00:00").timestamp()
+    except ValueError:
+        return None
+    return at if at > 0 else None
 
 
 class ProgressView:

@@ -18,7 +18,7 @@ from rich.console import Console
 from . import jobfile, state
 from .config import UpConfig, url_masked
 from .entry import check_image
-from .errors import ConfigError, JobError
+from .errors import ConfigError, JobError, NoCheckpointError
 from .hosts import Host, match_exec_blocks, parse_hosts_file, ssh_config_path
 from .image import ensure_images
 from .launch import (
@@ -250,7 +250,7 @@ def _attempt(config: UpConfig, hosts: list[Host], console: Console, timings: Tim
         resumed_from = None
         if config.resume:
             with timings.phase("resume"):
-                resumed_from = _resume(nodes, specs, config, console)
+                config, resumed_from = _resume(nodes, specs, config, console)
         with timings.phase("image"):
             ready.images(config, console)
         with timings.phase("image check"):
@@ -332,17 +332,22 @@ def _preflight(nodes: Nodes, config: UpConfig, local_id: str | None,
     return nodes, reports, master
 
 
-def _resume(nodes: Nodes, specs: list[NodeSpec], config: UpConfig, console: Console) -> int | None:
-    """The step resumed from (None: no checkpoint with a manifest)."""
+def _resume(nodes: Nodes, specs: list[NodeSpec], config: UpConfig, console: Console) -> tuple[UpConfig, int | None]:
+    """The config this attempt runs with and the step it resumes from (None: no checkpoint with a manifest)."""
     try:
-        return find_resume_checkpoint(nodes, specs, console).step
-    except JobError:
+        return config, find_resume_checkpoint(nodes, specs, console).step
+    except NoCheckpointError:
+        if config.is_trainer and config.restart:
+            # The failure came before the first checkpoint: nothing is lost by starting over.
+            console.print(f"restart {config.restart}: no checkpoint was written before the failure; training "
+                          "starts again from the beginning", markup=False, highlight=False)
+            return dataclasses.replace(config, resume=False), None
         if config.is_trainer:
             raise
         # Another program that writes no manifest (docs/DESIGN.md §7) finds its own state: RESUME=1 only.
         console.print("--resume: no valid checkpoint (manifest and matching .pt); the program gets RESUME=1 and "
                       "finds its own state (resume by flag only)", markup=False, highlight=False)
-        return None
+        return config, None
 
 
 def _data(nodes: Nodes, config: UpConfig, console: Console) -> None:

@@ -15,7 +15,7 @@ from . import checkpoint, data, dist, loop, models, state
 from .config import Config, parse
 from .dist import DistContext
 from .errors import ConfigError, TrainerError
-from .metrics import Heartbeat, record_resume, setup_logging
+from .metrics import Heartbeat, is_restart, record_resume, setup_logging
 
 log = logging.getLogger("trainer")
 T = TypeVar("T")
@@ -56,7 +56,7 @@ def _train(cfg: Config, ctx: DistContext) -> int:
     state.wrap(cfg, ctx, st)
     per_rank, micro = _batch_split(cfg, ctx, saved_batch)
     loader = data.TrainLoader(train, per_rank, ctx.rank, ctx.world_size, cfg.seed)
-    if cfg.resume and ctx.is_main:
+    if (cfg.resume or is_restart()) and ctx.is_main:
         record_resume(cfg.ckpt_dir, st.pos.step, st.pos.epoch, ctx.world_size, loader.global_batch)
     log.info("model %s (%.2fM params) precision %s device %s backend %s world_size %d batch %d/process "
              "global batch %d, %d train / %d test images, %d steps/epoch",

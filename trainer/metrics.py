@@ -70,6 +70,8 @@ class Heartbeat:
         if not self.enabled:
             return
         now = time.monotonic()
+        # Kept current on every step, written or not: a phase mark writes them too (else it shows a stale epoch).
+        self.fields.update(step=step, epoch=epoch)
         took = now - self.last_step_end  # this step alone: a phase mark restarts the clock
         self.slowest_step_s = max(self.slowest_step_s, took)
         self.last_step_end = now
@@ -113,19 +115,26 @@ class Heartbeat:
 RESTART_ENV, RESTART_CAUSE_ENV = "DDP_RESTART", "DDP_RESTART_CAUSE"
 
 
+def is_restart() -> bool:
+    """The orchestrator started this run by itself after a failure (a resume, or from the beginning when the
+    failure came before the first checkpoint)."""
+    return os.environ.get(RESTART_ENV, "").isdigit()
+
+
 def record_resume(ckpt_dir: Path, step: int, epoch: int, world_size: int, global_batch: int) -> None:
-    """On a resume (global rank 0): drop the records of steps after the checkpoint (they are trained again, so
-    the curves stay continuous), then append one record of the resume itself: `event` "restart" with its number
-    and cause when the orchestrator restarted the job by itself, else "resume"."""
+    """On a resume or an automatic restart (global rank 0): drop the records of steps after the checkpoint, or
+    all of them on a restart from the beginning (they are trained again, so the curves stay continuous), then
+    append one record of the resume itself: `event` "restart" with its number and cause when the orchestrator
+    restarted the job by itself, else "resume"."""
     path = ckpt_dir / METRICS_FILE
     try:
         kept = [ln for ln in path.read_text().splitlines() if _step_of(ln) <= step]
     except OSError:
         kept = []
     restart = os.environ.get(RESTART_ENV, "")
-    record: dict[str, Any] = {"event": "restart" if restart.isdigit() else "resume", "step": step, "epoch": epoch,
+    record: dict[str, Any] = {"event": "restart" if is_restart() else "resume", "step": step, "epoch": epoch,
                               "world_size": world_size, "global_batch": global_batch}
-    if restart.isdigit():
+    if is_restart():
         record.update(restart=int(restart), cause=os.environ.get(RESTART_CAUSE_ENV, ""))
     record["time"] = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
     try:

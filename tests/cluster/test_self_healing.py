@@ -55,6 +55,13 @@ class Up:
     def text(self) -> str:
         return "\n".join(self.lines)
 
+    def wait_for_line(self, text: str, timeout: float, what: str) -> None:
+        """Until a line holds `text`; on timeout the failure shows what `up` printed (the why of a flaky run)."""
+        try:
+            wait_for(lambda: text in self.text, timeout, what, every=0.2)
+        except AssertionError as err:
+            raise AssertionError(f"{err}; up printed:\n{self.text[-6000:]}") from None
+
     def wait(self, timeout: float) -> int:
         try:
             rc = self.proc.wait(timeout=timeout)
@@ -143,27 +150,43 @@ def test_kill_during_the_backoff_stops_everything_and_nothing_restarts(
     up = Up(start(target, state, *up_args(hosts, data, job, "--max-restarts", "2", trainer=("--epochs", "200"))))
     wait_for(lambda: len(manifests(job_dir(target, 0, job))) >= 1, 240, "a first checkpoint")
     node_container(target, job, 1).kill()
-    wait_for(lambda: "restart 1 of 2 in" in up.text, 120, "the restart backoff", every=0.2)
+    up.wait_for_line("restart 1 of 2 in", 120, "the restart backoff")
     killed = orchestrate(target, state, "kill", "--job", job)
     assert killed.returncode == 0
     assert up.wait(120) == 1
     assert "--- restart 1" not in up.text and job_containers(target, job) == []
 
 
-def test_a_stopped_rank_is_found_as_a_stall_with_stack_dumps_and_the_job_restarts(
+def rank_1_worker(cluster: Cluster, job: str) -> int:
+    """The host PID of node 1's training process (not torchrun's agent), once it runs."""
+    def find() -> list[int]:
+        try:
+            victim = node_container(cluster, job, 1)
+        except AssertionError:  # not created yet
+            return []
+        return [int(p[1]) for p in victim.top(ps_args="-o user,pid,args")["Processes"]
+                if " -m trainer" in p[2] and "torchrun" not in p[2] and "distributed.run" not in p[2]]
+
+    wait_for(lambda: len(find()) == 1, 240, "node 1's training process", every=0.1)
+    return find()[0]
+
+
+def test_a_rank_stopped_as_training_starts_is_found_as_a_stall_and_the_job_starts_over(
         target: Cluster, work: Path, data: Data, hosts: Path) -> None:
+    """Rank 1 stops right after rank 0's first beat: rank 0 then waits in its first step, the beat never
+    changes, and `up` reads one beat only. It is this run's by its time, so the stall is still found (a check
+    armed only by a change saw nothing until --dist-timeout); with no checkpoint yet, training starts over."""
     job, state = "heal-stall", work / "state-stall"
     up = Up(start(target, state, *up_args(hosts, data, job, "--max-restarts", "1", "--stall-timeout", "15",
                                           trainer=("--epochs", "20"))))
-    wait_for(lambda: len(manifests(job_dir(target, 0, job))) >= 2, 240, "2 checkpoints")
-    victim = node_container(target, job, 1)
-    workers = [int(p[1]) for p in victim.top(ps_args="-o user,pid,args")["Processes"]
-               if " -m trainer" in p[2] and "torchrun" not in p[2] and "distributed.run" not in p[2]]
-    assert len(workers) == 1, victim.top()
-    os.kill(workers[0], signal.SIGSTOP)
-    stopped_at = time.monotonic()
-    # The limit is max(--stall-timeout, 3x the slowest step): slower steps beside the other test worker raise it.
-    wait_for(lambda: "job stalled" in up.text, 15 + 60, "the stall to be found", every=0.2)
+    worker = rank_1_worker(target, job)
+    heartbeat = job_dir(target, 0, job) / "heartbeat.json"
+    wait_for(heartbeat.exists, 240, "rank 0's first heartbeat", every=0.02)
+    os.kill(worker, signal.SIGSTOP)
+    stopped_at, at_stop = time.monotonic(), beat(target, 0, job)
+    assert not manifests(job_dir(target, 0, job)), "a checkpoint came before the stop: not the run's start"
+    # The limit is max(--stall-timeout, 3x the slowest step), and no step has ended: 15 s, then a poll or two.
+    up.wait_for_line("job stalled", 15 + 60, f"the stall to be found (heartbeat at the stop: {at_stop})")
     detected_s = time.monotonic() - stopped_at
     assert up.wait(600) == 0, up.text[-4000:]
     training = up.first("[rank 0] INFO epoch", up.first("--- restart"))
@@ -171,12 +194,17 @@ def test_a_stopped_rank_is_found_as_a_stall_with_stack_dumps_and_the_job_restart
     assert f"rank 1 on node 1 ({target.hosts[1].name}): NO DUMP" in up.text
     assert f"rank 0 on node 0 ({target.hosts[0].name}): waiting in a collective" in up.text
     assert "stalled by node 1 (" in up.text and "--- restart 1 of 1 ---" in up.text
+    assert "restart 1: no checkpoint was written before the failure; training starts again from the beginning" \
+        in up.text
     assert "finished: epochs=20 step=160 " in up.text
+    records = metrics(target, 0, job)
+    assert records[0]["event"] == "restart" and records[0]["step"] == 0 and "stalled by node 1" in records[0]["cause"]
+    assert epochs_of(records) == list(range(1, 21))
     saved = sorted(job_dir(target, 0, job, "logs").glob("stall-*.txt"))
     assert len(saved) == 1 and f"stack dumps saved in {target.hosts[0].name}:" in up.text
     report = saved[0].read_text()
     assert "stalled by node 1" in report and "==== rank 0 on node 0\nCurrent thread" in report
-    print(f"stall detected {detected_s:.1f} s after SIGSTOP (--stall-timeout 15)")
+    print(f"stall detected {detected_s:.1f} s after SIGSTOP (--stall-timeout 15; heartbeat then: {at_stop})")
 
 
 @pytest.fixture(scope="module")

@@ -17,7 +17,7 @@ from orchestrate import state
 from orchestrate.config import SSHOptions, UpConfig
 from orchestrate.errors import JobError
 from orchestrate.health import Beat, RankStack, StallClock, culprits
-from orchestrate.launch import End, Outcome
+from orchestrate.launch import End, Outcome, docker_time
 from orchestrate.pipeline import Attempt
 
 BEAT = {"state": "training", "step": 120, "epoch": 3, "ckpt_step": 80, "loss": 1.23456, "images_per_s": 412.4,
@@ -53,6 +53,31 @@ def test_stall_needs_a_change_first_then_the_timeout_and_3x_the_slowest_step() -
     clock.update(beat(step=122, slowest_step_s=20.0), now=200.0)  # the same content: no progress
     assert clock.stalled_for(200.0) == 150.0
     assert StallClock(timeout_s=0).stalled_for(1e9) is None  # off
+
+
+def test_a_beat_written_after_node_0s_container_started_arms_the_stall_check_at_its_first_read() -> None:
+    # The run stops before the orchestrator has read two different beats (a fast job, a stop right at the
+    # start): the one beat it reads is this run's by its time, and the stall is found.
+    clock = StallClock(timeout_s=30, last_change=0.0, started_at=100.0)
+    clock.update(beat(time=105.0), now=3.0)
+    assert clock.stalled_for(34.0) == 31.0
+    stale = StallClock(timeout_s=30, last_change=0.0, started_at=100.0)
+    stale.update(beat(time=99.0), now=3.0)  # written before this run's container started: an earlier run's
+    assert stale.stalled_for(1000.0) is None
+    unknown = StallClock(timeout_s=30, last_change=0.0)
+    unknown.update(beat(time=105.0), now=3.0)  # node 0's start not known yet (its poll did not answer)
+    assert unknown.stalled_for(1000.0) is None
+    unknown.started_at = 100.0
+    assert unknown.stalled_for(1000.0) == 997.0
+    foreign = StallClock(timeout_s=30, last_change=0.0, started_at=100.0)
+    foreign.update(Beat.parse('{"step": 7}'), now=3.0)  # no time: only a change arms it
+    assert foreign.stalled_for(1000.0) is None
+
+
+def test_docker_times_read_as_epoch_seconds() -> None:
+    assert docker_time("2026-11-23T19:25:09.730402262Z") == pytest.approx(1795461909.730402)
+    assert docker_time("2026-11-23T19:25:09Z") == 1795461909.0
+    assert docker_time("0001-01-01T00:00:00Z") is None and docker_time("") is None and docker_time("soon") is None
 
 
 def test_the_node_outside_the_collective_is_blamed() -> None:

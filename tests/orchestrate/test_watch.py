@@ -60,6 +60,17 @@ def test_running_then_success() -> None:
     assert outcome is not None and outcome.ok
 
 
+def test_a_node_still_running_long_after_the_others_ended_well_is_a_stall() -> None:
+    """A rank that hangs in its teardown (after its peers exited 0) would keep `up` attached for ever."""
+    w = watcher([exited(0, "2026-01-01T00:00:05Z"), RUNNING])
+    w.stall.timeout_s, w.stall.seen, w.stall.last_change = 30.0, True, 0.0  # the last beat ("done"), long ago
+    outcome = w.poll()
+    assert outcome is not None and (outcome.ok, outcome.end) == (False, launch.End.STALLED)
+    assert outcome.reason.startswith("1 node(s) still running ") and "though 1 ended with exit 0" in outcome.reason
+    w.stall.last_change = 1e18  # within the limit: the others get their time to end
+    assert w.poll() is None
+
+
 def test_names_the_node_that_failed_first() -> None:
     # Node 1 was SIGKILLed first; node 0 then lost its peer and failed too: node 1 is the cause.
     outcome = watcher([exited(1, "2026-01-01T00:00:05.5Z"), exited(137, "2026-01-01T00:00:05.123456789Z")]).poll()

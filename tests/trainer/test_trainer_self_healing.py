@@ -44,6 +44,25 @@ def test_heartbeat_advances_to_the_totals_and_its_eta_falls(data_dir: Path, tmp_
     assert final["ckpt_step"] == 16 and final["slowest_step_s"] > 0
 
 
+def test_a_phase_beat_shows_the_current_epoch_though_no_step_beat_was_written(
+        data_dir: Path, tmp_path: Path, inprocess: None, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Fast steps write no beat of their own (one per HEARTBEAT_S): the evaluation and checkpoint beats between
+    them still say where the run is (`up`'s progress line showed epoch 1 at step 40)."""
+    ck, beats = tmp_path / "ck", []
+    real_write = metrics.write_json_atomic
+
+    def keep(path: Path, data: dict) -> None:
+        beats.append(data)
+        real_write(path, data)
+
+    monkeypatch.setattr(metrics, "HEARTBEAT_S", 1e9)  # no step writes a beat: only the phase marks do
+    monkeypatch.setattr(metrics, "write_json_atomic", keep)
+    assert main(base_args(data_dir, ck, "--epochs", "3", "--batch-size", "64")) == 0  # 8 steps per epoch
+    phases = [(b["state"], b["step"], b["epoch"]) for b in beats if b["step"] > 0]
+    assert {state for state, _, _ in phases} >= {"evaluating", "checkpointing", "training", "done"}
+    assert all(epoch == -(-step // 8) for _, step, epoch in phases), phases
+
+
 def test_resume_drops_records_after_the_checkpoint_and_records_the_restart(
         data_dir: Path, tmp_path: Path, inprocess: None, monkeypatch: pytest.MonkeyPatch) -> None:
     ck = tmp_path / "ck"
@@ -59,6 +78,24 @@ def test_resume_drops_records_after_the_checkpoint_and_records_the_restart(
     restart = records[1]
     assert restart["restart"] == 1 and restart["cause"] == "node 1 (b) exited with code 1"
     assert restart["world_size"] == 1 and restart["epoch"] == 1
+
+
+def test_a_restart_from_the_beginning_drops_every_record_and_records_the_restart(
+        data_dir: Path, tmp_path: Path, inprocess: None, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A failure before the first checkpoint: the orchestrator starts the job over without --resume."""
+    ck = tmp_path / "ck"
+    args = base_args(data_dir, ck, "--epochs", "2", "--batch-size", "64", "--ckpt-every", "2")
+    monkeypatch.setenv(loop.CRASH_AT_STEP_ENV, "12")
+    with pytest.raises(RuntimeError, match="injected crash at step 12"):
+        main(args)
+    assert [r["step"] for r in metrics_lines(ck)] == [8] and not list(ck.glob("ckpt-*.json"))
+    monkeypatch.delenv(loop.CRASH_AT_STEP_ENV)
+    monkeypatch.setenv(metrics.RESTART_ENV, "1")
+    monkeypatch.setenv(metrics.RESTART_CAUSE_ENV, "node 1 (b) no training progress for 16 s after step 0")
+    assert main(args) == 0
+    records = metrics_lines(ck)
+    assert [(r.get("event"), r["step"]) for r in records] == [("restart", 0), (None, 8), (None, 16)]
+    assert records[0]["restart"] == 1 and records[0]["cause"].startswith("node 1 (b) no training progress")
 
 
 def test_ckpt_every_minutes_saves_mid_epoch(data_dir: Path, tmp_path: Path, inprocess: None,
