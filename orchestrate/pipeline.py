@@ -168,8 +168,9 @@ def _restart_or_raise(config: UpConfig, current: UpConfig, attempt: Attempt, pre
     # The same kind of failure, and not one new checkpoint since the last: restarting again would repeat it. The
     # node named may differ (when one rank crashes its peers exit too, and which exit is seen first varies).
     if previous is not None and not attempt.progressed and previous.outcome.end is outcome.end:
-        raise JobError(f"{failure}; the same failure repeated before any new checkpoint was written (step "
-                       f"{attempt.resumed_from}): not restarting again, fix the cause then 'up --resume'")
+        since = "" if attempt.resumed_from is None else f" (step {attempt.resumed_from})"
+        raise JobError(f"{failure}; the same failure repeated before any new checkpoint was written{since}: not "
+                       "restarting again, fix the cause then 'up --resume'")
     wait = min(BACKOFF_S * 2 ** current.restart, MAX_BACKOFF_S)
     console.print(f"restart {current.restart + 1} of {config.max_restarts} in {wait:.0f} s, from the newest valid "
                   f"checkpoint; cause: {outcome.cause}", markup=False, highlight=False)

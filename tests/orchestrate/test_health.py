@@ -114,6 +114,9 @@ def test_restart_or_raise(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> No
     second = dataclasses.replace(cfg, restart=1)
     with pytest.raises(JobError, match="same failure repeated before any new checkpoint"):
         up._restart_or_raise(cfg, second, Attempt(failed, 8, 8), Attempt(failed, None, 8), began, console)
+    never = Attempt(failed, None, None)  # twice before the first checkpoint: the second started over
+    with pytest.raises(JobError, match=r"before any new checkpoint was written: not restarting again"):
+        up._restart_or_raise(cfg, second, never, never, began, console)
     # The same kind on another node (a crash takes its peers down; which exit is seen first varies): a repeat.
     elsewhere = Outcome(False, End.EXITED, 0, "exited with code 1", host="a")
     with pytest.raises(JobError, match="same failure repeated"):
