@@ -108,25 +108,24 @@ class StallClock:
 
     timeout_s: float
     last_change: float = field(default_factory=time.monotonic)
-    last_raw: str | None = None
+    last: Beat | None = None  # the beat as last read
     slowest_step_s: float = 0.0
     seen: bool = False
     started_at: float | None = None  # node 0's container start, epoch seconds by node 0's clock (docker inspect)
-    written_at: float | None = None  # the current beat's `time`
 
     def update(self, beat: Beat | None, now: float) -> None:
         if beat is None:
             return
         self.slowest_step_s = max(self.slowest_step_s, beat.slowest_step_s)
-        if beat.raw != self.last_raw:
-            if self.last_raw is not None:
+        if self.last is None or beat.raw != self.last.raw:
+            if self.last is not None:
                 self.seen = True  # a change we saw happen: this run writes a heartbeat
-            self.last_raw, self.last_change, self.written_at = beat.raw, now, beat.written_at
+            self.last, self.last_change = beat, now
 
     @property
     def armed(self) -> bool:
-        return self.seen or (self.started_at is not None and self.written_at is not None
-                             and self.written_at >= self.started_at)
+        written_at = self.last.written_at if self.last else None
+        return self.seen or (self.started_at is not None and written_at is not None and written_at >= self.started_at)
 
     def limit_s(self) -> float:
         return max(self.timeout_s, STALL_STEP_FACTOR * self.slowest_step_s)

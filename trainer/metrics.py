@@ -45,11 +45,15 @@ def append_metrics(ckpt_dir: Path, record: dict[str, Any]) -> None:
 HEARTBEAT_S = 2.0  # at most one write per this many seconds: cheap next to a step, fresh enough for a stall check
 
 
-def write_json_atomic(path: Path, data: dict[str, Any]) -> None:
+def write_text_atomic(path: Path, text: str) -> None:
     """Readers (the orchestrator over SSH) never see half a file: temp file in the same folder, then rename."""
     tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(json.dumps(data))
+    tmp.write_text(text)
     tmp.replace(path)
+
+
+def write_json_atomic(path: Path, data: dict[str, Any]) -> None:
+    write_text_atomic(path, json.dumps(data))
 
 
 class Heartbeat:
@@ -131,16 +135,13 @@ def record_resume(ckpt_dir: Path, step: int, epoch: int, world_size: int, global
         kept = [ln for ln in path.read_text().splitlines() if _step_of(ln) <= step]
     except OSError:
         kept = []
-    restart = os.environ.get(RESTART_ENV, "")
     record: dict[str, Any] = {"event": "restart" if is_restart() else "resume", "step": step, "epoch": epoch,
                               "world_size": world_size, "global_batch": global_batch}
     if is_restart():
-        record.update(restart=int(restart), cause=os.environ.get(RESTART_CAUSE_ENV, ""))
+        record.update(restart=int(os.environ[RESTART_ENV]), cause=os.environ.get(RESTART_CAUSE_ENV, ""))
     record["time"] = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
     try:
-        tmp = path.with_name(f".{path.name}.tmp")
-        tmp.write_text("".join(f"{ln}\n" for ln in kept) + json.dumps(record) + "\n")
-        tmp.replace(path)
+        write_text_atomic(path, "".join(f"{ln}\n" for ln in kept) + json.dumps(record) + "\n")
     except OSError as e:
         logging.getLogger(__name__).warning("cannot rewrite %s: %s", path, e)
 
