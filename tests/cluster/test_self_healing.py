@@ -164,6 +164,8 @@ def rank_1_worker(cluster: Cluster, job: str) -> int:
             victim = node_container(cluster, job, 1)
         except AssertionError:  # not created yet
             return []
+        if victim.status == "created":  # `up` creates every node's container, then starts them: `top` answers 409
+            return []
         return [int(p[1]) for p in victim.top(ps_args="-o user,pid,args")["Processes"]
                 if " -m trainer" in p[2] and "torchrun" not in p[2] and "distributed.run" not in p[2]]
 
