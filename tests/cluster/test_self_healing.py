@@ -179,8 +179,10 @@ def test_a_rank_stopped_as_training_starts_is_found_as_a_stall_and_the_job_start
     changes, and `up` reads one beat only. It is this run's by its time, so the stall is still found (a check
     armed only by a change saw nothing until --dist-timeout); with no checkpoint yet, training starts over."""
     job, state = "heal-stall", work / "state-stall"
+    # One checkpoint, at the end: 8 s after the first beat here, where one every epoch comes after 0.6 s, so a
+    # test process scheduled late on a busy machine still stops rank 1 before any checkpoint.
     up = Up(start(target, state, *up_args(hosts, data, job, "--max-restarts", "1", "--stall-timeout", "15",
-                                          trainer=("--epochs", "20"))))
+                                          trainer=("--epochs", "20", "--ckpt-every", "20"))))
     worker = rank_1_worker(target, job)
     heartbeat = job_dir(target, 0, job) / "heartbeat.json"
     wait_for(heartbeat.exists, 240, "rank 0's first heartbeat", every=0.02)
