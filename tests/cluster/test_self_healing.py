@@ -122,8 +122,10 @@ def test_a_killed_container_is_restarted_and_the_run_ends_as_an_uninterrupted_on
     print(f"killed container: detected after {detected - killed:.1f} s, training again after "
           f"{training - killed:.1f} s (10 s of it the backoff), about {lost} step(s) trained again")
     assert epochs_of(records) == list(range(1, 41))  # continuous: what was trained again is recorded once
-    # Progress: the heartbeat advanced, its ETA fell, and it ends at the totals.
-    assert beats[-1]["step"] > beats[0]["step"] and beats[-1]["eta_s"] < beats[0]["eta_s"]
+    # Progress: the heartbeat advanced, each beat with an ETA for the steps left, and it ends at the totals. The
+    # ETA follows this shared machine's pace, so it may rise between two beats (CI: 16.8 s at step 8, 17.5 s at
+    # step 80); that it falls at a steady pace is a trainer test.
+    assert beats[-1]["step"] > beats[0]["step"] and all(b["eta_s"] > 0 for b in beats)
     final = beat(target, 0, job)
     assert final is not None and final["state"] == "done" and final["step"] == final["total_steps"] == 320
     assert "progress: step 320/320 (100%) epoch 40/40" in up.text
