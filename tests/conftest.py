@@ -5,6 +5,8 @@
 - ``cpu_image`` (session): the tag ``ddp-cifar:cpu`` (or $DDP_TEST_IMAGE, so that parallel work trees can test
   images of their own); fails with "run make image-cpu" when it is missing.
 - ``repo_root``: the repository's root folder (a Path).
+- Ctrl-C as in a terminal: a suite started in the background of a shell without job control (``cmd &`` in a
+  script) inherits SIGINT ignored, and so would every ``up`` it starts: the Ctrl-C tests would test nothing.
 
 Parallel runs (pytest-xdist, ``make test`` runs 2 workers): the scheduler below keeps each kind of test cluster on
 one worker. Every worker makes its own clusters (session fixtures are per process), and a cluster costs its start
@@ -15,6 +17,7 @@ and an image load per host, so the 2-host and the 3-host cluster tests each form
 from __future__ import annotations
 
 import os
+import signal
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -29,6 +32,13 @@ THREE_HOST_MODULES = ("test_network_check", "test_self_healing", "test_stock_hos
 CLUSTER_GROUPS = ("cluster-2-hosts", "cluster-3-hosts")
 CPU_IMAGE = os.environ.get("DDP_TEST_IMAGE", "ddp-cifar:cpu")
 REPO_ROOT = Path(__file__).resolve().parent.parent
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    # A handled signal is reset to its default in an exec'd child, an ignored one stays ignored: with a handler
+    # here, the programs the tests start take Ctrl-C (KeyboardInterrupt) as they do when typed in a terminal.
+    if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 @pytest.fixture(scope="session")
