@@ -6,7 +6,7 @@
   images of their own); fails with "run make image-cpu" when it is missing.
 - ``repo_root``: the repository's root folder (a Path).
 - Ctrl-C as in a terminal: a suite started in the background of a shell without job control (``cmd &`` in a
-  script) inherits SIGINT ignored, and so would every ``up`` it starts: the Ctrl-C tests would test nothing.
+  script) inherits SIGINT ignored, and so would every ``up`` it starts: the Ctrl-C test would see it ignored.
 
 Parallel runs (pytest-xdist, ``make test`` runs 2 workers): the scheduler below keeps each kind of test cluster on
 one worker. Every worker makes its own clusters (session fixtures are per process), and a cluster costs its start
