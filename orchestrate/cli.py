@@ -17,13 +17,14 @@ from typing import Any, NoReturn
 from rich.console import Console
 
 from .config import (
-    GPUS_ALL,
     LAYER_CACHE_MODES,
     JobsConfig,
     SSHOptions,
     UpConfig,
 )
 from .errors import ConfigError, MultiHostError, OrchestrateError
+from .gpus import parse_gpus, split
+from .transport import TRANSPORTS
 
 EXAMPLES = """\
 examples:
@@ -42,6 +43,10 @@ Names resolve through ~/.ssh/config; host keys are checked against known_hosts.
 """
 
 
+GPUS_HELP = ("GPUs per node: a number (Docker gives the first N), 'all' (-1), device indices (0,1,2,3 or 4-7; "
+             "one GPU: 3-3), or 0 for CPU mode (gloo)")
+TRANSPORT_HELP = ("NCCL between the nodes: ib = InfiniBand/RoCE (preflight refuses a node without an active port), "
+                  "socket = TCP, auto = IB when every node has it")
 # The defaults are the configs' own (config.py): written once, shown by --help, used by job files (jobfile.py).
 UP: dict[str, Any] = {f.name: f.default for f in dataclasses.fields(UpConfig)}
 JOBS: dict[str, Any] = {f.name: f.default for f in dataclasses.fields(JobsConfig)}
@@ -77,7 +82,8 @@ def build_parser() -> argparse.ArgumentParser:
     up.add_argument("--entry", default=UP["entry"],
                     help="program torchrun starts: '-m pkg.module' or a script path inside the image; "
                          "its arguments go after --")
-    up.add_argument("--gpus", type=_gpus, default=UP["gpus"], help="GPUs per node: a number, 'all' (-1), or 0 for CPU mode (gloo)")
+    up.add_argument("--gpus", type=parse_gpus, default=UP["gpus"], help=GPUS_HELP)
+    up.add_argument("--nccl-transport", choices=TRANSPORTS, default=UP["nccl_transport"], help=TRANSPORT_HELP)
     up.add_argument("--nproc-per-node", type=int, default=None, help="processes per node (default: GPUs, or 1 on CPU)")
     up.add_argument("--master-addr", default=None, help="rendezvous address (default: node 0's address)")
     up.add_argument("--master-port", type=int, default=UP["master_port"], help="rendezvous port on node 0 (must be free)")
@@ -137,7 +143,8 @@ def build_parser() -> argparse.ArgumentParser:
     _ssh_args(check, hosts_required=True)
     check.add_argument("--job", default=UP["job"], help="the job whose settings to use (containers JOB-netcheck-*)")
     check.add_argument("--image", default=UP["image"], help="image to run it in (any image with torch)")
-    check.add_argument("--gpus", type=_gpus, default=UP["gpus"], help="GPUs per node: a number, 'all' (-1), or 0 for CPU (gloo)")
+    check.add_argument("--gpus", type=parse_gpus, default=UP["gpus"], help=GPUS_HELP)
+    check.add_argument("--nccl-transport", choices=TRANSPORTS, default=UP["nccl_transport"], help=TRANSPORT_HELP)
     check.add_argument("--master-addr", default=None, help="rendezvous address (default: node 0's address)")
     check.add_argument("--master-port", type=int, default=UP["master_port"], help="rendezvous port on node 0 (must be free)")
     check.add_argument("--max-mb", type=int, default=UP["check_max_mb"], help="largest message (MB)")
@@ -171,18 +178,6 @@ def _ssh_args(p: argparse.ArgumentParser, hosts_required: bool) -> None:
                    help="trust unknown host keys on first use (adds them to known_hosts); changed keys stay refused")
 
 
-def _gpus(text: str) -> int:
-    if text == "all":
-        return GPUS_ALL
-    try:
-        value = int(text)
-    except ValueError:
-        raise ConfigError(f"--gpus {text!r}: give a number of GPUs per node, 'all', or 0 for CPU") from None
-    if value < 0:
-        raise ConfigError(f"--gpus {value} is negative; give a number of GPUs per node, 'all', or 0 for CPU")
-    return value
-
-
 def _env(pairs: Sequence[str]) -> tuple[tuple[str, str], ...]:
     out = []
     for number, pair in enumerate(pairs, start=1):
@@ -194,10 +189,17 @@ def _env(pairs: Sequence[str]) -> tuple[tuple[str, str], ...]:
     return tuple(out)
 
 
+def _gpu_fields(value: int | Sequence[int]) -> dict[str, Any]:
+    """--gpus as the config holds it: a count, and the device indices when they were given."""
+    count, ids = split(value)
+    return {"gpus": count, "gpu_ids": ids}
+
+
 def up_config(ns: argparse.Namespace) -> UpConfig:
     return UpConfig(
         ssh=SSHOptions(ns.hosts, ns.ssh_config, ns.accept_new_host_keys), job=ns.job, image=ns.image,
-        gpus=ns.gpus, nproc_per_node=ns.nproc_per_node, master_addr=ns.master_addr,
+        **_gpu_fields(ns.gpus), nccl_transport=ns.nccl_transport, nproc_per_node=ns.nproc_per_node,
+        master_addr=ns.master_addr,
         master_port=ns.master_port, data_dir=ns.data_dir, ckpt_dir=ns.ckpt_dir, log_dir=ns.log_dir,
         data_url=ns.data_url, data_from=ns.data_from, data_md5=ns.data_md5, env=_env(ns.env), pull=ns.pull, layer_cache=ns.layer_cache,
         detach=ns.detach, dry_run=ns.dry_run, timings=ns.timings, resume=ns.resume, replace=ns.replace,
@@ -210,7 +212,8 @@ def up_config(ns: argparse.Namespace) -> UpConfig:
 
 def check_config(ns: argparse.Namespace) -> UpConfig:
     return UpConfig(ssh=SSHOptions(ns.hosts, ns.ssh_config, ns.accept_new_host_keys), job=ns.job, image=ns.image,
-                    gpus=ns.gpus, master_addr=ns.master_addr, master_port=ns.master_port,
+                    **_gpu_fields(ns.gpus), nccl_transport=ns.nccl_transport, master_addr=ns.master_addr,
+                    master_port=ns.master_port,
                     check_max_mb=ns.max_mb)
 
 

@@ -13,6 +13,7 @@ from trainer.contract import ARCHIVE_MD5
 from trainer.errors import ConfigError as TrainerConfigError
 
 from .errors import ConfigError
+from .transport import TRANSPORTS
 
 JOB_RE = re.compile(r"^[a-z0-9][a-z0-9_.-]{0,62}$")
 # A Docker image reference: [registry[:port]/]path[:tag][@digest], lowercase path components.
@@ -91,6 +92,8 @@ class UpConfig:
     job: str = DEFAULT_JOB
     image: str = DEFAULT_IMAGE
     gpus: int = GPUS_ALL  # GPUS_ALL = every GPU of each host; 0 = CPU mode
+    gpu_ids: tuple[int, ...] = ()  # --gpus 0,1 or 4-7: these device indices (gpus is then their count)
+    nccl_transport: str = "auto"  # NCCL between the nodes: ib, socket, or auto (IB where every node has it)
     nproc_per_node: int | None = None
     master_addr: str | None = None
     master_port: int = 29500
@@ -135,6 +138,11 @@ class UpConfig:
             raise ConfigError(f"--gpus {self.gpus}: at most {MAX_SLOTS} per node; give the GPUs of one node, or 'all'")
         if self.nproc_per_node is not None and not 1 <= self.nproc_per_node <= MAX_SLOTS:
             raise ConfigError(f"--nproc-per-node {self.nproc_per_node} must be between 1 and {MAX_SLOTS}")
+        if self.gpu_ids and (self.gpus != len(self.gpu_ids) or len(set(self.gpu_ids)) != len(self.gpu_ids)):
+            raise ConfigError(f"--gpus {','.join(map(str, self.gpu_ids))}: give each device index once")
+        if self.nccl_transport not in TRANSPORTS or (self.cpu_mode and self.nccl_transport != "auto"):
+            raise ConfigError(f"--nccl-transport {self.nccl_transport!r}: choose one of {', '.join(TRANSPORTS)}; "
+                              "it applies to GPU jobs (NCCL), --gpus 0 runs on gloo")
         if self.gpus > 0 and self.nproc_per_node is not None and self.nproc_per_node > self.gpus:
             raise ConfigError(f"--nproc-per-node {self.nproc_per_node} exceeds --gpus {self.gpus}: one process per GPU")
         check_port(self.master_port, "--master-port")
@@ -296,6 +304,9 @@ def check_trainer_args(args: tuple[str, ...], cpu: bool) -> None:
     except TrainerConfigError as e:
         raise ConfigError(f"trainer options after '--': {e}") from None
     needs_cuda = trainer_config.cuda_only(cfg) if cpu else []
+    if not cpu and cfg.device == "cpu":  # the orchestrator passes --device cuda; the user's own wins unless it is this
+        raise ConfigError("trainer option --device cpu with GPUs: the job would hold GPUs and train on the CPU; "
+                          "use --gpus 0 for a CPU job, or leave --device out (GPU jobs get --device cuda)")
     if needs_cuda:
         option, instead = needs_cuda[0]
         raise ConfigError(f"trainer option {option} needs a GPU, and --gpus 0 runs on CPU; {instead}")

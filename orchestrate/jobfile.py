@@ -129,6 +129,8 @@ def from_state(stored: Any, parser: argparse.ArgumentParser) -> dict[str, Any]:
             out["trainer_args"] = list(value)
         elif key in actions and not isinstance(actions[key], argparse._AppendAction) and value is not None:  # noqa: SLF001
             out[key] = _stored_value(actions[key], value)
+    if stored.options.get("gpu_ids"):  # --gpus as device indices: the stored count alone would mean GPUs 0..N-1
+        out["gpus"] = tuple(stored.options["gpu_ids"])
     return out
 
 
@@ -145,14 +147,17 @@ def of_config(config: Any) -> str:
     import dataclasses
 
     from .config import GPUS_ALL, mask_text, masked_env, secret_values, url_masked
+    from .gpus import gpus_text
 
-    skip = {"ssh", "dry_run", "restart", "restart_cause", "env"}
+    skip = {"ssh", "dry_run", "restart", "restart_cause", "env", "gpu_ids"}
     defaults = {f.name: f.default for f in dataclasses.fields(config) if f.name not in skip}
     options: dict[str, Any] = {k: getattr(config, k) for k in defaults}
     options = {k: (str(v) if isinstance(v, Path) else v) for k, v in options.items()}
     options["data_url"] = url_masked(options["data_url"])
     if config.gpus == GPUS_ALL:
         options["gpus"] = defaults["gpus"] = "all"
+    if config.gpu_ids:  # device indices, as --gpus takes them back
+        options["gpus"] = gpus_text(config.gpu_ids)
     head = {"hosts": str(config.ssh.hosts_file)} if config.ssh.hosts_file else {}
     if config.ssh.ssh_config:
         head["ssh_config"] = str(config.ssh.ssh_config)

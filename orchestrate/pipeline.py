@@ -222,8 +222,8 @@ def _ready(config: UpConfig, hosts: list[Host], console: Console, timings: Timin
     for rank, report in enumerate(reports):
         nodes.adopt_docker(rank, report.docker)
     facts = [NodeFacts(iface=r.iface, gpus=r.gpus, home=r.identity.home, user=r.identity.user_spec,
-                       login=r.identity.name, addr=r.addr) if r.identity else
-             NodeFacts(iface=r.iface, gpus=r.gpus, addr=r.addr) for r in reports]
+                       login=r.identity.name, addr=r.addr, ib=r.ib) if r.identity else
+             NodeFacts(iface=r.iface, gpus=r.gpus, addr=r.addr, ib=r.ib) for r in reports]
     return Ready(nodes, reports, master, facts, local, local_id)
 
 

@@ -11,7 +11,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from . import __version__
+from . import __version__, gpus, transport
 from .config import GPUS_ALL, UpConfig, mask_text, masked_env, secret_values
 from .docker import JOB_LABEL, NNODES_LABEL, RANK_LABEL, RESTART_CAUSE_LABEL, RESTART_LABEL, VERSION_LABEL
 from .hosts import Host
@@ -40,6 +40,7 @@ class NodeFacts:
     user: str | None = None  # "uid:gid" of the SSH login: containers run as that user (None: not known yet)
     login: str | None = None  # the login's name, for programs that ask who they are (getpass)
     addr: str | None = None  # the node's address toward the master (its peers see connections from it)
+    ib: bool | None = None  # an active InfiniBand/RoCE port and its verbs devices (None: not probed)
 
 
 @dataclass(frozen=True)
@@ -61,7 +62,7 @@ class NodeSpec:
     env: dict[str, str]
     mounts: tuple[Mount, ...]
     labels: dict[str, str]
-    gpus: int  # 0: none; GPUS_ALL: every GPU; N: that many
+    gpus: int  # 0: none; GPUS_ALL: every GPU; N: that many (or len(gpu_ids))
     ipc_mode: str | None
     shm_size: str | None
     ulimits: tuple[tuple[str, int, int], ...] = ()
@@ -73,6 +74,9 @@ class NodeSpec:
     # every connection when none is found (hosts without reverse DNS); /etc/hosts entries answer it. An IPv4
     # address also as IPv4-mapped IPv6: TCPStore's dual-stack socket sees peers as ::ffff:a.b.c.d.
     extra_hosts: tuple[tuple[str, str], ...] = ()
+    gpu_ids: tuple[int, ...] = ()  # these device indices instead of the first `gpus`
+    devices: tuple[str, ...] = ()  # host device nodes or folders of them (InfiniBand)
+    cap_add: tuple[str, ...] = ()
 
     def docker_run_argv(self) -> list[str]:
         """What --dry-run prints: the `docker run` command line rendered from sdk_kwargs(), the very arguments
@@ -92,7 +96,7 @@ class NodeSpec:
 
         requests = []
         if self.gpus:
-            requests.append(docker.types.DeviceRequest(count=self.gpus, capabilities=[["gpu"]]))
+            requests.append(docker.types.DeviceRequest(**gpus.device_request(self.gpus, self.gpu_ids)))
         return dict(
             image=self.image, command=list(self.command), name=self.name, detach=True,
             environment=dict(self.env), labels=dict(self.labels), network_mode=self.network_mode,
@@ -101,12 +105,8 @@ class NodeSpec:
             mounts=[docker.types.Mount(m.target, m.source, type="bind", read_only=m.read_only)
                     for m in self.mounts],
             privileged=False, stop_signal="SIGTERM", user=self.user, extra_hosts=[f"{name}:{addr}" for name, addr in self.extra_hosts] or None,
+            devices=list(self.devices) or None, cap_add=list(self.cap_add) or None,
         )
-
-
-def _gpus_flag(requests: list[Any] | None) -> list[str]:
-    count = requests[0]["Count"] if requests else 0
-    return ["--gpus=all"] if count == GPUS_ALL else [f"--gpus={count}"] if count else []
 
 
 def _mount_flag(mount: Any) -> list[str]:
@@ -124,7 +124,7 @@ _RUN_FLAGS: dict[str, Callable[[Any], list[str]]] = {
     "init": lambda v: ["--init"] if v else [],
     "ipc_mode": lambda v: [f"--ipc={v}"] if v else [],
     "shm_size": lambda v: [f"--shm-size={v}"] if v else [],
-    "device_requests": _gpus_flag,
+    "device_requests": gpus.gpus_flag,
     "ulimits": lambda v: [f"--ulimit={u['Name']}={u['Soft']}:{u['Hard']}" for u in v],
     "extra_hosts": lambda v: [f"--add-host={entry}" for entry in v or ()],
     "labels": lambda v: [f"--label={k}={x}" for k, x in v.items()],
@@ -132,6 +132,8 @@ _RUN_FLAGS: dict[str, Callable[[Any], list[str]]] = {
     "mounts": lambda v: [flag for m in v for flag in _mount_flag(m)],
     "privileged": lambda v: ["--privileged"] if v else [],
     "stop_signal": lambda v: [f"--stop-signal={v}"],
+    "devices": lambda v: [f"--device={d}" for d in v or ()],
+    "cap_add": lambda v: [f"--cap-add={c}" for c in v or ()],
 }
 
 
@@ -178,9 +180,20 @@ def build_plan(config: UpConfig, hosts: Sequence[Host], master_addr: str,
     nnodes = len(hosts)
     names = tuple((f"ddp-node{rank}", addr) for rank, f in enumerate(facts) if f.addr
                   for addr in ((f.addr, f"::ffff:{f.addr}") if "." in f.addr else (f.addr,)))
-    return [dataclasses.replace(_node(config, host, rank, nnodes, master_addr, facts[rank], tuple(launcher)),
-                                extra_hosts=names)
+    net = transport.job_transport(config.nccl_transport, [f.ib for f in facts]) if not config.cpu_mode else "auto"
+    return [_with_transport(dataclasses.replace(_node(config, host, rank, nnodes, master_addr, facts[rank],
+                                                      tuple(launcher)), extra_hosts=names), net)
             for rank, host in enumerate(hosts)]
+
+
+def _with_transport(spec: NodeSpec, net: str) -> NodeSpec:
+    """IB: the verbs devices and IPC_LOCK (verbs pin memory); sockets: NCCL told to leave IB alone. The user's
+    --env still wins over the variable."""
+    if net == "ib":
+        return dataclasses.replace(spec, devices=(transport.IB_DEVICE_DIR,), cap_add=transport.IB_CAPS)
+    if net == "socket":
+        return dataclasses.replace(spec, env={**transport.SOCKET_ENV, **spec.env})
+    return spec
 
 
 def _node(config: UpConfig, host: Host, rank: int, nnodes: int, master_addr: str, facts: NodeFacts,
@@ -194,7 +207,8 @@ def _node(config: UpConfig, host: Host, rank: int, nnodes: int, master_addr: str
         *config.entry_argv,
     ]
     if config.is_trainer:
-        command += ["--data-dir", DATA_MOUNT, "--ckpt-dir", CKPT_MOUNT, *config.trainer_args]
+        command += ["--data-dir", DATA_MOUNT, "--ckpt-dir", CKPT_MOUNT, *gpus.trainer_device_args(config.cpu_mode),
+                    *config.trainer_args]
         command += ["--resume"] if config.resume else []
         # A restart on fewer nodes trains on with the run's global batch (gradient accumulation).
         command += ["--keep-global-batch"] if config.restart else []
@@ -218,7 +232,7 @@ def _node(config: UpConfig, host: Host, rank: int, nnodes: int, master_addr: str
         # /tmp that goes away with it.
         env["TORCH_FR_DUMP_TEMP_FILE"] = f"{LOG_MOUNT}/nccl_trace_rank_"
     env.update(config.env_dict)  # the user's --env last: it may override the defaults on purpose
-    gpus = 0 if config.cpu_mode else config.gpus if config.gpus > 0 else host.slots or GPUS_ALL
+    n_gpus = 0 if config.cpu_mode else config.gpus if config.gpus > 0 else host.slots or GPUS_ALL
     return NodeSpec(
         rank=rank, host=host, name=f"{config.job}-node{rank}", image=config.image, command=tuple(command),
         env=env,
@@ -226,7 +240,7 @@ def _node(config: UpConfig, host: Host, rank: int, nnodes: int, master_addr: str
                 Mount(dirs["log"], LOG_MOUNT)),
         labels={JOB_LABEL: config.job, RANK_LABEL: str(rank), NNODES_LABEL: str(nnodes), VERSION_LABEL: __version__,
                 RESTART_LABEL: str(config.restart), RESTART_CAUSE_LABEL: config.restart_cause},
-        gpus=gpus, ipc_mode=None if config.shm_size else "host", shm_size=config.shm_size, dirs=dirs,
+        gpus=n_gpus, gpu_ids=() if config.cpu_mode else config.gpu_ids, ipc_mode=None if config.shm_size else "host", shm_size=config.shm_size, dirs=dirs,
         ulimits=CPU_ULIMITS if config.cpu_mode else GPU_ULIMITS, user=facts.user,
     )
 

@@ -11,6 +11,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
+from . import gpus, transport
 from .config import UpConfig, socket_exposure
 from .docker import client_over_ssh, image_id, job_containers
 from .errors import MultiHostError, PreflightError, SSHError
@@ -51,13 +52,25 @@ if [ "$4" != 0 ]; then
 fi
 if [ "$6" = 1 ]; then
   if command -v nvidia-smi >/dev/null 2>&1; then
-    if g=$(nvidia-smi --query-gpu=index,name --format=csv,noheader 2>&1); then out smi ok; else out smi "$g"; fi
+    if g=$(nvidia-smi --query-gpu=index,uuid --format=csv,noheader 2>&1); then out smi ok; else out smi "$g"; fi
     out gpus "$(printf '%s\n' "$g" | grep -c '^[0-9]')"
+    out gpu_list "$g"
+    out compute_apps "$(nvidia-smi --query-compute-apps=gpu_uuid,pid,process_name --format=csv,noheader 2>/dev/null)"
   else
     out smi missing
   fi
   if command -v nvidia-container-runtime-hook >/dev/null 2>&1 || command -v nvidia-ctk >/dev/null 2>&1; then
     out hook 1; else out hook 0; fi
+  # InfiniBand/RoCE: the verbs devices, and each RDMA port as "DEVICE/PORT LINK_LAYER STATE".
+  out ib_devs "$(ls /dev/infiniband 2>/dev/null | tr '\n' ' ')"
+  ports=
+  for p in /sys/class/infiniband/*/ports/*; do
+    [ -r "$p/state" ] || continue
+    d=${p#/sys/class/infiniband/}
+    ports="$ports${d%%/*}/${p##*/} $(cat "$p/link_layer" 2>/dev/null || echo ?) $(cat "$p/state")
+"
+  done
+  out rdma_ports "$ports"
 fi
 """
 
@@ -81,6 +94,7 @@ def probe_host(conn: Connection, config: UpConfig, rank: int, master_addr: str, 
 class Check:
     ok: bool
     text: str
+    warn: bool = False  # passed, but worth a look (shown yellow)
 
 
 @dataclass
@@ -92,21 +106,22 @@ class HostReport:
     iface: str | None = None
     addr: str | None = None  # this node's address toward the master: what its peers see it connect from
     gpus: int | None = None
+    ib: bool | None = None  # an InfiniBand/RoCE port NCCL can use (None: not probed)
     image_id: str | None = None
     containers: list[Any] = field(default_factory=list)
     docker: Any = None
     identity: Identity | None = None  # the SSH login there: containers run as it, ~ in the dirs is its home
     dirs: dict[str, str] = field(default_factory=dict)  # the data/ckpt/log dirs, ~ resolved
 
-    def add(self, name: str, ok: bool, text: str) -> None:
-        self.checks[name] = Check(ok, text)
+    def add(self, name: str, ok: bool, text: str, warn: bool = False) -> None:
+        self.checks[name] = Check(ok, text, warn)
 
     @property
     def problems(self) -> list[str]:
         return [f"{name}: {c.text}" for name, c in self.checks.items() if not c.ok]
 
 
-COLUMNS = ("ssh", "docker", "gpus", "disk", "port", "master", "iface", "image", "job")
+COLUMNS = ("ssh", "docker", "gpus", "disk", "port", "master", "iface", "net", "image", "job")
 
 
 def check_host(conn: Connection, rank: int, config: UpConfig, master_addr: str, master_ssh_port: int,
@@ -123,6 +138,7 @@ def check_host(conn: Connection, rank: int, config: UpConfig, master_addr: str, 
         return report
     facts = probe_host(conn, config, rank, master_addr, master_ssh_port)
     judge_gpus(facts, report, config, conn.host.slots)
+    judge_transport(facts, report, config)
     exposed = socket_exposure(report.dirs, conn.host.docker_host)
     if exposed:
         report.add("disk", False, exposed)
@@ -154,11 +170,42 @@ def judge_gpus(facts: dict[str, str], report: HostReport, config: UpConfig, slot
     if count < need:
         report.add("gpus", False, f"{count} GPU(s) visible, {need} needed; lower --gpus or slots=")
         return
+    absent = gpus.absent_indices(config.gpu_ids, facts.get("gpu_list", ""))
+    if absent:
+        report.add("gpus", False, absent)
+        return
     runtimes = report.docker.info().get("Runtimes", {}) if report.docker is not None else {}
     if "nvidia" not in runtimes and facts.get("hook") != "1":
         report.add("gpus", False, f"{count} GPU(s) but no NVIDIA container runtime; install nvidia-container-toolkit")
         return
-    report.add("gpus", True, f"{count} GPU(s)")
+    busy = gpus.busy_warning(config.gpus, config.gpu_ids, facts.get("gpu_list", ""), facts.get("compute_apps", ""))
+    report.add("gpus", True, f"{count} GPU(s)" + (f"; {busy}" if busy else ""), warn=bool(busy))
+
+
+def judge_transport(facts: dict[str, str], report: HostReport, config: UpConfig) -> None:
+    """PURE: the InfiniBand/RoCE devices NCCL could use here; a forced `--nccl-transport ib` without them fails."""
+    if config.cpu_mode:
+        report.add("net", True, "sockets (gloo)")
+        return
+    rdma = transport.parse_rdma(facts.get("ib_devs", ""), facts.get("rdma_ports", ""))
+    report.ib = rdma.usable
+    problem = transport.forced_ib_problem(config.nccl_transport, rdma)
+    if problem:
+        report.add("net", False, problem)
+    elif config.nccl_transport == "socket":
+        report.add("net", True, "sockets (--nccl-transport socket)")
+    else:
+        report.add("net", True, rdma.describe())
+
+
+def settle_transport(reports: Sequence[HostReport], config: UpConfig) -> None:
+    """PURE: with `auto`, one node without IB puts every node on sockets (NCCL needs one network on all ranks):
+    the IB nodes' cells say so."""
+    if transport.job_transport(config.nccl_transport, [r.ib for r in reports]) != "socket":
+        return
+    for r in reports:
+        if r.ib and "net" in r.checks and r.checks["net"].ok and config.nccl_transport == "auto":
+            r.add("net", True, f"sockets ({r.checks['net'].text} idle: not every node has IB)", warn=True)
 
 
 def judge_disk(facts: dict[str, str], report: HostReport, config: UpConfig, dirs: dict[str, str]) -> None:
@@ -279,6 +326,7 @@ def run_preflight(conns: Sequence[Connection], config: UpConfig, master_addr: st
     except MultiHostError as err:
         raise PreflightError("preflight could not run on every host; nothing was started:\n  "
                              + "\n  ".join(err.lines())) from None
+    settle_transport(reports, config)
     console.print(render_table(reports))
     failed = [r for r in reports if r.problems]
     if failed and not may_fail:
@@ -297,6 +345,7 @@ def render_table(reports: Sequence[HostReport]) -> Table:
         cells = []
         for col in COLUMNS:
             check = report.checks.get(col)
-            cells.append("-" if check is None else f"[{'green' if check.ok else 'red'}]{escape(check.text)}[/]")
+            color = "red" if check is None or not check.ok else "yellow" if check.warn else "green"
+            cells.append("-" if check is None else f"[{color}]{escape(check.text)}[/]")
         table.add_row(str(rank), report.label, *cells)
     return table

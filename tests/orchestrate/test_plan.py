@@ -32,7 +32,7 @@ def test_gpu_plan_all_gpus() -> None:
     assert n0.command == ("torchrun", "--nnodes", "2", "--node_rank", "0", "--master_addr", "10.0.0.11",
                           "--master_port", "29500", "--nproc_per_node", "8",
                           "--log-dir", "/logs", "--redirects", "3", "--tee", "3", "-m", "trainer",
-                          "--data-dir", "/data", "--ckpt-dir", "/checkpoints", "--epochs", "3")
+                          "--data-dir", "/data", "--ckpt-dir", "/checkpoints", "--device", "cuda", "--epochs", "3")
     assert n1.command[n1.command.index("--nproc_per_node") + 1] == "4"
     assert n1.command[n1.command.index("--node_rank") + 1] == "1"
     assert n0.env["NCCL_SOCKET_IFNAME"] == n0.env["GLOO_SOCKET_IFNAME"] == "eth0"
