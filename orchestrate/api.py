@@ -20,14 +20,18 @@ from typing import Any
 from rich.console import Console
 
 from .config import JobsConfig, SSHOptions, UpConfig
+from .gpus import split
 
 
 def Job(hosts: str | Path, *, ssh_config: str | Path | None = None, accept_new_host_keys: bool = False,  # noqa: N802
         **options: Any) -> UpConfig:
     """An `up` configuration: `hosts` is the hosts file; `options` are `up`'s long options with underscores
-    (job, image, entry, gpus as an int (-1: all), env as ((NAME, VALUE), ...), trainer_args: the program's
-    arguments, ...). Validated at once: a bad value raises ConfigError naming the option."""
+    (job, image, entry, gpus as an int (-1: all) or device indices (4, 5, 6, 7), env as ((NAME, VALUE), ...),
+    trainer_args: the program's arguments, ...). Validated at once: a bad value raises ConfigError naming the
+    option."""
     ssh = SSHOptions(Path(hosts), Path(ssh_config) if ssh_config else None, accept_new_host_keys)
+    if not isinstance(options.get("gpus", 0), int):  # device indices, as `--gpus 4-7`
+        options = {**options, **dict(zip(("gpus", "gpu_ids"), split(options["gpus"]), strict=True))}
     return UpConfig(ssh=ssh, **options)
 
 

@@ -139,7 +139,8 @@ class UpConfig:
         if self.nproc_per_node is not None and not 1 <= self.nproc_per_node <= MAX_SLOTS:
             raise ConfigError(f"--nproc-per-node {self.nproc_per_node} must be between 1 and {MAX_SLOTS}")
         if self.gpu_ids and (self.gpus != len(self.gpu_ids) or len(set(self.gpu_ids)) != len(self.gpu_ids)):
-            raise ConfigError(f"--gpus {','.join(map(str, self.gpu_ids))}: give each device index once")
+            raise ConfigError(f"--gpus {','.join(map(str, self.gpu_ids))}: give each device index once "
+                              "(the indices as gpus=, or gpu_ids= with gpus= their count)")
         if self.nccl_transport not in TRANSPORTS or (self.cpu_mode and self.nccl_transport != "auto"):
             raise ConfigError(f"--nccl-transport {self.nccl_transport!r}: choose one of {', '.join(TRANSPORTS)}; "
                               "it applies to GPU jobs (NCCL), --gpus 0 runs on gloo")

@@ -220,3 +220,22 @@ def test_cpu_jobs_take_no_transport_and_check_takes_it_too() -> None:
     _, cfg = cli.parse_args(["check", "--hosts", "hosts", "--gpus", "4-7", "--nccl-transport", "socket"])
     assert isinstance(cfg, UpConfig) and cfg.nccl_transport == "socket" and cfg.gpu_ids == (4, 5, 6, 7)
     assert cfg.gpus == 4 and GPUS_ALL == -1
+
+
+def test_the_python_api_takes_indices_as_gpus() -> None:
+    from orchestrate.api import Job
+
+    job = Job("hosts", gpus=(4, 5))
+    assert (job.gpus, job.gpu_ids) == (2, (4, 5))
+    with pytest.raises(ConfigError, match="give each device index once"):
+        Job("hosts", gpus=(1, 1))
+
+
+def test_the_network_check_runs_on_the_jobs_transport() -> None:
+    from orchestrate.netcheck import check_specs
+
+    for ib, expect in ((True, ("/dev/infiniband",)), (False, ())):
+        specs = build_plan(parse("--gpus", "8"), HOSTS, "10.0.0.11", [NodeFacts("eth0", 8, ib=ib)] * 2)
+        checks = check_specs(specs, 8)
+        assert [c.devices for c in checks] == [expect] * 2
+        assert all(("NCCL_IB_DISABLE" in c.env) is (not ib) for c in checks)
