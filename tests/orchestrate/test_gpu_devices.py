@@ -153,9 +153,27 @@ def test_the_probe_script_reports_gpus_and_rdma_ports_in_the_formats_parsed(tmp_
     facts = dict(rec.decode().split("=", 1) for rec in res.stdout.split(b"\0") if b"=" in rec)
     assert facts["smi"] == "ok" and facts["gpus"] == "1" and facts["gpu_list"] == GPU_LIST.splitlines()[0]
     assert facts["compute_apps"] == APPS.strip()
-    assert facts["ib_devs"].strip() == " ".join(sorted(os.listdir("/dev/infiniband"))) \
-        if os.path.isdir("/dev/infiniband") else facts["ib_devs"] == ""
-    assert "rdma_ports" in facts
+    assert "ib_devs" in facts and "rdma_ports" in facts
+
+
+def test_the_probe_finds_rdma_devices_where_they_are(tmp_path: Path) -> None:
+    """Needs root: the probe runs for real in a private mount namespace holding stand-in /dev/infiniband and
+    /sys/class/infiniband (the host's stay untouched); no node here has an HCA."""
+    import subprocess
+
+    from orchestrate.preflight import PROBE_SCRIPT
+
+    stand_in = Path(__file__).parent / "data" / "rdma_stand_in.sh"
+    res = subprocess.run(["unshare", "-m", "--propagation", "private", "sh", str(stand_in), str(tmp_path),
+                          "sh", "-c", PROBE_SCRIPT, "probe", str(tmp_path), str(tmp_path), "127.0.0.1", "0", "0",
+                          "1", str(tmp_path)], capture_output=True, timeout=30)
+    assert res.returncode == 0, res.stderr.decode()
+    facts = dict(rec.decode().split("=", 1) for rec in res.stdout.split(b"\0") if b"=" in rec)
+    assert facts["ib_devs"].split() == ["rdma_cm", "umad0", "uverbs0"]
+    assert facts["rdma_ports"].splitlines() == ["mlx5_0/1 InfiniBand 4: ACTIVE", "mlx5_1/1 Ethernet 1: DOWN"]
+    r = HostReport("gpu9")
+    judge_transport(facts, r, parse("--nccl-transport", "ib"))
+    assert r.ib and not r.problems and r.checks["net"].text == "IB mlx5_0"
 
 
 def transport_of(devs: str, ports: str, choice: str = "auto") -> HostReport:
