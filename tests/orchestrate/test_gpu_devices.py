@@ -105,11 +105,15 @@ def test_bad_gpu_indices_are_one_error_line(text: str, message: str, capsys: pyt
     assert len(err) == 1 and err[0].startswith(f"error: --gpus {text!r}") and message in err[0], err
 
 
-def test_indices_survive_a_job_file_and_the_stored_job() -> None:
+def test_indices_survive_a_job_file_and_the_stored_job(tmp_path: Path) -> None:
     from types import SimpleNamespace
 
     from orchestrate import jobfile
 
+    (tmp_path / "job.toml").write_text('hosts = "hosts"\ngpus = "4-7"\nnccl_transport = "socket"\n')
+    _, from_file = cli.parse_args(["up", "-f", str(tmp_path / "job.toml")])
+    assert isinstance(from_file, UpConfig) and from_file.gpu_ids == (4, 5, 6, 7)
+    assert from_file.nccl_transport == "socket"
     cfg = parse("--gpus", "4-7")
     text = jobfile.of_config(cfg)
     assert 'gpus = "4,5,6,7"' in text and "gpu_ids" not in text
