@@ -240,7 +240,7 @@ def _node(config: UpConfig, host: Host, rank: int, nnodes: int, master_addr: str
                 Mount(dirs["log"], LOG_MOUNT)),
         labels={JOB_LABEL: config.job, RANK_LABEL: str(rank), NNODES_LABEL: str(nnodes), VERSION_LABEL: __version__,
                 RESTART_LABEL: str(config.restart), RESTART_CAUSE_LABEL: config.restart_cause},
-        gpus=n_gpus, gpu_ids=() if config.cpu_mode else config.gpu_ids, ipc_mode=None if config.shm_size else "host", shm_size=config.shm_size, dirs=dirs,
+        gpus=n_gpus, gpu_ids=config.gpu_ids, ipc_mode=None if config.shm_size else "host", shm_size=config.shm_size, dirs=dirs,
         ulimits=CPU_ULIMITS if config.cpu_mode else GPU_ULIMITS, user=facts.user,
     )
 

@@ -201,10 +201,10 @@ def judge_transport(facts: dict[str, str], report: HostReport, config: UpConfig)
 def settle_transport(reports: Sequence[HostReport], config: UpConfig) -> None:
     """PURE: with `auto`, one node without IB puts every node on sockets (NCCL needs one network on all ranks):
     the IB nodes' cells say so."""
-    if transport.job_transport(config.nccl_transport, [r.ib for r in reports]) != "socket":
+    if config.nccl_transport != "auto" or transport.job_transport("auto", [r.ib for r in reports]) != "socket":
         return
     for r in reports:
-        if r.ib and "net" in r.checks and r.checks["net"].ok and config.nccl_transport == "auto":
+        if r.ib and "net" in r.checks:
             r.add("net", True, f"sockets ({r.checks['net'].text} idle: not every node has IB)", warn=True)
 
 
