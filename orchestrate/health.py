@@ -127,6 +127,11 @@ class StallClock:
         written_at = self.last.written_at if self.last else None
         return self.seen or (self.started_at is not None and written_at is not None and written_at >= self.started_at)
 
+    def this_run(self) -> Beat | None:
+        """The beat as last read once it is known to be this run's (`armed`), else None: a file left by an earlier
+        run (its last line says `done`) is never shown as the progress of a run that has not taken a step."""
+        return self.last if self.armed else None
+
     def limit_s(self) -> float:
         return max(self.timeout_s, STALL_STEP_FACTOR * self.slowest_step_s)
 

@@ -160,7 +160,6 @@ class Watcher:
         self.containers = list(containers)
         self.ids = [c.id for c in containers]
         self.stall = StallClock(stall_timeout)
-        self.beat: Beat | None = None
         self.last_seen = [time.monotonic()] * len(specs)
         self.stop_event = threading.Event()
         self.exited = threading.Event()  # a container exited (or its wait broke): poll now, not at the next tick
@@ -271,8 +270,11 @@ class Watcher:
         except Exception:  # node 0 unreachable: the container polls tell
             return
         self.stall.update(beat, time.monotonic())
-        if beat is not None:
-            self.beat = beat
+
+    @property
+    def beat(self) -> Beat | None:
+        """Rank 0's newest heartbeat of THIS attempt (progress line, stall reports); None until one is known."""
+        return self.stall.this_run()
 
     def collect_stacks(self) -> list[RankStack]:
         """SIGUSR1 to every rank of every node (faulthandler dumps, docs/DESIGN.md §7), then read the dumps from

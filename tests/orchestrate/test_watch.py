@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import io
+import json
 from pathlib import Path
 from typing import Any
 
@@ -29,12 +31,28 @@ class FakeAPI:
         return {"State": self.state}
 
 
+class FakeConn:
+    """Node 0's heartbeat file, as `read_beat` reads it over SSH."""
+
+    def __init__(self) -> None:
+        self.heartbeat: bytes | None = None
+
+    def read_file(self, _path: str, timeout: float) -> bytes:
+        if self.heartbeat is None:
+            raise FileNotFoundError(_path)
+        return self.heartbeat
+
+
 class FakeNodes:
     def __init__(self, states: list[dict[str, Any] | None], api: type[FakeAPI] = FakeAPI) -> None:
         self.states, self.api = states, api
+        self.node0 = FakeConn()
 
     def docker(self, rank: int, timeout: float | None = 60) -> Any:
         return type("Client", (), {"api": self.api(self.states[rank])})()
+
+    def conn(self, rank: int) -> FakeConn:
+        return self.node0
 
 
 def watcher(states: list[dict[str, Any] | None], api: type[FakeAPI] | None = None) -> launch.Watcher:
@@ -69,6 +87,27 @@ def test_a_node_still_running_long_after_the_others_ended_well_is_a_stall() -> N
     assert outcome.reason.startswith("1 node(s) still running ") and "though 1 ended with exit 0" in outcome.reason
     w.stall.last_change = 1e18  # within the limit: the others get their time to end
     assert w.poll() is None
+
+
+def test_the_previous_runs_last_heartbeat_is_never_shown_as_this_attempts_progress() -> None:
+    """`up --resume` (or a second `up`) of a job finds the last run's `done` beat in the checkpoint folder: it was
+    written before this attempt's container started (both times by node 0's clock, whatever the clock here says),
+    so no progress line shows until the new run beats."""
+    started = "2001-01-01T00:00:10.5Z"  # node 0's container start, as Docker reports it
+    w = watcher([{**RUNNING, "StartedAt": started}, RUNNING])
+    out = io.StringIO()
+    view = launch.ProgressView(Console(file=out, width=200))
+    old = {"step": 4, "total_steps": 4, "epoch": 2, "epochs": 2, "state": "done", "slowest_step_s": 0.1}
+    w.nodes.node0.heartbeat = json.dumps({**old, "time": 978307205.0}).encode()  # type: ignore[attr-defined]
+    for _ in range(2):  # the first round learns the start; the second knows the beat is older than it
+        assert w.poll() is None
+        view.show(w.beat)
+    assert w.beat is None and out.getvalue() == ""
+    new = {**old, "step": 1, "total_steps": 8, "state": "training", "time": 978307211.0}
+    w.nodes.node0.heartbeat = json.dumps(new).encode()  # type: ignore[attr-defined]
+    assert w.poll() is None
+    view.show(w.beat)
+    assert w.beat is not None and w.beat.step == 1 and out.getvalue().startswith("progress: step 1/8 (12%)")
 
 
 def test_names_the_node_that_failed_first() -> None:
