@@ -8,11 +8,12 @@ import re
 import tarfile
 import threading
 import time
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import Any
 
+import docker.errors
 from rich.console import Console
 from rich.table import Table
 from rich.text import Text
@@ -52,13 +53,28 @@ def kill_on_host(client: Any, job: str, grace: float, label: str) -> KillResult:
         assert c.labels.get(JOB_LABEL) == job or c.labels.get(PREFETCH_LABEL) == job  # never anyone else's
     running = [c for c in containers if c.status in ("running", "restarting", "paused", "created")]
     # docker stop = SIGTERM (the trainer checkpoints), then SIGKILL once the grace period is over.
-    fan_out("stop", running, lambda c: c.stop(timeout=int(grace)), lambda c: c.name)
+    fan_out("stop", running, lambda c: _unless_gone(lambda: c.stop(timeout=int(grace))), lambda c: c.name)
     codes: dict[str, int] = {}
     for c in containers:
-        c.reload()
-        codes[c.name] = int(c.attrs.get("State", {}).get("ExitCode", -1))
-        c.remove(force=True)
+        if _unless_gone(c.reload):
+            codes[c.name] = int(c.attrs.get("State", {}).get("ExitCode", -1))
+        _unless_gone(lambda: c.remove(force=True))  # noqa: B023  # called at once, inside this iteration
     return KillResult(label, [c.name for c in running], codes)
+
+
+def _unless_gone(action: Callable[[], object]) -> bool:
+    """Run a Docker call on a container that another stop may be removing at the same moment (a `kill` typed
+    while an attached `up` stops the job): gone (404) or already being removed (409 on a forced remove) is the
+    outcome wanted, not a failure. False when the container was gone."""
+    try:
+        action()
+    except docker.errors.NotFound:
+        return False
+    except docker.errors.APIError as e:
+        if e.status_code != 409:
+            raise
+        return False
+    return True
 
 
 def kill_job(nodes: Nodes, job: str, grace: float, console: Console,

@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import docker.errors
 import paramiko
 import pytest
 
@@ -383,3 +384,46 @@ def test_a_kill_cut_short_by_a_dropped_connection_is_done_again_but_a_silent_hos
     with pytest.raises(MultiHostError) as err:
         jobs.kill_job(_Nodes(), "j", 5, Console(file=_io.StringIO()))  # type: ignore[arg-type]
     assert sorted(tries) == [0, 0, 1] and list(err.value.failures) == ["b"]
+
+
+def test_a_kill_racing_another_stop_of_the_same_job_takes_gone_or_being_removed_as_stopped() -> None:
+    """A `kill` typed while an attached `up` stops the same job: Docker answers the second remover 409 (removal
+    already in progress) or 404 (gone). Both mean the container is being removed, which is what kill wants."""
+    import requests
+
+    from orchestrate import jobs
+    from orchestrate.docker import JOB_LABEL, RANK_LABEL
+
+    def _error(kind: type[docker.errors.APIError], status: int) -> docker.errors.APIError:
+        response = requests.Response()
+        response.status_code = status
+        return kind("conflict", response=response)
+
+    class _Container:
+        def __init__(self, name: str, on_remove: docker.errors.APIError | None, on_reload: Exception | None) -> None:
+            self.name, self.status, self.attrs = name, "exited", {"State": {"ExitCode": 143}}
+            self.labels = {JOB_LABEL: "j", RANK_LABEL: name[-1]}
+            self.on_remove, self.on_reload = on_remove, on_reload
+
+        def reload(self) -> None:
+            if self.on_reload:
+                raise self.on_reload
+
+        def remove(self, force: bool) -> None:
+            if self.on_remove:
+                raise self.on_remove
+
+    containers = [_Container("j-node0", _error(docker.errors.APIError, 409), None),
+                  _Container("j-node1", None, _error(docker.errors.NotFound, 404))]
+
+    class _Client:
+        class containers:  # noqa: N801  # docker-py's attribute name
+            @staticmethod
+            def list(all: bool, filters: dict[str, str]) -> list[_Container]:  # noqa: A002
+                return containers if JOB_LABEL in filters.get("label", "") else []
+
+    res = jobs.kill_on_host(_Client(), "j", 1, "h")
+    assert res.exit_codes == {"j-node0": 143}
+    containers[0].on_remove = _error(docker.errors.APIError, 500)  # any other answer is still a failure
+    with pytest.raises(docker.errors.APIError):
+        jobs.kill_on_host(_Client(), "j", 1, "h")
