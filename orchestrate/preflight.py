@@ -56,8 +56,6 @@ if [ "$6" = 1 ]; then
   else
     out smi missing
   fi
-  if command -v nvidia-container-runtime-hook >/dev/null 2>&1 || command -v nvidia-ctk >/dev/null 2>&1; then
-    out hook 1; else out hook 0; fi
 fi
 """
 
@@ -137,7 +135,9 @@ def check_host(conn: Connection, rank: int, config: UpConfig, master_addr: str, 
 
 
 def judge_gpus(facts: dict[str, str], report: HostReport, config: UpConfig, slots: int | None) -> None:
-    """PURE: GPUs visible (nvidia-smi) and the NVIDIA container runtime present; skipped in CPU mode."""
+    """PURE: GPUs visible (nvidia-smi); skipped in CPU mode. Whether containers can use them (the runtime
+    registered with the daemon, the driver new enough for the image's CUDA) is the GPU probe's fact, once the
+    image is on the node (gpuprobe.py)."""
     if config.cpu_mode:
         report.add("gpus", True, "CPU mode")
         return
@@ -153,10 +153,6 @@ def judge_gpus(facts: dict[str, str], report: HostReport, config: UpConfig, slot
     need = max(config.gpus, slots or 0, 1)
     if count < need:
         report.add("gpus", False, f"{count} GPU(s) visible, {need} needed; lower --gpus or slots=")
-        return
-    runtimes = report.docker.info().get("Runtimes", {}) if report.docker is not None else {}
-    if "nvidia" not in runtimes and facts.get("hook") != "1":
-        report.add("gpus", False, f"{count} GPU(s) but no NVIDIA container runtime; install nvidia-container-toolkit")
         return
     report.add("gpus", True, f"{count} GPU(s)")
 
