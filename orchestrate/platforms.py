@@ -8,6 +8,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from .errors import PreflightError
+from .ssh import fan_out
 
 # uname -m (what `docker info` reports as Architecture) -> Docker's platform name (GOARCH, as in
 # `docker build --platform linux/<name>` and in an image's Architecture field).
@@ -47,11 +48,12 @@ def require_same(image: str, platform: tuple[str, str] | None, nodes: Sequence[t
     """Every node's daemon (label, client) can run the local image; PreflightError with one line per host."""
     if platform is None:
         return
-    lines = []
-    for label, client in nodes:
-        info = client.info()
-        problem = mismatch(image, *platform, str(info.get("OSType") or "linux"), str(info.get("Architecture")))
-        if problem:
-            lines.append(f"{label}: {problem}")
+
+    def problem(node: tuple[str, Any]) -> str | None:
+        info = node[1].info()
+        return mismatch(image, *platform, str(info.get("OSType") or "linux"), str(info.get("Architecture")))
+
+    found = fan_out("platform check", list(nodes), problem, lambda node: node[0])
+    lines = [f"{label}: {line}" for (label, _), line in zip(nodes, found, strict=True) if line]
     if lines:
         raise PreflightError("preflight failed, nothing was started:\n  " + "\n  ".join(lines))
