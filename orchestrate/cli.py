@@ -16,6 +16,9 @@ from typing import Any, NoReturn
 
 from rich.console import Console
 
+from trainer.config import PRECISIONS
+from trainer.config import Config as TrainerConfig
+
 from .config import (
     LAYER_CACHE_MODES,
     JobsConfig,
@@ -50,6 +53,7 @@ TRANSPORT_HELP = ("NCCL between the nodes: ib = InfiniBand/RoCE (preflight refus
 # The defaults are the configs' own (config.py): written once, shown by --help, used by job files (jobfile.py).
 UP: dict[str, Any] = {f.name: f.default for f in dataclasses.fields(UpConfig)}
 JOBS: dict[str, Any] = {f.name: f.default for f in dataclasses.fields(JobsConfig)}
+TRAINER: dict[str, Any] = {f.name: f.default for f in dataclasses.fields(TrainerConfig)}
 
 
 class _Formatter(argparse.RawDescriptionHelpFormatter, argparse.ArgumentDefaultsHelpFormatter):
@@ -132,14 +136,16 @@ def build_parser() -> argparse.ArgumentParser:
     up.add_argument("--check-max-mb", type=int, default=UP["check_max_mb"], help="largest message of --check-network (MB)")
     up.add_argument("trainer_args", nargs="*", help="trainer options after --, e.g. -- --epochs 30")
     check = sub.add_parser("check", formatter_class=_Formatter,
-                           help="measure the network between the hosts (all_reduce, then every pair); name the "
-                                "slow node or link",
-                           description="Preflight, send the image where missing, then one container per node "
-                                       "runs an all_reduce bandwidth test with the job's network settings "
+                           help="first-day self-test: GPU probe, a training step and a checkpoint per node, then "
+                                "the network between the hosts; one table for a bug report",
+                           description="Preflight, send the image where missing, then per node: the GPU probe "
+                                       "(skipped with --gpus 0), a few training steps of the trainer's model with "
+                                       "--precision and a checkpoint saved and loaded (trainer/selftest.py). Then "
+                                       "one container per node runs an all_reduce bandwidth test with the job's network settings "
                                        "(gloo on CPU, NCCL on GPU; 1 MB to --max-mb), then a ping-pong between "
                                        "every pair of nodes (up to 8 nodes). Prints GB/s per node and per pair "
                                        "and names a node whose best pair is below half the median node's. "
-                                       "Exit 1 when a node cannot take part or is an outlier.")
+                                       "Exit 1 when a part failed, a node cannot take part or is an outlier.")
     _ssh_args(check, hosts_required=True)
     check.add_argument("--job", default=UP["job"], help="the job whose settings to use (containers JOB-netcheck-*)")
     check.add_argument("--image", default=UP["image"], help="image to run it in (any image with torch)")
@@ -148,6 +154,10 @@ def build_parser() -> argparse.ArgumentParser:
     check.add_argument("--master-addr", default=None, help="rendezvous address (default: node 0's address)")
     check.add_argument("--master-port", type=int, default=UP["master_port"], help="rendezvous port on node 0 (must be free)")
     check.add_argument("--max-mb", type=int, default=UP["check_max_mb"], help="largest message (MB)")
+    check.add_argument("--precision", choices=PRECISIONS, default="bf16",
+                       help="of the self-test's training steps (fp16 runs with a gradient scaler)")
+    check.add_argument("--model", default=TRAINER["model"],
+                       help="of the self-test's training steps: the job's model (e.g. tiny for a quick check on CPU)")
     for name, help_text in (("kill", "stop and remove the job's containers"),
                             ("status", "one row per node, the job's progress and restarts"),
                             ("logs", "print or follow the nodes' logs"),
@@ -213,8 +223,8 @@ def up_config(ns: argparse.Namespace) -> UpConfig:
 def check_config(ns: argparse.Namespace) -> UpConfig:
     return UpConfig(ssh=SSHOptions(ns.hosts, ns.ssh_config, ns.accept_new_host_keys), job=ns.job, image=ns.image,
                     **_gpu_fields(ns.gpus), nccl_transport=ns.nccl_transport, master_addr=ns.master_addr,
-                    master_port=ns.master_port,
-                    check_max_mb=ns.max_mb)
+                    master_port=ns.master_port, check_max_mb=ns.max_mb,
+                    trainer_args=("--precision", ns.precision, "--model", ns.model))
 
 
 def jobs_config(ns: argparse.Namespace) -> JobsConfig:

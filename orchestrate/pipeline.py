@@ -15,7 +15,7 @@ from typing import Any
 
 from rich.console import Console
 
-from . import jobfile, state
+from . import gpuprobe, jobfile, selfcheck, state
 from .config import UpConfig, url_masked
 from .entry import check_image
 from .errors import ConfigError, JobError, NoCheckpointError
@@ -35,6 +35,7 @@ from .layercache import REGISTRY_BINARY, registry_binary
 from .netcheck import measure, require_all_joined
 from .nodes import Nodes
 from .plan import NodeFacts, NodeSpec, build_plan, render_plan
+from .platforms import local_platform, require_same
 from .prefetch import make_dirs, prefetch_all
 from .preflight import run_preflight
 from .ssh import fan_out
@@ -216,6 +217,8 @@ def _ready(config: UpConfig, hosts: list[Host], console: Console, timings: Timin
     try:
         with timings.phase("preflight"):
             nodes, reports, master = _preflight(nodes, config, local_id, console)
+            if not config.pull:  # what is sent must run there (a pull picks the node's platform itself)
+                require_same(config.image, local_platform(local, config.image), [(r.label, r.docker) for r in reports])
     except BaseException:
         nodes.close()
         raise
@@ -228,15 +231,13 @@ def _ready(config: UpConfig, hosts: list[Host], console: Console, timings: Timin
 
 
 def check(config: UpConfig, console: Console) -> int:
-    """`check`: the network check alone (preflight, the image where missing, the measurement); exit 1 when a
-    node could not take part or is an outlier."""
+    """`check`: the first-day self-test (preflight, the image where missing, then per node the GPU probe, a
+    training step and a checkpoint, and the network check); exit 1 when a part failed or a node is an outlier."""
     ready = _ready(config, load_hosts(config), console, Timings())
     try:
         specs = build_plan(config, ready.nodes.hosts, ready.master, ready.facts)
         ready.images(config, console)
-        verdict = measure(ready.nodes, specs, config.check_max_mb, console)
-        require_all_joined(verdict, [s.host.label for s in specs])
-        return 1 if verdict.outliers else 0
+        return selfcheck.run(ready.nodes, specs, config, None if config.pull else ready.local_id, console)
     finally:
         ready.nodes.close()
 
@@ -259,6 +260,9 @@ def _attempt(config: UpConfig, hosts: list[Host], console: Console, timings: Tim
             # it was sent (not pulled), node 0 holds the local ID: a check of that ID that passed is remembered.
             launcher = check_image(nodes.conn(0), config, None if config.pull else ready.local_id)
         specs = build_plan(config, nodes.hosts, master, facts, launcher)
+        if not config.cpu_mode:
+            with timings.phase("GPU probe"):
+                gpuprobe.require(gpuprobe.probe_all(nodes, specs, None if config.pull else ready.local_id))
         if config.check_network and not config.restart:
             with timings.phase("network check"):
                 require_all_joined(measure(nodes, specs, config.check_max_mb, console),

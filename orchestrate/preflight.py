@@ -59,8 +59,6 @@ if [ "$6" = 1 ]; then
   else
     out smi missing
   fi
-  if command -v nvidia-container-runtime-hook >/dev/null 2>&1 || command -v nvidia-ctk >/dev/null 2>&1; then
-    out hook 1; else out hook 0; fi
   # InfiniBand/RoCE: the verbs devices, and each RDMA port as "DEVICE/PORT LINK_LAYER STATE".
   out ib_devs "$(ls /dev/infiniband 2>/dev/null | tr '\n' ' ')"
   ports=
@@ -153,7 +151,9 @@ def check_host(conn: Connection, rank: int, config: UpConfig, master_addr: str, 
 
 
 def judge_gpus(facts: dict[str, str], report: HostReport, config: UpConfig, slots: int | None) -> None:
-    """PURE: GPUs visible (nvidia-smi) and the NVIDIA container runtime present; skipped in CPU mode."""
+    """PURE: GPUs visible (nvidia-smi); skipped in CPU mode. Whether containers can use them (the runtime
+    registered with the daemon, the driver new enough for the image's CUDA) is the GPU probe's fact, once the
+    image is on the node (gpuprobe.py)."""
     if config.cpu_mode:
         report.add("gpus", True, "CPU mode")
         return
@@ -173,10 +173,6 @@ def judge_gpus(facts: dict[str, str], report: HostReport, config: UpConfig, slot
     absent = gpus.absent_indices(config.gpu_ids, facts.get("gpu_list", ""))
     if absent:
         report.add("gpus", False, absent)
-        return
-    runtimes = report.docker.info().get("Runtimes", {}) if report.docker is not None else {}
-    if "nvidia" not in runtimes and facts.get("hook") != "1":
-        report.add("gpus", False, f"{count} GPU(s) but no NVIDIA container runtime; install nvidia-container-toolkit")
         return
     busy = gpus.busy_warning(config.gpus, config.gpu_ids, facts.get("gpu_list", ""), facts.get("compute_apps", ""))
     report.add("gpus", True, f"{count} GPU(s)" + (f"; {busy}" if busy else ""), warn=bool(busy))

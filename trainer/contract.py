@@ -78,3 +78,17 @@ class Manifest:
                 raise ValueError(f"{key} {value!r} is not a non-negative integer")
         return cls(file, sha, int(data["bytes"]), int(data["step"]), int(data["epoch"]),
                    bool(data.get("epoch_complete", True)), int(data["world_size"]), str(data.get("created", "")))
+
+# ---- the GPU probe's answer (trainer/gpuprobe.py, one JSON line; judged by orchestrate/gpuprobe.py) -----------
+# arch: the container's uname -m; torch/cuda: torch's version and the CUDA it was built for (None: a CPU build);
+# driver_cuda: cuDriverGetVersion (e.g. 12080; None: no libcuda.so.1); driver: the kernel module's release;
+# count: torch.cuda.device_count(); nccl: NCCL's version; kernel: "ok" or what a tiny kernel hit;
+# warning: torch's CUDA initialization warning, or why torch did not import.
+GPU_PROBE_FIELDS = ("arch", "torch", "cuda", "driver_cuda", "driver", "count", "nccl", "kernel", "warning")
+
+# ---- the self-test's answer (python -m trainer.selftest: one line, SELFTEST_MARK + JSON; `orchestrate check`) --
+# device, precision, scaler (whether a gradient scaler ran), steps, loss (the last step's), step_s (seconds per
+# step after the first), ckpt_bytes, ckpt_ok (saved, found by its manifest, loaded, weights equal), error
+# (None, or the one line that says what failed).
+SELFTEST_MARK = "SELFTEST "
+SELFTEST_FIELDS = ("device", "precision", "scaler", "steps", "loss", "step_s", "ckpt_bytes", "ckpt_ok", "error")

@@ -9,11 +9,13 @@ import os
 import re
 import shutil
 import subprocess
+import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import docker
 import pytest
-from image_helpers import run
+from image_helpers import logs_of, remove, run, start
 
 REPO = Path(__file__).resolve().parents[2]
 ENTRYPOINT = REPO / "docker" / "entrypoint.sh"
@@ -132,3 +134,58 @@ def test_in_the_image_the_command_is_a_direct_child_of_init(docker_client: docke
 def test_entrypoint_is_executable() -> None:
     """The Dockerfile uses the script as ENTRYPOINT directly, so the file mode must carry the x bit."""
     assert os.access(ENTRYPOINT, os.X_OK)
+
+
+# A stand-in for NGC's /opt/nvidia/nvidia_entrypoint.sh: like the real one (it sources entrypoint.d/*.sh, where
+# the CUDA forward-compatibility setup exports LD_LIBRARY_PATH, then ends in `exec "$@"`), it changes the
+# environment of the command and exec()s it.
+NGC_STAND_IN = """#!/bin/sh
+echo "ngc entrypoint ran" >&2
+export NGC_STAND_IN_RAN=1
+exec "$@"
+"""
+
+
+@pytest.fixture(scope="module")
+def ngc_like_image(docker_client: docker.DockerClient, cpu_image: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """The CPU image with a stand-in NGC entrypoint at NGC's path (no NGC image can be pulled here)."""
+    context = tmp_path_factory.mktemp("ngc-like")
+    (context / "nvidia_entrypoint.sh").write_text(NGC_STAND_IN)
+    (context / "nvidia_entrypoint.sh").chmod(0o755)
+    (context / "Dockerfile").write_text(f"FROM {cpu_image}\nCOPY nvidia_entrypoint.sh /opt/nvidia/nvidia_entrypoint.sh\n")
+    tag = f"ddp-cifar-test-ngc-like:{os.getpid()}"
+    docker_client.images.build(path=str(context), tag=tag, rm=True)
+    yield tag
+    docker_client.images.remove(tag, force=True)
+
+
+@pytest.mark.docker
+def test_an_ngc_entrypoint_runs_before_the_command_and_our_defaults_reach_it(
+        docker_client: docker.DockerClient, ngc_like_image: str) -> None:
+    done = run(docker_client, ngc_like_image, ["env"])
+    assert done.exit_code == 0, done.logs
+    assert "ngc entrypoint ran" in done.logs
+    got = env_of(done.logs)
+    assert got.get("NGC_STAND_IN_RAN") == "1", "the command did not run under NGC's entrypoint"
+    assert got.get("NCCL_DEBUG") == nccl_defaults()["NCCL_DEBUG"]
+
+
+@pytest.mark.docker
+def test_under_an_ngc_entrypoint_the_command_still_gets_sigterm(docker_client: docker.DockerClient,
+                                                                ngc_like_image: str) -> None:
+    """`docker stop` under --init: tini's SIGTERM reaches the command through both exec()s (exit 143, not the
+    SIGKILL that a shell in between would have caused)."""
+    program = ("import os, signal, sys, time\n"
+               "signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))\n"
+               "print('ready', os.getppid(), flush=True)\n"
+               "time.sleep(120)\n")
+    container = start(docker_client, ngc_like_image, ["python3", "-c", program])
+    try:
+        deadline = time.monotonic() + 60
+        while "ready" not in logs_of(container) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert "ready 1" in logs_of(container), logs_of(container)
+        container.stop(timeout=30)
+        assert container.wait(timeout=30)["StatusCode"] == 143, logs_of(container)
+    finally:
+        remove(container)

@@ -123,7 +123,7 @@ def test_indices_survive_a_job_file_and_the_stored_job(tmp_path: Path) -> None:
 
 
 def test_preflight_refuses_indices_the_host_lacks_and_warns_on_busy_gpus() -> None:
-    facts = {"smi": "ok", "gpus": "4", "hook": "1", "gpu_list": "\n".join(GPU_LIST.splitlines()[:4])}
+    facts = {"smi": "ok", "gpus": "4", "gpu_list": "\n".join(GPU_LIST.splitlines()[:4])}
     r = HostReport("h0")
     judge_gpus(facts, r, parse("--gpus", "2-5"), None)
     assert r.problems == ["gpus: --gpus 2,3,4,5: GPU 4,5 not on this host (it has 0,1,2,3); choose among those"]

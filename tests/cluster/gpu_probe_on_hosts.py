@@ -1,0 +1,35 @@
+"""Run the GPU probe of a GPU job (--gpus 1) on every host of a hosts file and print one JSON line per host.
+
+`up --gpus 1` cannot reach the probe on the test hosts (preflight stops first: they have no nvidia-smi), so the
+cluster test runs the probe itself, as the pipeline does, with the orchestrator's environment (HOME: the test
+cluster's ssh config). argv: HOSTS_FILE IMAGE.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import sys
+from pathlib import Path
+
+from orchestrate import gpuprobe
+from orchestrate.config import SSHOptions, UpConfig
+from orchestrate.hosts import parse_hosts_file
+from orchestrate.nodes import Nodes
+from orchestrate.plan import build_plan
+
+
+def main(hosts_file: str, image: str) -> None:
+    hosts = parse_hosts_file(Path(hosts_file), None)
+    config = UpConfig(ssh=SSHOptions(Path(hosts_file), None, False), image=image, gpus=1, job="gpuprobe-test")
+    nodes = Nodes.connect(hosts, False)
+    try:
+        specs = build_plan(config, hosts, hosts[0].hostname)
+        for result in gpuprobe.probe_all(nodes, specs, None):
+            print(json.dumps(dataclasses.asdict(result)), flush=True)
+    finally:
+        nodes.close()
+
+
+if __name__ == "__main__":
+    main(sys.argv[1], sys.argv[2])
