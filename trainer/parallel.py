@@ -17,7 +17,9 @@ FSDP's choices, written down:
 
 from __future__ import annotations
 
+import inspect
 import logging
+import typing
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -36,11 +38,18 @@ from .dist import DistContext
 log = logging.getLogger(__name__)
 
 
+# torch 2.13 renamed DDP's broadcast_buffers (now deprecated, with a FutureWarning) to forward_sync_buffers; older
+# releases (the GPU machines' 2.11) know only broadcast_buffers. False means the same in both: no broadcast of
+# rank 0's buffers before each forward.
+_FORWARD_SYNC_KW = ("forward_sync_buffers" if "forward_sync_buffers" in
+                    inspect.signature(DistributedDataParallel.__init__).parameters else "broadcast_buffers")
+
+
 def ddp_kwargs(device: torch.device, sync_bn: bool = False) -> dict[str, Any]:
     """One GPU per process: DDP needs its index (device_ids, output_device); CPU modules take none.
     With SyncBatchNorm the running statistics are already equal on every rank (they are computed from the
     global batch), so broadcasting rank 0's buffers before each forward would only cost a collective per step."""
-    kwargs: dict[str, Any] = {"broadcast_buffers": not sync_bn}
+    kwargs: dict[str, Any] = {_FORWARD_SYNC_KW: False} if sync_bn else {}
     if device.type == "cuda":
         kwargs.update(device_ids=[device.index], output_device=device.index)
     return kwargs
@@ -65,6 +74,8 @@ def _divide_then_compress(dtype: torch.dtype) -> Callable[..., torch.futures.Fut
 
         return tdist.all_reduce(compressed, group=group, async_op=True).get_future().then(decompress)
 
+    # DDP compares the annotations themselves with dist.GradBucket and Future[Tensor]; this module's are strings.
+    hook.__annotations__ = typing.get_type_hints(hook)
     return hook
 
 
