@@ -149,3 +149,16 @@ def test_a_ddp_checkpoint_is_refused_by_an_fsdp_resume_with_one_line(data_dir: P
     assert main(base_args(data_dir, ckpt, *FSDP, "--resume", "--max-steps", "2", "--batch-size", "64")) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert err[-1].startswith("error: checkpoint ") and "was written by --strategy ddp" in err[-1]
+
+
+def test_an_fsdp_checkpoint_is_refused_by_a_ddp_resume_with_one_line(data_dir: Path, tmp_path: Path,
+                                                                      inprocess: None,
+                                                                      capsys: pytest.CaptureFixture[str]) -> None:
+    """One process writes the same sharded folders (unsharded model, DCP checkpoint)."""
+    ckpt = tmp_path / "c"
+    assert main(base_args(data_dir, ckpt, *FSDP, "--max-steps", "1", "--batch-size", "64")) == 0
+    assert dcp_checkpoint.newest_valid(ckpt) is not None
+    capsys.readouterr()
+    assert main(base_args(data_dir, ckpt, "--resume", "--max-steps", "2", "--batch-size", "64")) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err[-1].startswith("error: checkpoint ") and "was written by --strategy fsdp" in err[-1]
