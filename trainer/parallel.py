@@ -12,7 +12,9 @@ FSDP's choices, written down:
   reduce_dtype stays fp32 so gradients are summed without rounding (the sharded fp32 parameters are the master
   copy). The loop's autocast still runs on top: it keeps loss and normalisation in fp32.
 - fp16's gradient scaler is ShardedGradScaler: each process sees only its shard of the gradients, so an inf
-  found on one rank must skip the step on every rank; it all-reduces found_inf (torch.amp.GradScaler does not).
+  found on one rank must skip the step on every rank, and ShardedGradScaler all-reduces found_inf itself. (With
+  FSDP2's DTensor gradients, torch 2.13's DTensor dispatch also reduces found_inf for the plain GradScaler, as
+  measured; the explicit scaler does not depend on that.)
 """
 
 from __future__ import annotations

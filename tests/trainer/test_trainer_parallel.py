@@ -59,6 +59,18 @@ def test_fp16_under_fsdp_gets_the_sharded_scaler_that_agrees_on_inf_across_ranks
     assert not isinstance(parallel.grad_scaler(_cfg(precision="fp16"), CPU), ShardedGradScaler)
 
 
+@pytest.mark.slow
+def test_fsdp_fp16_an_inf_in_one_ranks_shard_skips_the_step_on_every_rank(tmp_path: Path) -> None:
+    """2 processes, gloo, a real fully_shard model in fp16 (MixedPrecisionPolicy) with the trainer's scaler; the
+    same scaler code runs on CUDA (not run here)."""
+    worker = (str(REPO / "tests" / "trainer" / "fsdp_scaler_worker.py"), str(tmp_path / "rank"))
+    proc = subprocess.run(torchrun_cmd(2, [], entry=worker), cwd=REPO, env=child_env(), capture_output=True,
+                          text=True, timeout=180)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    seen = [(tmp_path / f"rank.{r}").read_text() for r in (0, 1)]
+    assert seen == ["skipped 32768.0", "skipped 32768.0"]  # the scale backed off from 2**16 on both
+
+
 def test_memory_counts_local_params_grads_and_optimizer_state() -> None:
     model = torch.nn.Linear(10, 10)
     opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
