@@ -38,7 +38,7 @@ class CheckpointInfo:
         return int(self.manifest["step"])
 
 
-def _fsync_dir(folder: Path) -> None:
+def fsync_dir(folder: Path) -> None:
     fd = os.open(folder, os.O_RDONLY)
     try:
         os.fsync(fd)
@@ -55,7 +55,7 @@ def _write_atomic(target: Path, blob: bytes | memoryview) -> None:
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, target)
-        _fsync_dir(target.parent)
+        fsync_dir(target.parent)
     except OSError as e:
         tmp.unlink(missing_ok=True)
         if e.errno == errno.ENOSPC:
@@ -97,9 +97,20 @@ def save(folder: Path, state: dict[str, Any], *, step: int, epoch: int, epoch_co
     return target
 
 
-def _sha256_file(path: Path) -> str:
+def sha256_file(path: Path) -> str:
     with path.open("rb") as f:
         return hashlib.file_digest(f, "sha256").hexdigest()
+
+
+def file_problem(path: Path, size: int, sha256: str) -> str | None:
+    """Why this file is not the one its manifest describes, or None when it is."""
+    if not path.is_file():
+        return f"{path.name} is missing"
+    if path.stat().st_size != size:
+        return f"{path.name} has {path.stat().st_size} bytes, manifest says {size} (cut short?)"
+    if sha256_file(path) != sha256:
+        return f"{path.name} does not match its sha256 (corrupt)"
+    return None
 
 
 def _validate(manifest_path: Path, warn: bool = True) -> CheckpointInfo | None:
@@ -111,12 +122,7 @@ def _validate(manifest_path: Path, warn: bool = True) -> CheckpointInfo | None:
         m = json.loads(manifest_path.read_text())
         manifest = Manifest.parse(m)
         pt = manifest_path.with_name(manifest.file)
-        if not pt.is_file():
-            why = f"{pt.name} is missing"
-        elif pt.stat().st_size != manifest.bytes:
-            why = f"{pt.name} has {pt.stat().st_size} bytes, manifest says {manifest.bytes} (cut short?)"
-        elif _sha256_file(pt) != manifest.sha256:
-            why = f"{pt.name} does not match its sha256 (corrupt)"
+        why = file_problem(pt, manifest.bytes, manifest.sha256)
     except (OSError, ValueError) as e:
         why = f"unreadable manifest ({e})"
     if why is not None:

@@ -22,8 +22,9 @@ MAX_DIST_TIMEOUT_S = 7 * 24 * 3600
 COMPRESSIONS = ("none", "fp16", "bf16")
 DEVICES = ("auto", "cpu", "cuda")
 OPTIMIZERS = ("sgd", "apex-fused-sgd")
+STRATEGIES = ("ddp", "fsdp")
 # The trainer's own models (trainer/models.py builds them); any other name must be a torchvision model's.
-MODEL_NAMES = ("resnet18", "resnet18-gn", "resnet20", "resnet20-gn", "tiny")
+MODEL_NAMES = ("resnet18", "resnet18-gn", "resnet20", "resnet20-gn", "tiny", "vit-cifar")
 TORCHVISION_NAME_RE = re.compile(r"[a-z][a-z0-9_]*")
 
 
@@ -45,6 +46,8 @@ class Config:
     weight_decay: float = 5e-4
     model: str = "resnet18"
     precision: str = "fp32"
+    strategy: str = "ddp"
+    """ddp: a full replica per process. fsdp: parameters, gradients and optimizer state sharded (FSDP2)."""
     sync_bn: bool = False
     grad_compression: str = "none"
     optimizer: str = "sgd"
@@ -101,6 +104,11 @@ class Config:
         _choice("--grad-compression", self.grad_compression, COMPRESSIONS)
         _choice("--device", self.device, DEVICES)
         _choice("--optimizer", self.optimizer, OPTIMIZERS)
+        _choice("--strategy", self.strategy, STRATEGIES)
+        refused = fsdp_refuses(self)
+        if refused:
+            option, why = refused[0]
+            raise ConfigError(f"--strategy fsdp cannot honour {option}: {why}")
         if self.model not in MODEL_NAMES and not TORCHVISION_NAME_RE.fullmatch(self.model):
             raise ConfigError(f"unknown model {self.model!r}: choose one of {', '.join(MODEL_NAMES)} "
                               "or a torchvision classification model (e.g. resnet50)")
@@ -120,6 +128,28 @@ CUDA_ONLY: tuple[tuple[str, Callable[[Config], bool], str], ...] = (
     ("--optimizer apex-fused-sgd", lambda c: c.optimizer == "apex-fused-sgd", "use --optimizer sgd on CPU"),
     ("--device cuda", lambda c: c.device == "cuda", "use --device auto or cpu"),
 )
+
+
+# Options --strategy fsdp cannot honour: (the option as written, whether this config uses it, why and what to do).
+# Config refuses them while it is built, so the trainer and the orchestrator (which parses a job's trainer
+# options with this module) give the same one line before anything starts.
+FSDP_REFUSES: tuple[tuple[str, Callable[[Config], bool], str], ...] = (
+    ("--grad-compression", lambda c: c.grad_compression != "none",
+     "FSDP2 has no DDP communication hooks; it reduce-scatters gradients in fp32 and all-gathers parameters "
+     "in the --precision dtype; drop --grad-compression"),
+    ("--sync-bn", lambda c: c.sync_bn,
+     "torch's SyncBatchNorm supports only DistributedDataParallel; use --strategy ddp --sync-bn, or a model "
+     "without BatchNorm (vit-cifar, resnet18-gn)"),
+    ("--optimizer apex-fused-sgd", lambda c: c.optimizer == "apex-fused-sgd",
+     "apex's multi-tensor kernels take plain CUDA tensors, not FSDP's sharded DTensor parameters; use --optimizer sgd"),
+)
+
+
+def fsdp_refuses(cfg: Config) -> list[tuple[str, str]]:
+    """The options of `cfg` that --strategy fsdp cannot honour, each with why and what to do instead."""
+    if cfg.strategy != "fsdp":
+        return []
+    return [(option, why) for option, used, why in FSDP_REFUSES if used(cfg)]
 
 
 def cuda_only(cfg: Config) -> list[tuple[str, str]]:
@@ -177,9 +207,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--momentum", type=float, default=d["momentum"].default, help="SGD (Nesterov) momentum")
     p.add_argument("--weight-decay", type=float, default=d["weight_decay"].default, help="L2 weight decay")
     p.add_argument("--model", default=d["model"].default,
-                   help="resnet18 (CIFAR variant), resnet20, resnet18-gn, resnet20-gn, tiny, or a torchvision name")
+                   help="resnet18 (CIFAR variant), resnet20, resnet18-gn, resnet20-gn, tiny, vit-cifar (25M params), "
+                        "or a torchvision name")
     p.add_argument("--precision", default="fp32", choices=PRECISIONS,
                    help="autocast dtype; fp16 adds a gradient scaler and needs CUDA")
+    p.add_argument("--strategy", default=d["strategy"].default, choices=STRATEGIES,
+                   help="ddp: a full model replica per process; fsdp: parameters, gradients and optimizer state "
+                        "sharded over the processes (FSDP2), checkpoints in DCP folders that resume at any world size")
     p.add_argument("--sync-bn", action="store_true", help="SyncBatchNorm across processes (CUDA only)")
     p.add_argument("--grad-compression", default="none", choices=COMPRESSIONS, help="DDP communication hook")
     p.add_argument("--optimizer", default="sgd", choices=OPTIMIZERS,

@@ -34,6 +34,13 @@ CKPT_NAME_RE = re.compile(r"ckpt-(\d{8})\.(pt|json)")
 MANIFEST_RE = re.compile(r"ckpt-(\d{8})\.json")
 
 
+def _check_counts(data: dict[str, Any], keys: tuple[str, ...]) -> None:
+    for key in keys:
+        value = data.get(key)
+        if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+            raise ValueError(f"{key} {value!r} is not a non-negative integer")
+
+
 def pt_name(step: int) -> str:
     return f"ckpt-{step:08d}.pt"
 
@@ -72,12 +79,71 @@ class Manifest:
         sha = data.get("sha256")
         if not isinstance(sha, str) or not re.fullmatch(r"[0-9a-f]{64}", sha):
             raise ValueError("sha256 is not a hex digest")
-        numbers = {key: data.get(key) for key in ("bytes", "step", "epoch", "world_size")}
-        for key, value in numbers.items():
-            if not isinstance(value, int) or isinstance(value, bool) or value < 0:
-                raise ValueError(f"{key} {value!r} is not a non-negative integer")
+        _check_counts(data, ("bytes", "step", "epoch", "world_size"))
         return cls(file, sha, int(data["bytes"]), int(data["step"]), int(data["epoch"]),
                    bool(data.get("epoch_complete", True)), int(data["world_size"]), str(data.get("created", "")))
+
+
+# ---- sharded (FSDP) checkpoints: one folder per step, in torch.distributed.checkpoint (DCP) format ---------------
+# ckpt-<step>/                a folder, renamed into place only once complete
+#   .metadata                 DCP's index of every tensor chunk (written by global rank 0)
+#   __<rank>_0.distcp         each rank's own shards (model and optimizer state), one file per rank
+#   trainer.pt                global rank 0: scaler, RNG, epoch/step/sample, world size, global batch, config
+#   manifest.json             written last: every other file's size and sha256
+# It is written as .ckpt-<step>.tmp/ by every rank, flushed, then renamed: a folder named ckpt-<step> is
+# complete, and it counts once its manifest.json is there and every file matches it. Any world size loads it.
+SHARDED_FORMAT = 2
+CKPT_FOLDER_RE = re.compile(r"ckpt-(\d{8})")
+SHARDED_MANIFEST = "manifest.json"
+SHARDED_TRAINER_FILE = "trainer.pt"
+SHARDED_TMP_RE = re.compile(r"\.ckpt-(\d{8})\.tmp")
+_SHARD_FILE_RE = re.compile(r"(\.metadata|__\d+_\d+\.distcp|trainer\.pt)")
+
+
+def ckpt_folder_name(step: int) -> str:
+    return f"ckpt-{step:08d}"
+
+
+def ckpt_tmp_name(step: int) -> str:
+    return f".ckpt-{step:08d}.tmp"
+
+
+@dataclass(frozen=True)
+class ShardedManifest:
+    """What a folder checkpoint's manifest.json promises: these files, with exactly these sizes and sha256."""
+
+    files: dict[str, tuple[int, str]]  # name -> (bytes, sha256)
+    step: int
+    epoch: int
+    epoch_complete: bool
+    world_size: int
+    created: str = ""
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"format": SHARDED_FORMAT, "strategy": "fsdp", "step": self.step, "epoch": self.epoch,
+                "epoch_complete": self.epoch_complete, "world_size": self.world_size, "created": self.created,
+                "files": {name: {"bytes": size, "sha256": sha} for name, (size, sha) in sorted(self.files.items())}}
+
+    @classmethod
+    def parse(cls, data: object) -> ShardedManifest:
+        """A manifest from its decoded JSON; ValueError saying what is wrong with it."""
+        if not isinstance(data, dict) or data.get("format") != SHARDED_FORMAT:
+            raise ValueError("unknown manifest format")
+        _check_counts(data, ("step", "epoch", "world_size"))
+        raw = data.get("files")
+        if not isinstance(raw, dict) or ".metadata" not in raw or SHARDED_TRAINER_FILE not in raw:
+            raise ValueError("files must list .metadata and trainer.pt")
+        files: dict[str, tuple[int, str]] = {}
+        for name, entry in raw.items():
+            if not isinstance(name, str) or not _SHARD_FILE_RE.fullmatch(name):
+                raise ValueError(f"file {name!r} is not a checkpoint file name")
+            size, sha = (entry.get("bytes"), entry.get("sha256")) if isinstance(entry, dict) else (None, None)
+            if not isinstance(size, int) or size < 0 or not isinstance(sha, str) or not re.fullmatch(r"[0-9a-f]{64}", sha):
+                raise ValueError(f"file {name!r} has no valid bytes/sha256")
+            files[name] = (size, sha)
+        return cls(files, int(data["step"]), int(data["epoch"]), bool(data.get("epoch_complete", True)),
+                   int(data["world_size"]), str(data.get("created", "")))
+
 
 # ---- the GPU probe's answer (trainer/gpuprobe.py, one JSON line; judged by orchestrate/gpuprobe.py) -----------
 # arch: the container's uname -m; torch/cuda: torch's version and the CUDA it was built for (None: a CPU build);

@@ -23,7 +23,7 @@ from .data import Split, TrainLoader, normalize
 from .dist import DistContext
 from .errors import CheckpointError
 from .precision import autocast
-from .state import TrainState, memory_format, to_checkpoint
+from .state import TrainState, memory_format, save_sharded, to_checkpoint
 
 log = logging.getLogger(__name__)
 
@@ -151,7 +151,9 @@ def save(cfg: Config, ctx: DistContext, st: TrainState, loader: TrainLoader, pac
     path, err = None, None
     pace.heartbeat.mark("checkpointing", step=st.pos.step)
     t0 = time.monotonic()
-    if ctx.is_main:
+    if cfg.strategy == "fsdp":  # every rank writes its own shards; a failure raises on every rank alike
+        path = save_sharded(cfg, ctx, st, loader.global_batch)
+    elif ctx.is_main:
         try:
             path = checkpoint.save(
                 cfg.ckpt_dir, to_checkpoint(cfg, ctx, st, loader.global_batch), step=st.pos.step,

@@ -1,24 +1,23 @@
-"""What training carries from step to step: model (plain and DDP-wrapped), optimizer, scaler, position.
+"""What training carries from step to step: model (plain, DDP-wrapped or FSDP-sharded), optimizer, scaler, position.
 
-It is built here, saved into a checkpoint dict, and restored from one. Restoring goes through global
-rank 0: only rank 0 reads the checkpoint dir (other nodes may not have it), loads to the CPU and broadcasts;
-every rank then copies into its own device's tensors, so nothing ever lands on another rank's GPU.
+It is built here, saved into a checkpoint dict, and restored from one. Restoring a DDP checkpoint goes through
+global rank 0: only rank 0 reads the checkpoint dir (other nodes may not have it), loads to the CPU and
+broadcasts; every rank then copies into its own device's tensors, so nothing ever lands on another rank's GPU.
+FSDP checkpoints are folders every rank reads its own shards from (dcp_checkpoint.py).
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import torch
 import torch.distributed as tdist
 from torch import nn
-from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
-from torch.nn.parallel import DistributedDataParallel
 
-from . import checkpoint, models, precision
+from . import checkpoint, dcp_checkpoint, models, parallel
 from .config import Config, cuda_only
 from .dist import DistContext
 from .errors import CheckpointError, ConfigError, DeviceError
@@ -37,8 +36,8 @@ class Position:
 
 @dataclass
 class TrainState:
-    model: nn.Module  # unwrapped: what checkpoints hold and evaluation runs
-    ddp: nn.Module  # what the training step calls (the model itself for one process)
+    model: nn.Module  # unwrapped (or FSDP-sharded): what checkpoints hold and evaluation runs
+    ddp: nn.Module  # what the training step calls (the model itself for one process and for FSDP)
     optimizer: torch.optim.Optimizer
     scaler: torch.amp.GradScaler
     pos: Position
@@ -85,31 +84,6 @@ def memory_format(device: torch.device) -> torch.memory_format:
     return torch.channels_last if device.type == "cuda" else torch.contiguous_format
 
 
-def ddp_kwargs(device: torch.device) -> dict[str, Any]:
-    """One GPU per process: DDP needs its index (device_ids, output_device); CPU modules take none."""
-    if device.type == "cuda":
-        return {"device_ids": [device.index], "output_device": device.index}
-    return {}
-
-
-def comm_hook(compression: str) -> Callable[..., Any] | None:
-    """The DDP communication hook for --grad-compression: gradients travel in 16 bits, are summed, cast back."""
-    hooks = {"fp16": default_hooks.fp16_compress_hook, "bf16": default_hooks.bf16_compress_hook}
-    return hooks.get(compression)
-
-
-def _wrap_ddp(cfg: Config, ctx: DistContext, model: nn.Module) -> nn.Module:
-    if not ctx.distributed:
-        return model
-    # The model is already SyncBN-converted, on its device and in its memory format: DDP builds its
-    # gradient buckets from the parameters as they are now.
-    ddp = DistributedDataParallel(model, **ddp_kwargs(ctx.device))  # buffers (BN stats) follow rank 0 each forward
-    hook = comm_hook(cfg.grad_compression)
-    if hook is not None:
-        ddp.register_comm_hook(None, hook)  # before the first backward; None: the default process group
-    return ddp
-
-
 def _make_model(cfg: Config) -> nn.Module:
     """Same initial weights on every rank (seeded); SyncBatchNorm swapped in before the move and the DDP wrap."""
     torch.manual_seed(cfg.seed)
@@ -129,35 +103,62 @@ def _place(model: nn.Module, device: torch.device) -> nn.Module:
 
 
 def build(cfg: Config, ctx: DistContext) -> TrainState:
-    """Model, optimizer and scaler on this rank's device; same initial weights on every rank (seeded)."""
+    """Model, optimizer and scaler on this rank's device; same initial weights on every rank (seeded). FSDP
+    shards the model here, before the optimizer takes its (sharded) parameters; one process keeps it whole."""
     model = _place(_make_model(cfg), ctx.device)
+    if cfg.strategy == "fsdp" and ctx.distributed:
+        model = parallel.shard(cfg, model)
     optimizer = _optimizer(cfg, model.parameters())  # after the move: fused optimizers need CUDA parameters
-    return TrainState(model, model, optimizer, precision.grad_scaler(ctx.device, cfg.precision), Position())
+    log.info("%s: %s (grads and optimizer as of the first step)", cfg.strategy,
+             parallel.expected_memory(model, optimizer).describe())
+    return TrainState(model, model, optimizer, parallel.grad_scaler(cfg, ctx.device), Position())
 
 
 def wrap(cfg: Config, ctx: DistContext, st: TrainState) -> None:
-    """Wrap in DDP after a restore: DDP's constructor broadcasts rank 0's weights to every rank."""
-    st.ddp = _wrap_ddp(cfg, ctx, st.model)
+    """Wrap in DDP after a restore (DDP's constructor broadcasts rank 0's weights); FSDP is sharded already."""
+    st.ddp = parallel.wrap(cfg, ctx, st.model)
 
 
-def to_checkpoint(cfg: Config, ctx: DistContext, st: TrainState, global_batch: int) -> dict[str, Any]:
+def _rng(ctx: DistContext) -> dict[str, Any]:
     rng: dict[str, Any] = {"torch": torch.get_rng_state()}
     if ctx.device.type == "cuda":
         rng["cuda"] = torch.cuda.get_rng_state(ctx.device)
+    return rng
+
+
+def to_checkpoint(cfg: Config, ctx: DistContext, st: TrainState, global_batch: int) -> dict[str, Any]:
     return {
         "model": st.model.state_dict(),
         "optimizer": st.optimizer.state_dict(),
+        **_trainer_state(cfg, ctx, st, global_batch),
+    }
+
+
+def _trainer_state(cfg: Config, ctx: DistContext, st: TrainState, global_batch: int) -> dict[str, Any]:
+    """Everything but the model and optimizer: for a DDP .pt and a sharded checkpoint's trainer.pt alike."""
+    return {
         "scaler": st.scaler.state_dict(),
         "epoch": st.pos.epoch, "samples_in_epoch": st.pos.sample, "step": st.pos.step,
         "world_size": ctx.world_size, "global_batch": global_batch,
         # No scheduler state: the learning rate is a pure function of the position and the config (loop.lr_at).
-        "rng": rng, "config": cfg.to_dict(),
+        "rng": _rng(ctx), "config": cfg.to_dict(),
     }
+
+
+def save_sharded(cfg: Config, ctx: DistContext, st: TrainState, global_batch: int) -> Path:
+    """--strategy fsdp: every rank writes its shards into ckpt-<step>/ (collective)."""
+    return dcp_checkpoint.save(cfg.ckpt_dir, st.model, st.optimizer, _trainer_state(cfg, ctx, st, global_batch),
+                               ctx=ctx, step=st.pos.step, epoch=st.pos.epoch, epoch_complete=st.pos.sample == 0,
+                               keep=cfg.keep_checkpoints)
 
 
 def _load_on_main(cfg: Config, ctx: DistContext) -> tuple[dict[str, Any] | None, str | None]:
     """On global rank 0: the newest valid checkpoint (CPU tensors), or an error message."""
     info = checkpoint.newest_valid(cfg.ckpt_dir)
+    sharded = dcp_checkpoint.newest_valid(cfg.ckpt_dir)
+    if sharded is not None and (info is None or sharded.manifest.step > info.step):
+        return None, (f"checkpoint {sharded.path} was written by --strategy fsdp (a sharded DCP folder); resume it "
+                      "with --strategy fsdp, at any number of processes")
     if info is None:
         return None, (f"--resume: no valid checkpoint in {cfg.ckpt_dir}; run without --resume to start fresh, "
                       f"or point --ckpt-dir at the run to continue")
@@ -204,6 +205,10 @@ def _load_scaler(scaler: torch.amp.GradScaler, saved: dict[str, Any]) -> None:
 def _load_into(st: TrainState, state: dict[str, Any], ctx: DistContext) -> None:
     st.model.load_state_dict(state["model"])  # copies into this rank's device tensors
     st.optimizer.load_state_dict(state["optimizer"])  # casts the state to the parameters' device
+    _load_trainer_state(st, state, ctx)
+
+
+def _load_trainer_state(st: TrainState, state: dict[str, Any], ctx: DistContext) -> None:
     _load_scaler(st.scaler, state["scaler"])
     torch.set_rng_state(state["rng"]["torch"])
     if "cuda" in state["rng"] and ctx.device.type == "cuda":
@@ -211,8 +216,25 @@ def _load_into(st: TrainState, state: dict[str, Any], ctx: DistContext) -> None:
 
 
 def restore(cfg: Config, ctx: DistContext, st: TrainState) -> int:
-    """Load the newest valid checkpoint on rank 0, share it with every rank, continue from its position.
-    Returns the global batch the checkpoint was trained with."""
+    """Load the newest valid checkpoint, continue from its position. Returns the global batch the checkpoint
+    was trained with."""
+    state = _restore_sharded(cfg, ctx, st) if cfg.strategy == "fsdp" else _restore_full(cfg, ctx, st)
+    st.pos = Position(int(state["epoch"]), int(state["samples_in_epoch"]), int(state["step"]))
+    if state["world_size"] != ctx.world_size:
+        log.warning("checkpoint was written with world size %d, continuing with %d at sample %d of epoch %d",
+                    state["world_size"], ctx.world_size, st.pos.sample, st.pos.epoch + 1)
+    return int(state.get("global_batch", 0))
+
+
+def _restore_sharded(cfg: Config, ctx: DistContext, st: TrainState) -> dict[str, Any]:
+    """Every rank reads its own shards from the folder, resharded to this run's world size."""
+    state = dcp_checkpoint.restore(cfg, ctx, st.model, st.optimizer)
+    _load_trainer_state(st, state, ctx)
+    return state
+
+
+def _restore_full(cfg: Config, ctx: DistContext, st: TrainState) -> dict[str, Any]:
+    """Rank 0 reads the .pt and shares it with every rank."""
     payload: list[Any] = [None, None]
     if ctx.is_main:
         payload = list(_load_on_main(cfg, ctx))
@@ -228,8 +250,4 @@ def restore(cfg: Config, ctx: DistContext, st: TrainState) -> int:
         raise CheckpointError(f"checkpoint {state.get('_path', '?')} does not fit this run's model or optimizer "
                               f"({str(e).splitlines()[0][:200]}); point --ckpt-dir at this model's run, "
                               "or run without --resume") from None
-    st.pos = Position(int(state["epoch"]), int(state["samples_in_epoch"]), int(state["step"]))
-    if state["world_size"] != ctx.world_size:
-        log.warning("checkpoint was written with world size %d, continuing with %d at sample %d of epoch %d",
-                    state["world_size"], ctx.world_size, st.pos.sample, st.pos.epoch + 1)
-    return int(state.get("global_batch", 0))
+    return dict(state)

@@ -54,6 +54,8 @@ CASES: list[tuple[str, list[str], str]] = [
     ("fp16 with --gpus 0", ["up", "--gpus", "0", "--", "--precision", "fp16"],
      "--precision fp16 needs a GPU, and --gpus 0 runs on CPU"),
     ("sync-bn with --gpus 0", ["up", "--gpus", "0", "--", "--sync-bn"], "--sync-bn needs a GPU"),
+    ("fsdp with compression", ["up", "--", "--strategy", "fsdp", "--grad-compression", "fp16"],
+     "--strategy fsdp cannot honour --grad-compression: FSDP2 has no DDP communication hooks"),
     ("abbreviated reserved option", ["up", "--", "--data", "/x"], "unrecognized arguments: --data"),
     ("image name too long", ["up", "--image", "a" * 500], "at most 456 characters"),
     ("nproc too many", ["up", "--nproc-per-node", "100000"], "--nproc-per-node 100000 must be between 1 and 1024"),

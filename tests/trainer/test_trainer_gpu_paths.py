@@ -20,7 +20,7 @@ from torch import nn
 from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 from trainer_helpers import base_args, metrics_lines
 
-from trainer import checkpoint, dist, loop, state
+from trainer import checkpoint, dist, loop, parallel, state
 from trainer.__main__ import main
 from trainer.config import Config
 from trainer.dist import DistContext
@@ -208,14 +208,15 @@ def test_channels_last_on_cuda_only() -> None:
 
 
 def test_ddp_gets_the_gpu_index_and_nothing_on_cpu() -> None:
-    assert state.ddp_kwargs(GPU3) == {"device_ids": [3], "output_device": 3}
-    assert state.ddp_kwargs(CPU) == {}
+    assert parallel.ddp_kwargs(GPU3) == {"device_ids": [3], "output_device": 3}
+    assert parallel.ddp_kwargs(CPU) == {}
 
 
 def test_comm_hooks() -> None:
-    assert state.comm_hook("fp16") is default_hooks.fp16_compress_hook
-    assert state.comm_hook("bf16") is default_hooks.bf16_compress_hook
-    assert state.comm_hook("none") is None
+    """Our own hooks (they divide before the cast: tests/trainer/test_trainer_parallel.py), not torch's."""
+    assert parallel.comm_hook("fp16") not in (None, default_hooks.fp16_compress_hook)
+    assert parallel.comm_hook("bf16") not in (None, default_hooks.bf16_compress_hook)
+    assert parallel.comm_hook("none") is None
 
 
 class _RecordingDDP(nn.Module):
@@ -233,16 +234,18 @@ class _RecordingDDP(nn.Module):
 
 
 def test_sync_bn_is_converted_before_the_ddp_wrap_with_the_gpu_and_hook(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(state, "DistributedDataParallel", _RecordingDDP)
+    monkeypatch.setattr(parallel, "DistributedDataParallel", _RecordingDDP)
     _RecordingDDP.seen, _RecordingDDP.hooks = [], []
     cfg = _cfg(model="resnet20", sync_bn=True, grad_compression="bf16")
     st = state.build(cfg, _ctx(CPU))  # the CUDA move itself needs a GPU; the order does not
     state.wrap(cfg, _ctx(GPU3, rank=3, world=4), st)
     (module, kwargs), = _RecordingDDP.seen
-    assert module is st.model and kwargs == {"device_ids": [3], "output_device": 3}
+    assert module is st.model and kwargs == {"device_ids": [3], "output_device": 3,
+                                                   parallel._FORWARD_SYNC_KW: False}
     kinds = {type(m) for m in module.modules()}
     assert nn.SyncBatchNorm in kinds and nn.BatchNorm2d not in kinds
-    assert _RecordingDDP.hooks == [(None, default_hooks.bf16_compress_hook)]
+    (hook_state, hook), = _RecordingDDP.hooks
+    assert hook_state is None and hook.__qualname__.startswith("_divide_then_compress")
 
 
 # --- checkpoints map to the right device ------------------------------------------------------------------------

@@ -1,0 +1,34 @@
+"""Run under torchrun (any number of CPU processes): `fsdp_load_worker.py OUT.pt TRAINER-ARGS... --resume`.
+Builds the trainer's FSDP state, restores the newest sharded checkpoint through trainer.state.restore (the
+trainer's own path, resharded to this world size), then gathers the full model state dict and the position
+and writes them to OUT.pt (global rank 0)."""
+
+from __future__ import annotations
+
+import sys
+
+import torch
+from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+from trainer import dist, state
+from trainer.config import parse
+
+
+def main() -> None:
+    cfg, _ = parse(sys.argv[2:])
+    ctx = dist.context_from_env(cfg.device)
+    dist.init(ctx, cfg.dist_timeout)
+    try:
+        st = state.build(cfg, ctx)
+        state.restore(cfg, ctx, st)
+        full = get_model_state_dict(st.model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+        if ctx.is_main:
+            torch.save({"model": full, "step": st.pos.step, "sample": st.pos.sample, "epoch": st.pos.epoch},
+                       sys.argv[1])
+        dist.barrier(ctx)
+    finally:
+        dist.shutdown()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,250 @@
+"""Sharded checkpoints for --strategy fsdp: one folder per step in torch.distributed.checkpoint (DCP) format.
+
+The layout is in contract.py. Every rank writes its own shards into .ckpt-<step>.tmp/ (DCP fsyncs each file);
+global rank 0 then adds trainer.pt (scaler, RNG, position, config) and manifest.json (every file's size and
+sha256), fsyncs the folder and renames it to ckpt-<step>. A kill at any moment leaves either the previous set
+of valid checkpoints or that set plus the new one. DCP records where every chunk of every tensor lies, so a
+checkpoint written by N processes loads into any number of processes, resharded as it is read.
+
+Every rank must see the same --ckpt-dir (one machine, or a shared filesystem): rank 0 checks that every rank's
+shard file is in the folder before the checkpoint counts.
+"""
+
+from __future__ import annotations
+
+import datetime
+import io
+import json
+import logging
+import os
+import shutil
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as tdist
+import torch.distributed.checkpoint as dcp
+from torch import nn
+from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+
+from . import checkpoint, dist
+from .config import Config
+from .contract import (
+    CKPT_FOLDER_RE,
+    SHARDED_MANIFEST,
+    SHARDED_TMP_RE,
+    SHARDED_TRAINER_FILE,
+    ShardedManifest,
+    ckpt_folder_name,
+    ckpt_tmp_name,
+)
+from .dist import DistContext
+from .errors import CheckpointError
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class ShardedInfo:
+    path: Path
+    manifest: ShardedManifest
+
+
+def _write_synced(path: Path, blob: bytes) -> None:
+    with path.open("wb") as f:
+        f.write(blob)
+        f.flush()
+        os.fsync(f.fileno())
+
+
+def _state(model: nn.Module, optimizer: torch.optim.Optimizer) -> dict[str, Any]:
+    """Model and optimizer state keyed by parameter names, each rank's shards as DTensors: what DCP reshards."""
+    model_sd, optim_sd = get_state_dict(model, optimizer)
+    return {"model": model_sd, "optim": optim_sd}
+
+
+# ---- save (every rank) -------------------------------------------------------------------------------------------
+
+def save(folder: Path, model: nn.Module, optimizer: torch.optim.Optimizer, trainer_state: dict[str, Any], *,
+         ctx: DistContext, step: int, epoch: int, epoch_complete: bool, keep: int) -> Path:
+    """Write ckpt-<step>/ (collective: call on every rank); prune beyond `keep`. Raises CheckpointError on
+    every rank alike."""
+    final, tmp = folder / ckpt_folder_name(step), folder / ckpt_tmp_name(step)
+    exists, failed = False, False
+    if ctx.is_main:
+        exists = _validate(final, warn=False) is not None  # e.g. SIGTERM right after a save of this step
+        failed = not exists and not _fresh_folder(tmp)
+    exists, failed = dist.any_ranks(ctx, exists, failed)  # rank 0's answers, on every rank
+    if failed:
+        raise CheckpointError(f"cannot create {tmp}; fix the permissions of --ckpt-dir or choose another")
+    if exists:
+        return final
+    t0 = time.monotonic()
+    try:
+        dcp.save(_state(model, optimizer), storage_writer=dcp.FileSystemWriter(tmp, sync_files=True))
+    except dcp.CheckpointException as e:  # a BaseException; DCP raises it on every rank when any rank failed
+        raise CheckpointError(f"cannot write sharded checkpoint {tmp}: {_first_failure(e)}; free space or fix "
+                              "--ckpt-dir; the previous checkpoints are intact") from None
+    err = None
+    if ctx.is_main:
+        try:
+            _seal(folder, tmp, final, trainer_state, ctx.world_size, step, epoch, epoch_complete)
+            prune(folder, keep)
+            log.info("sharded checkpoint %s (%d processes, %.2f s)", final, ctx.world_size, time.monotonic() - t0)
+        except CheckpointError as e:
+            err = e
+    if dist.any_rank(ctx, err is not None):
+        raise err or CheckpointError("global rank 0 could not complete the sharded checkpoint; see its error line")
+    return final
+
+
+def _fresh_folder(tmp: Path) -> bool:
+    try:
+        shutil.rmtree(tmp, ignore_errors=True)  # left by a save that was killed
+        tmp.mkdir(parents=True)
+    except OSError:
+        return False
+    return True
+
+
+def _first_failure(e: dcp.CheckpointException) -> str:
+    failures = getattr(e, "failures", {}) or {}
+    for rank, exc in failures.items():
+        return f"rank {rank}: {str(exc).splitlines()[0][:200] if str(exc) else type(exc).__name__}"
+    return str(e).splitlines()[0][:200]
+
+
+def _seal(folder: Path, tmp: Path, final: Path, trainer_state: dict[str, Any], world: int, step: int,
+          epoch: int, epoch_complete: bool) -> None:
+    """Global rank 0, after every rank's shards are on disk: trainer.pt, manifest.json, rename into place."""
+    try:
+        blob = _torch_bytes(trainer_state)
+        _write_synced(tmp / SHARDED_TRAINER_FILE, blob)
+        missing = [r for r in range(world) if not any(tmp.glob(f"__{r}_*.distcp"))]
+        if missing:
+            raise CheckpointError(f"the shards of rank(s) {missing} are not in {tmp} as global rank 0 sees it: "
+                                  "--strategy fsdp needs a --ckpt-dir that every rank shares (one host, or a "
+                                  "shared filesystem)")
+        files = {p.name: (p.stat().st_size, checkpoint.sha256_file(p)) for p in sorted(tmp.iterdir()) if p.is_file()}
+        created = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
+        manifest = ShardedManifest(files, step, epoch, epoch_complete, world, created)
+        _write_synced(tmp / SHARDED_MANIFEST, json.dumps(manifest.to_dict(), indent=1).encode())
+        checkpoint.fsync_dir(tmp)
+        if final.exists():
+            _replace_folder(tmp, final)
+        else:
+            os.replace(tmp, final)
+        checkpoint.fsync_dir(folder)
+    except OSError as e:
+        raise CheckpointError(f"cannot write sharded checkpoint {final}: {e.strerror or e}; free space or fix "
+                              "--ckpt-dir; the previous checkpoints are intact") from e
+
+
+def _replace_folder(tmp: Path, final: Path) -> None:
+    """An invalid folder of the same step (a copy cut short): move it aside first, a folder cannot be renamed
+    over a non-empty one."""
+    stale = final.with_name(f".{final.name}.stale.tmp")
+    shutil.rmtree(stale, ignore_errors=True)
+    os.replace(final, stale)
+    os.replace(tmp, final)
+    shutil.rmtree(stale, ignore_errors=True)
+
+
+def _torch_bytes(obj: dict[str, Any]) -> bytes:
+    buf = io.BytesIO()
+    torch.save(obj, buf)
+    return buf.getvalue()
+
+
+# ---- find, validate, prune (global rank 0) ------------------------------------------------------------------------
+
+def _validate(path: Path, warn: bool = True) -> ShardedInfo | None:
+    """The checkpoint in this folder, or None (with a warning naming it) if it is not valid."""
+    manifest_path = path / SHARDED_MANIFEST
+    if not path.is_dir():
+        return None
+    why = None
+    try:
+        manifest = ShardedManifest.parse(json.loads(manifest_path.read_text()))
+        problems = (checkpoint.file_problem(path / name, size, sha) for name, (size, sha) in manifest.files.items())
+        why = next((p for p in problems if p is not None), None)
+    except (OSError, ValueError) as e:
+        why = f"no readable manifest ({e})"
+    if why is not None:
+        if warn:
+            log.warning("skipping invalid sharded checkpoint %s: %s", path, why)
+        return None
+    return ShardedInfo(path, manifest)
+
+
+def _folder_steps(folder: Path) -> list[int]:
+    found = [CKPT_FOLDER_RE.fullmatch(p.name) for p in folder.iterdir()] if folder.is_dir() else []
+    return sorted((int(m.group(1)) for m in found if m), reverse=True)
+
+
+def newest_valid(folder: Path) -> ShardedInfo | None:
+    """The valid folder checkpoint with the highest step; newer invalid ones are skipped with a warning."""
+    for step in _folder_steps(folder):
+        info = _validate(folder / ckpt_folder_name(step))
+        if info is not None:
+            return info
+    return None
+
+
+def prune(folder: Path, keep: int) -> None:
+    """Delete all but the newest `keep` step folders, and the temporary folders of killed saves."""
+    for step in _folder_steps(folder)[keep:]:
+        shutil.rmtree(folder / ckpt_folder_name(step), ignore_errors=True)
+    for p in folder.iterdir():
+        if SHARDED_TMP_RE.fullmatch(p.name):  # only rank 0 renames, after every rank wrote: none is live now
+            shutil.rmtree(p, ignore_errors=True)
+
+
+# ---- restore (every rank) -----------------------------------------------------------------------------------------
+
+def _find_on_main(cfg: Config) -> tuple[str | None, str | None]:
+    """Global rank 0: the folder to resume from, or an error message."""
+    sharded = newest_valid(cfg.ckpt_dir)
+    full = checkpoint.newest_valid(cfg.ckpt_dir)
+    if full is not None and (sharded is None or full.step > sharded.manifest.step):
+        return None, (f"checkpoint {full.path} was written by --strategy ddp (one full .pt file, optimizer state "
+                      "keyed by parameter index), which an FSDP run cannot load; resume it with --strategy ddp")
+    if sharded is None:
+        return None, (f"--resume: no valid sharded checkpoint in {cfg.ckpt_dir}; run without --resume to start "
+                      "fresh, or point --ckpt-dir at the run to continue")
+    m = sharded.manifest
+    log.info("resuming from %s (epoch %d, step %d, saved by %d processes)", sharded.path, m.epoch, m.step, m.world_size)
+    return str(sharded.path), None
+
+
+def restore(cfg: Config, ctx: DistContext, model: nn.Module, optimizer: torch.optim.Optimizer) -> dict[str, Any]:
+    """Load the newest valid folder checkpoint into this run's shards, whatever world size wrote it (collective).
+    Returns trainer.pt's content (scaler, RNG, position, world size, global batch, config)."""
+    payload: list[Any] = [None, None]
+    if ctx.is_main:
+        payload = list(_find_on_main(cfg))
+    if ctx.distributed:
+        tdist.broadcast_object_list(payload, src=0, device=ctx.device)
+    where, err = payload
+    if err is not None:
+        raise CheckpointError(err)
+    path = Path(where)
+    try:
+        meta = torch.load(path / SHARDED_TRAINER_FILE, map_location="cpu", weights_only=True)
+    except Exception as e:  # noqa: BLE001  # a node whose --ckpt-dir is not the shared one, or a bad file
+        raise CheckpointError(f"cannot read {path / SHARDED_TRAINER_FILE} on rank {ctx.rank}: "
+                              f"{str(e).splitlines()[0][:200]}; every rank must see the same --ckpt-dir") from None
+    saved_model = meta.get("config", {}).get("model")
+    if saved_model != cfg.model:
+        raise CheckpointError(f"checkpoint {path} was trained with --model {saved_model}, not {cfg.model}; "
+                              f"pass --model {saved_model}")
+    state = _state(model, optimizer)
+    try:
+        dcp.load(state, checkpoint_id=path)
+    except dcp.CheckpointException as e:
+        raise CheckpointError(f"checkpoint {path} does not fit this run's model or optimizer "
+                              f"({_first_failure(e)}); point --ckpt-dir at this model's run") from None
+    set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"])
+    return dict(meta)

@@ -1,0 +1,176 @@
+"""How the model is spread over the processes: DDP (a full replica per process) or FSDP2 (fully_shard: each
+process holds 1/world of the parameters, gradients and optimizer state). The same code runs on gloo and NCCL.
+
+FSDP's choices, written down:
+- fully_shard is applied to every residual block (ResNet BasicBlock/Bottleneck, ViT Block), then to the root.
+  A block is the unit whose parameters are all-gathered for its forward and freed after it.
+- reshard_after_forward: True for every block but the last, whose parameters backward needs right away
+  (freeing and all-gathering them again would only add a collective); the root keeps FSDP's own heuristic
+  (not resharded: its stem and head run first in backward too). True frees each block's full parameters
+  between forward and backward, which is what lets a model that does not fit as a whole train at all.
+- Mixed precision: MixedPrecisionPolicy(param_dtype=bf16|fp16) all-gathers and computes in the low dtype;
+  reduce_dtype stays fp32 so gradients are summed without rounding (the sharded fp32 parameters are the master
+  copy). The loop's autocast still runs on top: it keeps loss and normalisation in fp32.
+- fp16's gradient scaler is ShardedGradScaler: each process sees only its shard of the gradients, so an inf
+  found on one rank must skip the step on every rank, and ShardedGradScaler all-reduces found_inf itself. (With
+  FSDP2's DTensor gradients, torch 2.13's DTensor dispatch also reduces found_inf for the plain GradScaler, as
+  measured; the explicit scaler does not depend on that.)
+"""
+
+from __future__ import annotations
+
+import inspect
+import logging
+import typing
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.distributed as tdist
+from torch import nn
+from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+from torch.distributed.fsdp.sharded_grad_scaler import ShardedGradScaler
+from torch.nn.parallel import DistributedDataParallel
+
+from . import models, precision
+from .config import Config
+from .dist import DistContext
+
+log = logging.getLogger(__name__)
+
+
+# torch 2.13 renamed DDP's broadcast_buffers (now deprecated, with a FutureWarning) to forward_sync_buffers; older
+# releases (the GPU machines' 2.11) know only broadcast_buffers. False means the same in both: no broadcast of
+# rank 0's buffers before each forward.
+_FORWARD_SYNC_KW = ("forward_sync_buffers" if "forward_sync_buffers" in
+                    inspect.signature(DistributedDataParallel.__init__).parameters else "broadcast_buffers")
+
+
+def ddp_kwargs(device: torch.device, sync_bn: bool = False) -> dict[str, Any]:
+    """One GPU per process: DDP needs its index (device_ids, output_device); CPU modules take none.
+    With SyncBatchNorm the running statistics are already equal on every rank (they are computed from the
+    global batch), so broadcasting rank 0's buffers before each forward would only cost a collective per step."""
+    kwargs: dict[str, Any] = {_FORWARD_SYNC_KW: False} if sync_bn else {}
+    if device.type == "cuda":
+        kwargs.update(device_ids=[device.index], output_device=device.index)
+    return kwargs
+
+
+def _divide_then_compress(dtype: torch.dtype) -> Callable[..., torch.futures.Future[torch.Tensor]]:
+    """A DDP hook that sends the bucket in `dtype`, divided by the world size BEFORE the cast.
+
+    torch's default_hooks.fp16_compress_hook does `buffer.to(float16).div_(world)`: under fp16 loss scaling
+    (2**16 at the start) a scaled gradient above 65504 becomes inf in the cast, before the division that would
+    have brought it back in range, and the scaler then skips the step. Dividing first keeps every value that
+    the mean itself can hold."""
+
+    def hook(process_group: tdist.ProcessGroup | None, bucket: tdist.GradBucket) -> torch.futures.Future[torch.Tensor]:
+        group = process_group if process_group is not None else tdist.group.WORLD
+        buffer = bucket.buffer()
+        compressed = buffer.div(tdist.get_world_size(group)).to(dtype)
+
+        def decompress(fut: torch.futures.Future[list[torch.Tensor]]) -> torch.Tensor:
+            buffer.copy_(fut.value()[0])  # in place: no second full-size buffer
+            return buffer
+
+        return tdist.all_reduce(compressed, group=group, async_op=True).get_future().then(decompress)
+
+    # DDP compares the annotations themselves with dist.GradBucket and Future[Tensor]; this module's are strings.
+    hook.__annotations__ = typing.get_type_hints(hook)
+    return hook
+
+
+def comm_hook(compression: str) -> Callable[..., Any] | None:
+    """The DDP communication hook for --grad-compression: gradients travel in 16 bits, are summed, cast back."""
+    dtypes = {"fp16": torch.float16, "bf16": torch.bfloat16}
+    return _divide_then_compress(dtypes[compression]) if compression in dtypes else None
+
+
+def wrap_ddp(cfg: Config, ctx: DistContext, model: nn.Module) -> nn.Module:
+    if not ctx.distributed:
+        return model
+    # The model is already SyncBN-converted, on its device and in its memory format: DDP builds its
+    # gradient buckets from the parameters as they are now. Its constructor broadcasts rank 0's weights.
+    ddp = DistributedDataParallel(model, **ddp_kwargs(ctx.device, cfg.sync_bn))
+    hook = comm_hook(cfg.grad_compression)
+    if hook is not None:
+        ddp.register_comm_hook(None, hook)  # before the first backward; None: the default process group
+    return ddp
+
+
+def mp_policy(precision_name: str) -> MixedPrecisionPolicy:
+    """fp32: FSDP's default (no casts). bf16/fp16: compute and all-gather in that dtype, reduce in fp32."""
+    if precision_name == "fp32":
+        return MixedPrecisionPolicy()
+    return MixedPrecisionPolicy(param_dtype=precision.precision_plan(precision_name).autocast_dtype,
+                                reduce_dtype=torch.float32)
+
+
+def shard_units(model: nn.Module) -> list[nn.Module]:
+    """The residual blocks of the model, in forward order: each becomes one FSDP unit."""
+    return [m for m in model.modules() if isinstance(m, models.BLOCK_TYPES)]
+
+
+def shard(cfg: Config, model: nn.Module) -> nn.Module:
+    """fully_shard every block (see the module docstring for reshard_after_forward), then the root. Call on
+    every rank with the same (seeded) weights: each keeps its own 1/world slice of each parameter."""
+    policy = mp_policy(cfg.precision)
+    units = shard_units(model)
+    for i, unit in enumerate(units):
+        fully_shard(unit, mp_policy=policy, reshard_after_forward=i < len(units) - 1)
+    fully_shard(model, mp_policy=policy)
+    return model
+
+
+def grad_scaler(cfg: Config, device: torch.device) -> torch.amp.GradScaler:
+    """fp16 under FSDP: ShardedGradScaler (found_inf agreed across ranks); otherwise precision's own."""
+    if cfg.strategy == "fsdp":
+        return ShardedGradScaler(device.type, enabled=precision.precision_plan(cfg.precision).scaler_enabled)
+    return precision.grad_scaler(device, cfg.precision)
+
+
+def _local(t: torch.Tensor) -> torch.Tensor:
+    """This process's own part of a tensor: an FSDP DTensor's local shard, a plain tensor itself."""
+    to_local = getattr(t, "to_local", None)
+    return to_local() if callable(to_local) else t
+
+
+def _nbytes(tensors: Any) -> int:
+    return sum(_local(t).numel() * _local(t).element_size() for t in tensors if isinstance(t, torch.Tensor))
+
+
+@dataclass(frozen=True)
+class Memory:
+    """Bytes this process holds for training state (not activations)."""
+
+    params: int
+    grads: int
+    optimizer: int
+
+    def describe(self) -> str:
+        mib = 2**20
+        return (f"params {self.params / mib:.2f} MiB, grads {self.grads / mib:.2f} MiB, "
+                f"optimizer {self.optimizer / mib:.2f} MiB per process")
+
+
+def memory(model: nn.Module, optimizer: torch.optim.Optimizer) -> Memory:
+    """What is allocated now: grads and optimizer state exist after the first step."""
+    params = list(model.parameters())
+    state = [v for per_param in optimizer.state.values() for v in per_param.values()]
+    return Memory(_nbytes(params), _nbytes(p.grad for p in params), _nbytes(state))
+
+
+def expected_memory(model: nn.Module, optimizer: torch.optim.Optimizer) -> Memory:
+    """What the first step will hold: one fp32 gradient per parameter shard, and SGD's momentum buffer (one
+    per parameter shard) when momentum is on; before any step, for the start-up log line."""
+    params = _nbytes(model.parameters())
+    slots = sum(1 for g in optimizer.param_groups if g.get("momentum", 0) > 0) / max(1, len(optimizer.param_groups))
+    return Memory(params, params, int(params * slots))
+
+
+def wrap(cfg: Config, ctx: DistContext, model: nn.Module) -> nn.Module:
+    """What the training step calls: the DDP wrapper (after a restore), or the sharded model itself."""
+    if cfg.strategy == "fsdp":
+        return model  # sharded in build(), before the optimizer saw its parameters
+    return wrap_ddp(cfg, ctx, model)
