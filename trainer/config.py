@@ -113,7 +113,6 @@ class Config:
 # Options a CPU cannot run: (the option as written, whether this config uses it, what to do instead). The
 # trainer refuses them on a CPU device; the orchestrator refuses them with --gpus 0 before anything starts.
 CUDA_ONLY: tuple[tuple[str, Callable[[Config], bool], str], ...] = (
-    ("--precision fp16", lambda c: c.precision == "fp16", "use --precision bf16 or fp32 on CPU"),
     ("--sync-bn", lambda c: c.sync_bn, "SyncBatchNorm does not run on CPU tensors; drop --sync-bn"),
     ("--grad-compression bf16", lambda c: c.grad_compression == "bf16",
      "gloo cannot run the bf16 hook; use --grad-compression fp16 on CPU"),
@@ -179,7 +178,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--model", default=d["model"].default,
                    help="resnet18 (CIFAR variant), resnet20, resnet18-gn, resnet20-gn, tiny, or a torchvision name")
     p.add_argument("--precision", default="fp32", choices=PRECISIONS,
-                   help="autocast dtype; fp16 adds a gradient scaler and needs CUDA")
+                   help="autocast dtype; fp16 adds a gradient scaler")
     p.add_argument("--sync-bn", action="store_true", help="SyncBatchNorm across processes (CUDA only)")
     p.add_argument("--grad-compression", default="none", choices=COMPRESSIONS, help="DDP communication hook")
     p.add_argument("--optimizer", default="sgd", choices=OPTIMIZERS,
