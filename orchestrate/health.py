@@ -13,7 +13,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from trainer.contract import HEARTBEAT_FILE
+from trainer.contract import HEARTBEAT_FILE, PEER_WAIT_FUNCTION
 
 from .ssh import Connection
 
@@ -21,10 +21,12 @@ STALL_STEP_FACTOR = 3.0  # a stall is never declared before 3x the slowest step 
 STACK_FILE = "stack-rank{rank}.txt"
 STACK_WAIT_S = 10.0  # how long the ranks get to write their dumps after SIGUSR1
 # Frames of a rank that waits for its peers: a collective called from Python (torch.distributed), DDP's gradient
-# all-reduce (it runs inside backward, where gloo blocks until every peer joins), and the trainer's own helpers
-# that read a collective's result (with NCCL that read is where the CPU waits).
+# all-reduce (it runs inside backward, where gloo blocks until every peer joins), and the trainer's one read of the
+# agreement's result (with NCCL a collective returns once queued: that read is where the CPU waits). Only that
+# function of trainer/dist.py: a rank elsewhere in it (picking its device) is not waiting for anyone.
+# faulthandler writes a frame as `File "PATH", line N in NAME`.
 COLLECTIVE_MARKERS = ("torch/distributed/distributed_c10d.py", "torch/nn/parallel/distributed.py",
-                      "torch/autograd/", "trainer/dist.py")
+                      "torch/autograd/", f" in {PEER_WAIT_FUNCTION}\n")
 
 
 @dataclass(frozen=True)

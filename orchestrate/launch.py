@@ -14,6 +14,8 @@ from typing import Any
 
 from rich.console import Console
 
+from trainer.contract import DIVERGED_LINE, EXIT_DIVERGED
+
 from .checkpoints import Checkpoint, Replicator, copy_checkpoint, last_metrics, newest_valid, validate
 from .config import UpConfig, secret_values
 from .errors import NoCheckpointError
@@ -38,6 +40,7 @@ SIGTERM_STOP_LINE = "stopped by SIGTERM"
 REMOVED = "removed"  # a pseudo-status: the daemon answered that the container no longer exists
 UNREACHABLE_S = 15.0  # a host that answers no poll for this long counts as down
 LAST_LINES = 20
+DIVERGED_TAIL = 100  # torchrun's failure summary (traceback and table) follows the trainer's line
 FAILED_GRACE_S = 10.0
 STREAM_DRAIN_S = 2.0  # at most this long for the log streams' last lines once the job has ended
 STREAM_RETRY_S = 1.0  # a node's log stream broke while its container runs: follow it again this much later
@@ -246,7 +249,7 @@ class Watcher:
                 return Outcome(False, End.REMOVED, rank, "its container was removed (stopped with 'kill'?)")
             if status in ("exited", "dead"):
                 if code != 0:
-                    why = "killed (OOM)" if state.get("OOMKilled") else f"exited with code {code}"
+                    why = "killed (OOM)" if state.get("OOMKilled") else self._exit_reason(rank, code)
                     failed.append((docker_time(str(state.get("FinishedAt", ""))) or math.inf, rank, why))
                 done += 1
         if failed:
@@ -305,12 +308,27 @@ class Watcher:
         except Exception:  # unreachable or slow: counted by last_seen
             results[rank] = None
 
-    def last_lines(self, rank: int) -> str:
+    def _exit_reason(self, rank: int, code: int) -> str:
+        """torchrun exits 1 whatever its workers' codes: a diverged run is told apart by the trainer's line."""
+        line = diverged_line(self.last_lines(rank, DIVERGED_TAIL)) if code in (1, EXIT_DIVERGED) else None
+        return line or f"exited with code {code}"
+
+    def last_lines(self, rank: int, tail: int = LAST_LINES) -> str:
         try:
-            return self.nodes.docker(rank).api.logs(self.ids[rank], tail=LAST_LINES).decode(
+            return self.nodes.docker(rank).api.logs(self.ids[rank], tail=tail).decode(
                 errors="replace")
         except Exception as err:
             return f"(logs unavailable: {err})"
+
+
+def diverged_line(log: str) -> str | None:
+    """PURE: the trainer's divergence report (`error: training diverged at step N: loss L, lr R; ...`) from a
+    node's log, without its `error: `; None when the node ended otherwise."""
+    for line in reversed(log.splitlines()):
+        _, found, rest = line.partition(f"error: {DIVERGED_LINE}")
+        if found:
+            return f"{DIVERGED_LINE}{rest}".strip()
+    return None
 
 
 def docker_time(stamp: str) -> float | None:

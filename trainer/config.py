@@ -151,7 +151,8 @@ examples:
   torchrun --nproc_per_node 2 -m trainer --data-dir /data --ckpt-dir /ckpt --precision bf16
   torchrun --nproc_per_node 2 -m trainer --data-dir /data --ckpt-dir /ckpt --precision bf16 --resume
 
-exit codes: 0 done, 2 bad input (one 'error:' line), 143 stopped by SIGTERM after writing a checkpoint.
+exit codes: 0 done, 2 bad input (one 'error:' line), 3 diverged (non-finite loss; no checkpoint of it),
+143 stopped by SIGTERM after writing a checkpoint.
 """
 
 

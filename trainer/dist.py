@@ -123,6 +123,27 @@ def any_ranks(ctx: DistContext, *flags: bool) -> tuple[bool, ...]:
     return tuple(bool(v) for v in t.tolist())
 
 
+def wait_for_peers(ctx: DistContext, t: torch.Tensor) -> list[int]:
+    """All-reduce (MAX) an int tensor and read it: the host's one wait every AGREE_EVERY steps. On a GPU the
+    read waits for every queued kernel and for the collective, so a rank whose peer is lost blocks here, in a
+    frame the stall report recognises by its name (contract.PEER_WAIT_FUNCTION)."""
+    if ctx.distributed:
+        dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    return [int(v) for v in t.tolist()]
+
+
+def agree(ctx: DistContext, loss: torch.Tensor, *flags: bool) -> tuple[tuple[bool, ...], bool]:
+    """The flags agreed over all ranks (True if True on any), and whether any rank's `loss` is non-finite: one
+    all_reduce, one read. The tensor is filled on the device (no copy from the host: that would be a second wait)."""
+    t = torch.zeros(len(flags) + 1, dtype=torch.int32, device=loss.device)
+    for i, flag in enumerate(flags):
+        if flag:
+            t[i] = 1
+    t[-1] = (~torch.isfinite(loss)).any()
+    *agreed, nonfinite = wait_for_peers(ctx, t)
+    return tuple(v > 0 for v in agreed), nonfinite > 0
+
+
 def sum_tensor(ctx: DistContext, t: torch.Tensor) -> torch.Tensor:
     if ctx.distributed:
         dist.all_reduce(t, op=dist.ReduceOp.SUM)

@@ -341,12 +341,12 @@ def test_the_stop_and_save_flags_are_agreed_every_few_steps_not_every_step(
     """Reading an all_reduce's result on a GPU waits for every queued kernel: once a step, it would drain
     the queue each step. 2 epochs of 32 steps agree 64 / AGREE_EVERY times (epoch ends fall on multiples)."""
     agreements = []
-    real = dist.any_ranks
+    real = dist.agree
 
-    def counting(ctx: DistContext, *flags: bool) -> tuple[bool, ...]:
+    def counting(ctx: DistContext, loss: torch.Tensor, *flags: bool) -> tuple[tuple[bool, ...], bool]:
         agreements.append(len(flags))
-        return real(ctx, *flags)
+        return real(ctx, loss, *flags)
 
-    monkeypatch.setattr(dist, "any_ranks", counting)
+    monkeypatch.setattr(dist, "agree", counting)
     assert main(base_args(data_dir, tmp_path, "--epochs", "2", "--batch-size", "16")) == 0
     assert agreements.count(2) == 64 // loop.AGREE_EVERY

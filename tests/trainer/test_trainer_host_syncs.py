@@ -9,6 +9,8 @@ themselves (only `torch.cuda.set_sync_debug_mode` on a GPU can), but it can coun
 
 from __future__ import annotations
 
+import faulthandler
+import math
 import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -19,8 +21,11 @@ import torch
 from torch.overrides import TorchFunctionMode
 from trainer_helpers import base_args
 
-from trainer import data, loop, metrics
+from orchestrate.health import RankStack
+from trainer import data, dist, loop, metrics
 from trainer.__main__ import main
+from trainer.contract import PEER_WAIT_FUNCTION
+from trainer.dist import DistContext
 
 _FROM_PYTHON = {torch.tensor, torch.as_tensor, torch.scalar_tensor}
 _READS = {torch.Tensor.item, torch.Tensor.cpu, torch.Tensor.tolist, torch.Tensor.numpy, torch.Tensor.__bool__,
@@ -98,3 +103,20 @@ def test_no_host_sync_in_a_training_step(precision: str, per_step: list[list[str
     assert len(per_step) == 8
     # The first step may make the per-device constants once; after it, none at all.
     assert [calls for calls in per_step[1:] if calls] == []
+
+
+def test_the_agreement_waits_in_the_function_the_stall_report_names(tmp_path: Path,
+                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    """A real faulthandler dump (what SIGUSR1 writes) taken while the agreement's collective runs: the frame the
+    orchestrator's stall report looks for (contract.PEER_WAIT_FUNCTION) is on the stack."""
+    dump = tmp_path / "stack.txt"
+
+    def all_reduce_then_dump(t: torch.Tensor, op: object = None) -> None:
+        with dump.open("w") as f:
+            faulthandler.dump_traceback(f, all_threads=False)
+
+    monkeypatch.setattr(torch.distributed, "all_reduce", all_reduce_then_dump)
+    ctx = DistContext(0, 0, 2, torch.device("cpu"))
+    assert dist.agree(ctx, torch.tensor(math.nan), True, False) == ((True, False), True)
+    assert RankStack(0, 0, dump.read_text()).in_collective
+    assert f" in {PEER_WAIT_FUNCTION}\n" in dump.read_text()
