@@ -6,12 +6,15 @@ import datetime
 import logging
 import os
 import re
+import tempfile
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import torch
 import torch.distributed as dist
 
+from . import transport
 from .errors import DeviceError
 
 log = logging.getLogger(__name__)
@@ -95,8 +98,16 @@ def init(ctx: DistContext, timeout_s: float) -> None:
         torch.cuda.set_device(ctx.device)  # before any CUDA work or NCCL init, or it all lands on cuda:0
     if not ctx.distributed:
         return
+    # Rank 0 asks NCCL to say which transport it picks (IB, RoCE, sockets): NCCL reads its log settings once,
+    # when it starts, and says it only there.
+    nccl_log = transport.before_nccl(Path(os.environ.get("LOG_DIR") or tempfile.gettempdir())) \
+        if ctx.is_main and ctx.backend == "nccl" else None
     dist.init_process_group(**init_kwargs(ctx, timeout_s))
     log.info("process group up: backend=%s world_size=%d timeout=%ss", ctx.backend, ctx.world_size, timeout_s)
+    if ctx.is_main and ctx.backend == "nccl":
+        transport.report_nccl(nccl_log)
+    elif ctx.is_main:
+        log.info("transport: %s", transport.describe_gloo(dict(os.environ)))
 
 
 def shutdown() -> None:
