@@ -25,7 +25,9 @@ from .health import (
     RankStack,
     StallClock,
     culprits,
+    flight_recorder_lines,
     read_beat,
+    read_fr_dumps,
     read_stacks,
     signal_ranks,
 )
@@ -40,6 +42,7 @@ SIGTERM_STOP_LINE = "stopped by SIGTERM"
 REMOVED = "removed"  # a pseudo-status: the daemon answered that the container no longer exists
 UNREACHABLE_S = 15.0  # a host that answers no poll for this long counts as down
 LAST_LINES = 20
+FR_ENV = "TORCH_FR_DUMP_TEMP_FILE"  # set by plan.py for GPU jobs: where torch's flight recorder dumps go
 DIVERGED_TAIL = 100  # torchrun's failure summary (traceback and table) follows the trainer's line
 FAILED_GRACE_S = 10.0
 STREAM_DRAIN_S = 2.0  # at most this long for the log streams' last lines once the job has ended
@@ -450,6 +453,8 @@ def _report_stall(watcher: Watcher, outcome: Outcome) -> None:
         outcome.reason += f"; stalled by {names}"
     elif stacks:
         lines.append("no single node to blame: every rank is in the same place (see the dumps)")
+    if FR_ENV in specs[0].env:  # a GPU job: torch's flight recorder may have dumped (NCCL only)
+        lines += flight_recorder_lines(_fr_dumps(watcher, stacks))
     if watcher.beat is not None:
         lines.append(f"last heartbeat: {watcher.beat.progress_line()} (slowest step so far "
                      f"{watcher.beat.slowest_step_s:.2f} s)")
@@ -462,6 +467,17 @@ def _report_stall(watcher: Watcher, outcome: Outcome) -> None:
         console.print(f"stack dumps saved in {specs[0].host.label}:{path}", markup=False, highlight=False)
     except Exception as err:  # node 0 unreachable: the dumps were printed above
         console.print(f"could not save the stack dumps on node 0: {err}", markup=False, highlight=False)
+
+
+def _fr_dumps(watcher: Watcher, stacks: Sequence[RankStack]) -> dict[int, bytes]:
+    dumps: dict[int, bytes] = {}
+    for node, spec in enumerate(watcher.specs):
+        try:
+            dumps.update(read_fr_dumps(watcher.nodes.conn(node), spec.dirs["log"],
+                                       [s.rank for s in stacks if s.node == node]))
+        except Exception:  # an unreachable node has no dumps to give; the others still do
+            continue
+    return dumps
 
 
 def _interrupted(nodes: Nodes, config: UpConfig, console: Console) -> Outcome:

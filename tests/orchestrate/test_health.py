@@ -6,6 +6,8 @@ from __future__ import annotations
 import dataclasses
 import io
 import json
+import os
+import pickle
 import time
 from pathlib import Path
 
@@ -16,7 +18,7 @@ from orchestrate import pipeline as up
 from orchestrate import state
 from orchestrate.config import SSHOptions, UpConfig
 from orchestrate.errors import JobError
-from orchestrate.health import Beat, RankStack, StallClock, culprits
+from orchestrate.health import Beat, RankStack, StallClock, culprits, flight_recorder_lines, last_collective
 from orchestrate.launch import End, Outcome, diverged_line, docker_time
 from orchestrate.pipeline import Attempt
 from trainer.contract import PEER_WAIT_FUNCTION
@@ -160,3 +162,42 @@ def test_restart_or_raise(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> No
     state.mark_killed("j")
     with pytest.raises(JobError, match="stopped with 'kill' during the restart backoff"):
         up._restart_or_raise(cfg, cfg, Attempt(failed, None, 8), None, began, console)
+
+
+def _real_dump(tmp_path: Path, collectives: int) -> bytes:
+    """A flight-recorder dump as torch writes it (its pickle format; gloo has the recorder too on this torch)."""
+    import torch
+    import torch.distributed as dist
+    from torch._C._distributed_c10d import _dump_fr_trace
+
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path / f'store{collectives}'}", rank=0, world_size=1)
+    try:
+        for _ in range(collectives):
+            dist.all_reduce(torch.ones(2))
+        return bytes(_dump_fr_trace())
+    finally:
+        dist.destroy_process_group()
+
+
+def test_flight_recorder_dumps_name_the_rank_that_never_reached_the_collective(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Read without torch (plain data only); a rank whose newest collective is older than the others' is behind."""
+    monkeypatch.setenv("TORCH_FR_BUFFER_SIZE", "64")
+    behind = _real_dump(tmp_path, 2)  # first: the recorder is one per process and keeps older groups' entries
+    ahead = _real_dump(tmp_path, 3)
+    assert last_collective(ahead) == (3, "gloo:all_reduce scheduled")
+    lines = flight_recorder_lines({0: ahead, 1: behind, 2: b"not a pickle"})
+    assert lines == ["flight recorder of rank 0: last collective #3 gloo:all_reduce scheduled",
+                     "flight recorder of rank 1: last collective #2 gloo:all_reduce scheduled",
+                     "flight recorder of rank 2: unreadable dump",
+                     "flight recorder: rank(s) 1 never reached collective #3"]
+    assert flight_recorder_lines({}) == ["flight recorder: no dump (torch writes them only when NCCL's watchdog "
+                                         "times out)"]
+
+
+def test_a_dump_that_would_load_code_is_refused() -> None:
+    class Payload:
+        def __reduce__(self) -> tuple:
+            return (os.system, ("true",))
+
+    assert last_collective(pickle.dumps({"entries": [Payload()]})) is None
