@@ -169,10 +169,11 @@ def save(cfg: Config, ctx: DistContext, st: TrainState, loader: TrainLoader, pac
     return path
 
 
-def _diverged(cfg: Config, step: int, loss: float, lr: float) -> DivergedError:
+def _diverged(cfg: Config, step: int, what: str, lr: float) -> DivergedError:
+    """`what`: `loss nan` (the agreement saw it) or `weights not finite` (a save refused them)."""
     hint = "lower --lr" + (" or use --precision bf16 (fp32's range, no loss scale)" if cfg.precision == "fp16" else
                            " (or lengthen --warmup-epochs)")
-    return DivergedError(f"{DIVERGED_LINE} at step {step}: loss {loss:g}, lr {lr:g}; no checkpoint of it was written, "
+    return DivergedError(f"{DIVERGED_LINE} at step {step}: {what}, lr {lr:g}; no checkpoint of it was written, "
                          f"the newest one is from before; {hint}, then --resume")
 
 
@@ -181,7 +182,7 @@ def _refuse_nonfinite_weights(cfg: Config, st: TrainState) -> None:
     Every rank checks its own copy (DDP keeps them equal), so all stop here together; one read per save."""
     params = [p.detach() for p in st.model.parameters()]
     if params and not bool(torch.stack([torch.isfinite(p).all() for p in params]).all()):
-        raise _diverged(cfg, st.pos.step, math.nan, st.optimizer.param_groups[0]["lr"])
+        raise _diverged(cfg, st.pos.step, "weights not finite", st.optimizer.param_groups[0]["lr"])
 
 
 def _train_epoch(cfg: Config, ctx: DistContext, st: TrainState, loader: TrainLoader, stop: StopRequest,
@@ -215,7 +216,7 @@ def _train_epoch(cfg: Config, ctx: DistContext, st: TrainState, loader: TrainLoa
         # gradients, not an inf loss) stops every rank here, before any save.
         (stopped, save_due), diverged = dist.agree(ctx, total[0], stop.requested, pace.save_due(ctx))
         if diverged:
-            raise _diverged(cfg, st.pos.step, float(loss), lr)
+            raise _diverged(cfg, st.pos.step, f"loss {float(loss):g}", lr)
         if stopped or hit_max:
             break
         if save_due and not epoch_end:  # at an epoch's end, _after_epoch's save is due anyway

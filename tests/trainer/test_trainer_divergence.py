@@ -53,6 +53,6 @@ def test_nonfinite_weights_are_never_saved(tmp_path: Path) -> None:
         next(st.model.parameters())[0] = math.inf
     pace = loop.Pace(metrics.Heartbeat(cfg.ckpt_dir, True, 10, 1, 8))
     loader = type("L", (), {"global_batch": 8})()
-    with pytest.raises(DivergedError, match=f"{DIVERGED_LINE} at step 0"):
+    with pytest.raises(DivergedError, match=f"{DIVERGED_LINE} at step 0: weights not finite, lr 0.1; "):
         loop.save(cfg, ctx, st, loader, pace)  # type: ignore[arg-type]
     assert not list(cfg.ckpt_dir.glob("ckpt-*"))
