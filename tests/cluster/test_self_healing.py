@@ -149,8 +149,8 @@ def test_a_crash_that_repeats_without_progress_is_not_restarted_again(
 def test_a_diverging_run_is_named_and_not_restarted_into_the_same_divergence(
         target: Cluster, work: Path, data: Data, hosts: Path) -> None:
     """A huge --lr: every rank stops at the same agreement with exit 3 (torchrun's own code is 1), the cause
-    says the training diverged, and the restart from the last checkpoint diverges again before a new one:
-    the same-failure rule stops it. No checkpoint of non-finite weights exists on any node."""
+    says the training diverged, and the restart (from the beginning: nothing was saved before step 8)
+    diverges again before any checkpoint: the same-failure rule stops it. No checkpoint exists on any node."""
     job, state = "heal-diverge", work / "state-diverge"
     res = orchestrate(target, state, *up_args(hosts, data, job, "--max-restarts", "3",
                                               trainer=("--epochs", "5", "--lr", "1e12", "--warmup-epochs", "0")),
