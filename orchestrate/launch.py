@@ -14,6 +14,8 @@ from typing import Any
 
 from rich.console import Console
 
+from trainer.contract import DIVERGED_LINE, EXIT_DIVERGED
+
 from .checkpoints import Checkpoint, Replicator, copy_checkpoint, last_metrics, newest_valid, validate
 from .config import UpConfig, secret_values
 from .errors import NoCheckpointError
@@ -23,7 +25,9 @@ from .health import (
     RankStack,
     StallClock,
     culprits,
+    flight_recorder_lines,
     read_beat,
+    read_fr_dumps,
     read_stacks,
     signal_ranks,
 )
@@ -38,6 +42,8 @@ SIGTERM_STOP_LINE = "stopped by SIGTERM"
 REMOVED = "removed"  # a pseudo-status: the daemon answered that the container no longer exists
 UNREACHABLE_S = 15.0  # a host that answers no poll for this long counts as down
 LAST_LINES = 20
+FR_ENV = "TORCH_FR_DUMP_TEMP_FILE"  # set by plan.py for GPU jobs: where torch's flight recorder dumps go
+DIVERGED_TAIL = 100  # torchrun's failure summary (traceback and table) follows the trainer's line
 FAILED_GRACE_S = 10.0
 STREAM_DRAIN_S = 2.0  # at most this long for the log streams' last lines once the job has ended
 STREAM_RETRY_S = 1.0  # a node's log stream broke while its container runs: follow it again this much later
@@ -245,7 +251,7 @@ class Watcher:
                 return Outcome(False, End.REMOVED, rank, "its container was removed (stopped with 'kill'?)")
             if status in ("exited", "dead"):
                 if code != 0:
-                    why = "killed (OOM)" if state.get("OOMKilled") else f"exited with code {code}"
+                    why = "killed (OOM)" if state.get("OOMKilled") else self._exit_reason(rank, code)
                     failed.append((docker_time(str(state.get("FinishedAt", ""))) or math.inf, rank, why))
                 done += 1
         if failed:
@@ -307,12 +313,27 @@ class Watcher:
         except Exception:  # unreachable or slow: counted by last_seen
             results[rank] = None
 
-    def last_lines(self, rank: int) -> str:
+    def _exit_reason(self, rank: int, code: int) -> str:
+        """torchrun exits 1 whatever its workers' codes: a diverged run is told apart by the trainer's line."""
+        line = diverged_line(self.last_lines(rank, DIVERGED_TAIL)) if code in (1, EXIT_DIVERGED) else None
+        return line or f"exited with code {code}"
+
+    def last_lines(self, rank: int, tail: int = LAST_LINES) -> str:
         try:
-            return self.nodes.docker(rank).api.logs(self.ids[rank], tail=LAST_LINES).decode(
+            return self.nodes.docker(rank).api.logs(self.ids[rank], tail=tail).decode(
                 errors="replace")
         except Exception as err:
             return f"(logs unavailable: {err})"
+
+
+def diverged_line(log: str) -> str | None:
+    """PURE: the trainer's divergence report (`error: training diverged at step N: loss L, lr R; ...`) from a
+    node's log, without its `error: `; None when the node ended otherwise."""
+    for line in reversed(log.splitlines()):
+        _, found, rest = line.partition(f"error: {DIVERGED_LINE}")
+        if found:
+            return f"{DIVERGED_LINE}{rest}".strip()
+    return None
 
 
 def docker_time(stamp: str) -> float | None:
@@ -434,6 +455,8 @@ def _report_stall(watcher: Watcher, outcome: Outcome) -> None:
         outcome.reason += f"; stalled by {names}"
     elif stacks:
         lines.append("no single node to blame: every rank is in the same place (see the dumps)")
+    if FR_ENV in specs[0].env:  # a GPU job: torch's flight recorder may have dumped (NCCL only)
+        lines += flight_recorder_lines(_fr_dumps(watcher, stacks))
     if watcher.beat is not None:
         lines.append(f"last heartbeat: {watcher.beat.progress_line()} (slowest step so far "
                      f"{watcher.beat.slowest_step_s:.2f} s)")
@@ -446,6 +469,17 @@ def _report_stall(watcher: Watcher, outcome: Outcome) -> None:
         console.print(f"stack dumps saved in {specs[0].host.label}:{path}", markup=False, highlight=False)
     except Exception as err:  # node 0 unreachable: the dumps were printed above
         console.print(f"could not save the stack dumps on node 0: {err}", markup=False, highlight=False)
+
+
+def _fr_dumps(watcher: Watcher, stacks: Sequence[RankStack]) -> dict[int, bytes]:
+    dumps: dict[int, bytes] = {}
+    for node, spec in enumerate(watcher.specs):
+        try:
+            dumps.update(read_fr_dumps(watcher.nodes.conn(node), spec.dirs["log"],
+                                       [s.rank for s in stacks if s.node == node]))
+        except Exception:  # an unreachable node has no dumps to give; the others still do
+            continue
+    return dumps
 
 
 def _interrupted(nodes: Nodes, config: UpConfig, console: Console) -> Outcome:

@@ -121,7 +121,6 @@ class Config:
 # Options a CPU cannot run: (the option as written, whether this config uses it, what to do instead). The
 # trainer refuses them on a CPU device; the orchestrator refuses them with --gpus 0 before anything starts.
 CUDA_ONLY: tuple[tuple[str, Callable[[Config], bool], str], ...] = (
-    ("--precision fp16", lambda c: c.precision == "fp16", "use --precision bf16 or fp32 on CPU"),
     ("--sync-bn", lambda c: c.sync_bn, "SyncBatchNorm does not run on CPU tensors; drop --sync-bn"),
     ("--grad-compression bf16", lambda c: c.grad_compression == "bf16",
      "gloo cannot run the bf16 hook; use --grad-compression fp16 on CPU"),
@@ -182,7 +181,8 @@ examples:
   torchrun --nproc_per_node 2 -m trainer --data-dir /data --ckpt-dir /ckpt --precision bf16
   torchrun --nproc_per_node 2 -m trainer --data-dir /data --ckpt-dir /ckpt --precision bf16 --resume
 
-exit codes: 0 done, 2 bad input (one 'error:' line), 143 stopped by SIGTERM after writing a checkpoint.
+exit codes: 0 done, 2 bad input (one 'error:' line), 3 diverged (non-finite loss; no checkpoint of it),
+143 stopped by SIGTERM after writing a checkpoint.
 """
 
 
@@ -210,7 +210,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="resnet18 (CIFAR variant), resnet20, resnet18-gn, resnet20-gn, tiny, vit-cifar (25M params), "
                         "or a torchvision name")
     p.add_argument("--precision", default="fp32", choices=PRECISIONS,
-                   help="autocast dtype; fp16 adds a gradient scaler and needs CUDA")
+                   help="autocast dtype; fp16 adds a gradient scaler")
     p.add_argument("--strategy", default=d["strategy"].default, choices=STRATEGIES,
                    help="ddp: a full model replica per process; fsdp: parameters, gradients and optimizer state "
                         "sharded over the processes (FSDP2), checkpoints in DCP folders that resume at any world size")

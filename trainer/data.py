@@ -231,10 +231,23 @@ def crop_flip(images: torch.Tensor, dx: torch.Tensor, dy: torch.Tensor, flip: to
     return padded.reshape(n, c, -1).gather(2, index).reshape(n, c, h, w)
 
 
+_NORM_CACHE: dict[torch.device, tuple[torch.Tensor, torch.Tensor]] = {}
+
+
+def _norm_constants(device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """(scale, shift) of the per-channel standardisation, made once per device: a tensor built from Python
+    numbers on a GPU is a blocking host-to-device copy, which once per step would keep the CPU from running
+    ahead of the GPU."""
+    if device not in _NORM_CACHE:
+        std = torch.tensor(STD).view(1, 3, 1, 1)
+        mean = torch.tensor(MEAN).view(1, 3, 1, 1)
+        _NORM_CACHE[device] = ((1.0 / (std * 255)).to(device), (mean / std).to(device))
+    return _NORM_CACHE[device]
+
+
 def normalize(images: torch.Tensor) -> torch.Tensor:
     """uint8 -> float32, scaled and standardised per channel."""
-    scale = 1.0 / (torch.tensor(STD, device=images.device).view(1, 3, 1, 1) * 255)
-    shift = torch.tensor(MEAN, device=images.device).view(1, 3, 1, 1) / torch.tensor(STD, device=images.device).view(1, 3, 1, 1)
+    scale, shift = _norm_constants(images.device)
     return images.float().mul_(scale).sub_(shift)  # (x/255 - mean)/std, in place on the fresh float copy
 
 

@@ -21,3 +21,7 @@ class CheckpointError(TrainerError):
 
 class DeviceError(TrainerError):
     """The requested device or precision is not available here."""
+
+
+class DivergedError(TrainerError):
+    """The loss (or the weights) went non-finite: every rank stops at the same step, exit EXIT_DIVERGED."""

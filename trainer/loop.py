@@ -19,9 +19,10 @@ from torch import nn
 
 from . import checkpoint, dist, metrics
 from .config import Config
+from .contract import DIVERGED_LINE
 from .data import Split, TrainLoader, normalize
 from .dist import DistContext
-from .errors import CheckpointError
+from .errors import CheckpointError, DivergedError
 from .precision import autocast
 from .state import TrainState, memory_format, save_sharded, to_checkpoint
 
@@ -149,6 +150,7 @@ class EpochStats:
 def save(cfg: Config, ctx: DistContext, st: TrainState, loader: TrainLoader, pace: Pace) -> Path | None:
     """Global rank 0 writes; every rank learns whether it worked (a collective, so no rank is left waiting)."""
     path, err = None, None
+    _refuse_nonfinite_weights(cfg, st)
     pace.heartbeat.mark("checkpointing", step=st.pos.step)
     t0 = time.monotonic()
     if cfg.strategy == "fsdp":  # every rank writes its own shards; a failure raises on every rank alike
@@ -167,6 +169,22 @@ def save(cfg: Config, ctx: DistContext, st: TrainState, loader: TrainLoader, pac
     pace.last_save = time.monotonic()
     pace.heartbeat.mark("training", step=st.pos.step, ckpt_step=st.pos.step)
     return path
+
+
+def _diverged(cfg: Config, step: int, what: str, lr: float) -> DivergedError:
+    """`what`: `loss nan` (the agreement saw it) or `weights not finite` (a save refused them)."""
+    hint = "lower --lr" + (" or use --precision bf16 (fp32's range, no loss scale)" if cfg.precision == "fp16" else
+                           " (or lengthen --warmup-epochs)")
+    return DivergedError(f"{DIVERGED_LINE} at step {step}: {what}, lr {lr:g}; no checkpoint of it was written, "
+                         f"the newest one is from before; {hint}, then --resume")
+
+
+def _refuse_nonfinite_weights(cfg: Config, st: TrainState) -> None:
+    """No checkpoint of non-finite weights, ever: a step can leave them so with a loss that was still finite.
+    Every rank checks its own copy (DDP keeps them equal), so all stop here together; one read per save."""
+    params = [p.detach() for p in st.model.parameters()]
+    if params and not bool(torch.stack([torch.isfinite(p).all() for p in params]).all()):
+        raise _diverged(cfg, st.pos.step, "weights not finite", st.optimizer.param_groups[0]["lr"])
 
 
 def _train_epoch(cfg: Config, ctx: DistContext, st: TrainState, loader: TrainLoader, stop: StopRequest,
@@ -196,7 +214,11 @@ def _train_epoch(cfg: Config, ctx: DistContext, st: TrainState, loader: TrainLoa
         # The agreed value, never the flag itself: a signal landing after this line sets the flag on one rank
         # only, and a rank that acted on it alone would meet its peers in another collective (gloo aborts).
         # The flag stays set, so the next agreement stops every rank.
-        stopped, save_due = dist.any_ranks(ctx, stop.requested, pace.save_due(ctx))
+        # The loss rides in the same all_reduce: a non-finite one on any rank (fp16's skipped steps have inf
+        # gradients, not an inf loss) stops every rank here, before any save.
+        (stopped, save_due), diverged = dist.agree(ctx, total[0], stop.requested, pace.save_due(ctx))
+        if diverged:
+            raise _diverged(cfg, st.pos.step, f"loss {float(loss):g}", lr)
         if stopped or hit_max:
             break
         if save_due and not epoch_end:  # at an epoch's end, _after_epoch's save is due anyway

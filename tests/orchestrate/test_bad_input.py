@@ -51,8 +51,6 @@ CASES: list[tuple[str, list[str], str]] = [
     ("missing value", ["up", "--", "--lr"], "argument --lr: expected one argument"),
     ("model no model can be", ["up", "--", "--model", "does-not-exist"], "unknown model 'does-not-exist'"),
     ("lr nan", ["up", "--", "--lr", "nan"], "--lr must be a finite number"),
-    ("fp16 with --gpus 0", ["up", "--gpus", "0", "--", "--precision", "fp16"],
-     "--precision fp16 needs a GPU, and --gpus 0 runs on CPU"),
     ("sync-bn with --gpus 0", ["up", "--gpus", "0", "--", "--sync-bn"], "--sync-bn needs a GPU"),
     ("fsdp with compression", ["up", "--", "--strategy", "fsdp", "--grad-compression", "fp16"],
      "--strategy fsdp cannot honour --grad-compression: FSDP2 has no DDP communication hooks"),

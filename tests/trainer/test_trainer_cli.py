@@ -55,7 +55,6 @@ CASES = {
     "batch size 0": (["--batch-size", "0"], "--batch-size must be a positive integer"),
     "epochs negative": (["--epochs", "-2"], "--epochs must be a positive integer"),
     "unknown model": (["--model", "resnet9000"], "unknown model 'resnet9000'"),
-    "fp16 on CPU": (["--precision", "fp16"], "fp16 needs a CUDA device"),
     "sync-bn on CPU": (["--sync-bn"], "--sync-bn needs a CUDA device"),
     "apex on CPU": (["--optimizer", "apex-fused-sgd"], "apex-fused-sgd needs a CUDA device"),
     "bf16 compression on CPU": (["--grad-compression", "bf16"], "bf16 needs a CUDA device; gloo cannot"),
