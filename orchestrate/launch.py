@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import datetime
-import math
 import os
 import threading
 import time
@@ -162,6 +161,9 @@ class Watcher:
         self.stall = StallClock(stall_timeout)
         self.beat: Beat | None = None
         self.last_seen = [time.monotonic()] * len(specs)
+        # When this machine learned of each container's exit (its wait returned): the order of failures across
+        # hosts. Never the hosts' own FinishedAt: their clocks may differ by more than the failures lie apart.
+        self.exit_seen: list[float | None] = [None] * len(specs)
         self.stop_event = threading.Event()
         self.exited = threading.Event()  # a container exited (or its wait broke): poll now, not at the next tick
         self.streams: list[threading.Thread] = []
@@ -205,6 +207,7 @@ class Watcher:
         """Block in the daemon's wait until the container exits: the exit is seen at once, without polling."""
         try:
             client.api.wait(self.ids[rank])
+            self.exit_seen[rank] = time.monotonic()
         except Exception:  # unreachable or removed: the poller tells which
             pass
         self.exited.set()
@@ -232,7 +235,7 @@ class Watcher:
             t.join(max(0.0, deadline - time.monotonic()))
         now = time.monotonic()
         done = 0
-        failed: list[tuple[float, int, str]] = []  # (finished at, rank, why)
+        failed: list[tuple[float, int, str]] = []  # (seen exited at, on this machine's clock; rank; why)
         for rank, state in enumerate(results):
             if state is None:
                 if now - self.last_seen[rank] > UNREACHABLE_S:
@@ -246,8 +249,8 @@ class Watcher:
                 return Outcome(False, End.REMOVED, rank, "its container was removed (stopped with 'kill'?)")
             if status in ("exited", "dead"):
                 if code != 0:
-                    why = "killed (OOM)" if state.get("OOMKilled") else f"exited with code {code}"
-                    failed.append((docker_time(str(state.get("FinishedAt", ""))) or math.inf, rank, why))
+                    why = oom_reason(self.specs[rank].memory) if state.get("OOMKilled") else f"exited with code {code}"
+                    failed.append((self.exit_seen[rank] or now, rank, why))
                 done += 1
         if failed:
             # Name the node that went first: the others usually fail *because* it did (a lost peer).
@@ -311,6 +314,13 @@ class Watcher:
                 errors="replace")
         except Exception as err:
             return f"(logs unavailable: {err})"
+
+
+def oom_reason(limit: str | None) -> str:
+    """PURE: why a container that the kernel's OOM killer ended (Docker's State.OOMKilled) failed, and what to do."""
+    where = f"its memory limit (--memory {limit})" if limit else "the host's memory (no --memory limit)"
+    return (f"killed by the kernel's OOM killer: out of {where}; lower --batch-size, or give it more memory "
+            "with --memory (/dev/shm counts too: --shm-size)")
 
 
 def docker_time(stamp: str) -> float | None:
