@@ -16,6 +16,7 @@ from rich.console import Console
 from .checkpoints import Checkpoint, Replicator, copy_checkpoint, last_metrics, newest_valid, validate
 from .config import UpConfig, secret_values
 from .errors import NoCheckpointError
+from .hangup import Hangup, TerminalGone
 from .health import (
     STACK_WAIT_S,
     Beat,
@@ -367,29 +368,27 @@ class ProgressView:
 
 
 def watch(nodes: Nodes, specs: Sequence[NodeSpec], containers: Sequence[Any], config: UpConfig,
-          console: Console) -> Outcome:
+          console: Console, hangup: Hangup) -> Outcome:
     """Stay attached until the job succeeds or a node fails; on failure stop the job everywhere. Meanwhile:
-    progress from the heartbeat, each new checkpoint replicated off node 0."""
+    progress from the heartbeat, each new checkpoint replicated off node 0. The terminal going away (SIGHUP) ends
+    the watch and leaves the job running."""
     watcher = Watcher(nodes, specs, containers, console, secret_values(config.env_dict), config.stall_timeout)
     replicator = Replicator(nodes, specs, config.ckpt_mirror, console)
     view = ProgressView(console)
     watcher.start_streams()
     replicator.start()
     try:
-        while True:
-            outcome = watcher.poll()
-            if outcome is not None and outcome.ok:
-                watcher.refresh_beat()  # the last beat ("done") may have come after this round's read
-            view.show(watcher.beat)
-            if outcome is not None:
-                break
-            watcher.exited.wait(POLL_S)
-            watcher.exited.clear()
+        with hangup.watching():
+            outcome = _watch_until_end(watcher, view)
     except KeyboardInterrupt:
         watcher.stop_event.set()
         view.close()
         replicator.stop()
         return _interrupted(nodes, config, console)
+    except TerminalGone:
+        watcher.stop_event.set()
+        replicator.stop()
+        return Outcome(True, End.DETACHED, None, "the terminal went away (SIGHUP)")
     finally:
         view.close()
     replicator.stop()
@@ -405,6 +404,18 @@ def watch(nodes: Nodes, specs: Sequence[NodeSpec], containers: Sequence[Any], co
             console.print(f"while stopping: {err}", markup=False, highlight=False)
             outcome.leftovers = True
     return outcome
+
+
+def _watch_until_end(watcher: Watcher, view: ProgressView) -> Outcome:
+    while True:
+        outcome = watcher.poll()
+        if outcome is not None and outcome.ok:
+            watcher.refresh_beat()  # the last beat ("done") may have come after this round's read
+        view.show(watcher.beat)
+        if outcome is not None:
+            return outcome
+        watcher.exited.wait(POLL_S)
+        watcher.exited.clear()
 
 
 def _report_failure(watcher: Watcher, outcome: Outcome, config: UpConfig) -> None:
