@@ -207,7 +207,7 @@ def test_a_closed_terminal_leaves_the_job_running_to_its_end(cluster: Cluster, w
     assert "keeps running" not in out and "stopping job" not in out and "error" not in out  # nothing more
     # The hangup stopped nothing: the trainer reaches its last epoch (a stop would end it with SIGTERM, exit 143).
     followed = orchestrate(cluster, state, "logs", "-f", "--job", "hup", "--node", "0", timeout=600)
-    assert followed.returncode == 0 and "finished: epochs=6" in followed.stdout
+    assert followed.returncode == 0 and "INFO DONE epochs=6 " in followed.stdout
     status = orchestrate(cluster, state, "status", "--job", "hup")
     rows = [line for line in status.stdout.splitlines() if "hup-node" in line]
     assert status.returncode == 0 and len(rows) == 2 and all("exited" in row for row in rows), status.stdout
