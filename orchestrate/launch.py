@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import datetime
-import math
 import os
 import threading
 import time
@@ -19,6 +18,7 @@ from trainer.contract import DIVERGED_LINE, EXIT_DIVERGED
 from .checkpoints import Checkpoint, Replicator, copy_checkpoint, last_metrics, newest_valid, validate
 from .config import UpConfig, secret_values
 from .errors import NoCheckpointError
+from .hangup import Hangup, TerminalGone
 from .health import (
     STACK_WAIT_S,
     Beat,
@@ -167,6 +167,9 @@ class Watcher:
         self.ids = [c.id for c in containers]
         self.stall = StallClock(stall_timeout)
         self.last_seen = [time.monotonic()] * len(specs)
+        # When this machine learned of each container's exit (its wait returned): the order of failures across
+        # hosts. Never the hosts' own FinishedAt: their clocks may differ by more than the failures lie apart.
+        self.exit_seen: list[float | None] = [None] * len(specs)
         self.stop_event = threading.Event()
         self.exited = threading.Event()  # a container exited (or its wait broke): poll now, not at the next tick
         self.streams: list[threading.Thread] = []
@@ -210,6 +213,7 @@ class Watcher:
         """Block in the daemon's wait until the container exits: the exit is seen at once, without polling."""
         try:
             client.api.wait(self.ids[rank])
+            self.exit_seen[rank] = time.monotonic()
         except Exception:  # unreachable or removed: the poller tells which
             pass
         self.exited.set()
@@ -237,7 +241,7 @@ class Watcher:
             t.join(max(0.0, deadline - time.monotonic()))
         now = time.monotonic()
         done = 0
-        failed: list[tuple[float, int, str]] = []  # (finished at, rank, why)
+        failed: list[tuple[float, int, str]] = []  # (seen exited at, on this machine's clock; rank; why)
         for rank, state in enumerate(results):
             if state is None:
                 if now - self.last_seen[rank] > UNREACHABLE_S:
@@ -251,8 +255,8 @@ class Watcher:
                 return Outcome(False, End.REMOVED, rank, "its container was removed (stopped with 'kill'?)")
             if status in ("exited", "dead"):
                 if code != 0:
-                    why = "killed (OOM)" if state.get("OOMKilled") else self._exit_reason(rank, code)
-                    failed.append((docker_time(str(state.get("FinishedAt", ""))) or math.inf, rank, why))
+                    why = oom_reason(self.specs[rank].memory) if state.get("OOMKilled") else self._exit_reason(rank, code)
+                    failed.append((self.exit_seen[rank] or now, rank, why))
                 done += 1
         if failed:
             # Name the node that went first: the others usually fail *because* it did (a lost peer).
@@ -336,6 +340,13 @@ def diverged_line(log: str) -> str | None:
     return None
 
 
+def oom_reason(limit: str | None) -> str:
+    """PURE: why a container that the kernel's OOM killer ended (Docker's State.OOMKilled) failed, and what to do."""
+    where = f"its memory limit (--memory {limit})" if limit else "the host's memory (no --memory limit)"
+    return (f"killed by the kernel's OOM killer: out of {where}; lower --batch-size, or give it more memory "
+            "with --memory (/dev/shm counts too: --shm-size)")
+
+
 def docker_time(stamp: str) -> float | None:
     """PURE: epoch seconds of one of Docker's RFC 3339 UTC times (a fraction of up to 9 digits, which datetime
     does not take: cut to microseconds); None for an empty, a zero (never) or a malformed one."""
@@ -380,29 +391,27 @@ class ProgressView:
 
 
 def watch(nodes: Nodes, specs: Sequence[NodeSpec], containers: Sequence[Any], config: UpConfig,
-          console: Console) -> Outcome:
+          console: Console, hangup: Hangup) -> Outcome:
     """Stay attached until the job succeeds or a node fails; on failure stop the job everywhere. Meanwhile:
-    progress from the heartbeat, each new checkpoint replicated off node 0."""
+    progress from the heartbeat, each new checkpoint replicated off node 0. The terminal going away (SIGHUP) ends
+    the watch and leaves the job running."""
     watcher = Watcher(nodes, specs, containers, console, secret_values(config.env_dict), config.stall_timeout)
     replicator = Replicator(nodes, specs, config.ckpt_mirror, console)
     view = ProgressView(console)
     watcher.start_streams()
     replicator.start()
     try:
-        while True:
-            outcome = watcher.poll()
-            if outcome is not None and outcome.ok:
-                watcher.refresh_beat()  # the last beat ("done") may have come after this round's read
-            view.show(watcher.beat)
-            if outcome is not None:
-                break
-            watcher.exited.wait(POLL_S)
-            watcher.exited.clear()
+        with hangup.watching():
+            outcome = _watch_until_end(watcher, view)
     except KeyboardInterrupt:
         watcher.stop_event.set()
         view.close()
         replicator.stop()
         return _interrupted(nodes, config, console)
+    except TerminalGone:
+        watcher.stop_event.set()
+        replicator.stop()
+        return Outcome(True, End.DETACHED, None, "the terminal went away (SIGHUP)")
     finally:
         view.close()
     replicator.stop()
@@ -418,6 +427,18 @@ def watch(nodes: Nodes, specs: Sequence[NodeSpec], containers: Sequence[Any], co
             console.print(f"while stopping: {err}", markup=False, highlight=False)
             outcome.leftovers = True
     return outcome
+
+
+def _watch_until_end(watcher: Watcher, view: ProgressView) -> Outcome:
+    while True:
+        outcome = watcher.poll()
+        if outcome is not None and outcome.ok:
+            watcher.refresh_beat()  # the last beat ("done") may have come after this round's read
+        view.show(watcher.beat)
+        if outcome is not None:
+            return outcome
+        watcher.exited.wait(POLL_S)
+        watcher.exited.clear()
 
 
 def _report_failure(watcher: Watcher, outcome: Outcome, config: UpConfig) -> None:

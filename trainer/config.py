@@ -110,7 +110,7 @@ class Config:
             option, why = refused[0]
             raise ConfigError(f"--strategy fsdp cannot honour {option}: {why}")
         if self.model not in MODEL_NAMES and not TORCHVISION_NAME_RE.fullmatch(self.model):
-            raise ConfigError(f"unknown model {self.model!r}: choose one of {', '.join(MODEL_NAMES)} "
+            raise ConfigError(f"--model {self.model!r} is not a model: choose one of {', '.join(MODEL_NAMES)} "
                               "or a torchvision classification model (e.g. resnet50)")
 
     def to_dict(self) -> dict[str, Any]:
@@ -166,12 +166,12 @@ def _choice(option: str, value: str, choices: tuple[str, ...]) -> None:
         raise ConfigError(f"{option} must be one of {', '.join(choices)}, got {value!r}")
 
 
-class _OneLineParser(argparse.ArgumentParser):
-    """argparse that reports a bad command line as a ConfigError: ``__main__`` prints it as one ``error: ...``
-    line (exit 2), the orchestrator names it as a trainer option of the job."""
+class OneLineParser(argparse.ArgumentParser):
+    """argparse that reports a bad command line as a ConfigError: each of the trainer's CLIs prints it as one
+    ``error: ...`` line (exit 2), the orchestrator names it as a trainer option of the job."""
 
     def error(self, message: str) -> NoReturn:
-        raise ConfigError(f"{message} (see python -m trainer --help)")
+        raise ConfigError(f"{message} (see {self.prog} --help)")
 
 
 _EXAMPLES = """\
@@ -193,7 +193,7 @@ class _Formatter(argparse.RawDescriptionHelpFormatter, argparse.ArgumentDefaults
 def build_parser() -> argparse.ArgumentParser:
     # No abbreviations: `--data` must not pass as --data-dir (the orchestrator reserves that one), and a
     # typo such as `--epoch` is refused instead of guessed.
-    p = _OneLineParser(prog="python -m trainer", formatter_class=_Formatter, epilog=_EXAMPLES, allow_abbrev=False,
+    p = OneLineParser(prog="python -m trainer", formatter_class=_Formatter, epilog=_EXAMPLES, allow_abbrev=False,
                        description="DDP CIFAR-10 trainer: one process with python, N with torchrun "
                                    "(gloo on CPU, NCCL with one process per GPU).")
     d = Config.__dataclass_fields__
