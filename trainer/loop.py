@@ -145,6 +145,9 @@ class EpochStats:
     images_per_s: float
     complete: bool
     stopped: bool = False  # every rank agreed to stop (SIGTERM on any of them)
+    # Rank 0's checkpoint clock as every rank agreed at the epoch's last step: the epoch-end save follows this,
+    # never rank 0's clock read again (rank 0 alone would enter the save's collective).
+    save_due: bool = False
 
 
 def save(cfg: Config, ctx: DistContext, st: TrainState, loader: TrainLoader, pace: Pace) -> Path | None:
@@ -191,7 +194,7 @@ def _train_epoch(cfg: Config, ctx: DistContext, st: TrainState, loader: TrainLoa
                  pace: Pace) -> EpochStats:
     n = len(loader.split)
     total = torch.zeros(2, dtype=torch.float64, device=loader.split.images.device)
-    steps_done, stopped, t0 = 0, False, time.perf_counter()
+    steps_done, stopped, save_due, t0 = 0, False, False, time.perf_counter()
     for x, y in loader.batches(st.pos.epoch, st.pos.sample):
         lr = lr_at(cfg, st.pos.epoch + (st.pos.sample + loader.global_batch) / n)
         loss = train_step(st, x, y, lr, cfg.precision, pace.micro)
@@ -229,7 +232,8 @@ def _train_epoch(cfg: Config, ctx: DistContext, st: TrainState, loader: TrainLoa
     if complete:
         st.pos.epoch, st.pos.sample = st.pos.epoch + 1, 0
     loss_mean = float(total[0] / total[1]) if total[1] > 0 else float("nan")
-    return EpochStats(loss_mean, steps_done * loader.global_batch / max(elapsed, 1e-9), complete, stopped)
+    return EpochStats(loss_mean, steps_done * loader.global_batch / max(elapsed, 1e-9), complete, stopped,
+                      save_due)
 
 
 def _record_epoch(cfg: Config, ctx: DistContext, st: TrainState, loader: TrainLoader, stats: EpochStats,
@@ -257,7 +261,7 @@ def _after_epoch(cfg: Config, ctx: DistContext, st: TrainState, loader: TrainLoa
         pace.heartbeat.mark("evaluating", step=st.pos.step)
         acc = evaluate(st.model, test, ctx, cfg.precision, cfg.eval_batch_size)
     _record_epoch(cfg, ctx, st, loader, stats, acc)
-    if not last and (st.pos.epoch % cfg.ckpt_every == 0 or pace.save_due(ctx)):
+    if not last and (st.pos.epoch % cfg.ckpt_every == 0 or stats.save_due):
         save(cfg, ctx, st, loader, pace)
     return acc
 
