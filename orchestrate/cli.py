@@ -177,6 +177,9 @@ def build_parser() -> argparse.ArgumentParser:
             p.add_argument("--tail", type=int, default=JOBS["tail"], help="last N lines per node (0: all)")
             p.add_argument("--rank", type=int, default=None,
                            help="one global rank's stdout/stderr files (from up's --log-dir on its node)")
+        if name == "status":
+            p.add_argument("--all", action="store_true", dest="all_jobs",
+                           help="every job on the hosts, everyone's: owner, name, nodes, GPUs, age")
         if name == "plot":
             p.add_argument("--out", type=Path, default=None, help="PNG to write (default: JOB-metrics.png here)")
     parser.up_parser = up  # type: ignore[attr-defined]  # the job file's schema (jobfile.py)
@@ -234,7 +237,8 @@ def jobs_config(ns: argparse.Namespace) -> JobsConfig:
     return JobsConfig(ssh=SSHOptions(ns.hosts, ns.ssh_config, ns.accept_new_host_keys), job=ns.job,
                       grace=float(getattr(ns, "grace", JOBS["grace"])), follow=getattr(ns, "follow", False),
                       node=getattr(ns, "node", None), tail=int(getattr(ns, "tail", JOBS["tail"])),
-                      rank=getattr(ns, "rank", None), out=getattr(ns, "out", None))
+                      rank=getattr(ns, "rank", None), out=getattr(ns, "out", None),
+                      all_jobs=getattr(ns, "all_jobs", False))
 
 
 def parse_args(argv: Sequence[str]) -> tuple[str, UpConfig | JobsConfig]:

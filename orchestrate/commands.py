@@ -12,6 +12,7 @@ from .errors import ConfigError, JobError, MultiHostError
 from .hosts import Host, parse_hosts_file
 from .jobs import kill_job, node0_ckpt_dir, print_status, rank_logs, stream_logs
 from .nodes import Nodes
+from .owner import print_all_jobs
 
 
 def hosts_for(config: JobsConfig) -> list[Host]:
@@ -34,7 +35,8 @@ def run_jobs_command(command: str, config: JobsConfig, console: Console) -> int:
             kill_job(nodes, config.job, config.grace, console, unreachable)
             return 0
         if command == "status":
-            ok = print_status(nodes, config.job, console, unreachable)
+            ok = (print_all_jobs(nodes, console, unreachable) if config.all_jobs
+                  else print_status(nodes, config.job, console, unreachable))
             if not ok:
                 raise MultiHostError("status", unreachable)
             return 0

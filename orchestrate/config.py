@@ -228,6 +228,7 @@ class JobsConfig:
     tail: int = 100
     rank: int | None = None  # logs --rank: one global rank's log files
     out: Path | None = None  # plot --out
+    all_jobs: bool = False  # status --all: every owner's jobs on the hosts
 
     def __post_init__(self) -> None:
         check_job(self.job)

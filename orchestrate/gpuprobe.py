@@ -27,6 +27,7 @@ from trainer.contract import GPU_PROBE_FIELDS
 from .docker import JOB_LABEL
 from .errors import PreflightError
 from .nodes import Nodes
+from .owner import OWNER_LABEL, OWNER_UID_LABEL
 from .plan import NodeSpec
 from .ssh import fan_out
 from .state import cache_root, write_atomically
@@ -170,6 +171,13 @@ def probe_node(client: Any, spec: NodeSpec, image_id: str | None) -> ProbeResult
     return ProbeResult(spec.host.label, None, summary(facts))
 
 
+def probe_labels(spec: NodeSpec) -> dict[str, str]:
+    """PURE: the probe container's labels: its own job name, and the job's owner (so `status --all` shows whose it
+    is, and only its owner's kill removes it)."""
+    owners = {k: v for k, v in spec.labels.items() if k in (OWNER_LABEL, OWNER_UID_LABEL)}
+    return {**owners, JOB_LABEL: f"{spec.labels[JOB_LABEL]}-gpuprobe"}
+
+
 def _run(client: Any, spec: NodeSpec) -> tuple[ProbeFacts | None, str | None]:
     """(facts, None), or (None, why the container could not start). Created, started and removed here: a
     container whose start failed would otherwise stay behind."""
@@ -179,7 +187,7 @@ def _run(client: Any, spec: NodeSpec) -> tuple[ProbeFacts | None, str | None]:
     try:
         container = client.containers.create(
             spec.image, command=["python3", "-c", script()], device_requests=kwargs["device_requests"],
-            init=True, network_mode="none", labels={JOB_LABEL: f"{spec.labels[JOB_LABEL]}-gpuprobe"})
+            init=True, network_mode="none", labels=probe_labels(spec))
     except docker.errors.APIError as err:
         return None, launch_problem(str(err.explanation or err))
     try:

@@ -18,6 +18,7 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
+from . import owner
 from .checkpoints import newest_manifest
 from .config import mask_text
 from .docker import JOB_LABEL, RANK_LABEL, RESTART_CAUSE_LABEL, RESTART_LABEL, job_containers
@@ -35,6 +36,7 @@ class KillResult:
     label: str
     stopped: list[str]
     exit_codes: dict[str, int]
+    others: str | None = None  # the other owners of a job of this name here (owner.others_line), left alone
 
 
 def _rank_of(container: Any) -> int:
@@ -44,11 +46,14 @@ def _rank_of(container: Any) -> int:
         return -1
 
 
-def kill_on_host(client: Any, job: str, grace: float, label: str) -> KillResult:
-    """SIGTERM every container of the job here, force-kill after `grace` s, then remove them. Idempotent."""
+def kill_on_host(client: Any, job: str, grace: float, label: str, uid: int) -> KillResult:
+    """SIGTERM every container of the job here that belongs to the login `uid`, force-kill after `grace` s, then
+    remove them. Idempotent. Another owner's containers of the same job name are left alone."""
     containers = job_containers(client, job)
     containers += [c for c in client.containers.list(all=True, filters={"label": f"{PREFETCH_LABEL}={job}"})
                    if c.labels.get(PREFETCH_LABEL) == job]
+    others = owner.others_line(job, containers, uid)
+    containers = [c for c in containers if owner.is_mine(c.labels, uid)]
     for c in containers:
         assert c.labels.get(JOB_LABEL) == job or c.labels.get(PREFETCH_LABEL) == job  # never anyone else's
     running = [c for c in containers if c.status in ("running", "restarting", "paused", "created")]
@@ -59,7 +64,7 @@ def kill_on_host(client: Any, job: str, grace: float, label: str) -> KillResult:
         if _unless_gone(c.reload):
             codes[c.name] = int(c.attrs.get("State", {}).get("ExitCode", -1))
         _unless_gone(lambda: c.remove(force=True))  # noqa: B023  # called at once, inside this iteration
-    return KillResult(label, [c.name for c in running], codes)
+    return KillResult(label, [c.name for c in running], codes, others)
 
 
 def _unless_gone(action: Callable[[], object]) -> bool:
@@ -86,13 +91,13 @@ def kill_job(nodes: Nodes, job: str, grace: float, console: Console,
 
     def one(rank: int) -> KillResult:
         try:
-            return kill_on_host(nodes.docker(rank), job, grace, nodes.hosts[rank].label)
+            return kill_on_host(nodes.docker(rank), job, grace, nodes.hosts[rank].label, uid_of(nodes, rank))
         except Exception:
             # A kill is idempotent: one cut short because the connection dropped is done again on a new one.
             # A host that stopped answering keeps its (silent) connection and is not tried twice.
             if not nodes.conn(rank).dropped:
                 raise
-            return kill_on_host(nodes.docker(rank), job, grace, nodes.hosts[rank].label)
+            return kill_on_host(nodes.docker(rank), job, grace, nodes.hosts[rank].label, uid_of(nodes, rank))
 
     try:
         results = fan_out("kill", ranks, one, lambda r: nodes.hosts[r].label)
@@ -104,10 +109,27 @@ def kill_job(nodes: Nodes, job: str, grace: float, console: Console,
             codes = ", ".join(f"{n} exit {c}" for n, c in sorted(res.exit_codes.items()))
             console.print(f"{res.label}: stopped and removed {codes}", markup=False, highlight=False)
         else:
-            console.print(f"{res.label}: no container of job {job!r}", markup=False, highlight=False)
+            console.print(f"{res.label}: no container of job {job!r} of yours", markup=False, highlight=False)
+        if res.others:
+            console.print(f"{res.label}: {res.others}", markup=False, highlight=False)
     if failures:
         raise MultiHostError(f"kill of job {job!r}", failures)
+    refuse_others(results, job)
     return results
+
+
+def refuse_others(results: Sequence[KillResult], job: str) -> None:
+    """PURE: a kill that found only other people's job of this name fails (exit 1), with one line naming them."""
+    if any(res.exit_codes for res in results):
+        return
+    others = sorted({res.others for res in results if res.others})
+    if others:
+        raise JobError(f"nothing stopped: {others[0]}")
+
+
+def uid_of(nodes: Nodes, rank: int) -> int:
+    """The SSH login's uid on a node: the owner whose containers a command may see and touch."""
+    return nodes.conn(rank).identity().uid
 
 
 def _uptime(started: str, running: bool) -> str:
@@ -154,7 +176,7 @@ def status_rows(nodes: Nodes, job: str, unreachable: dict[str, str]) -> list[lis
 
     def one(rank: int) -> list[list[str]]:
         client, label = nodes.docker(rank), nodes.hosts[rank].label
-        found = job_containers(client, job)
+        found = owner.mine(client, job, uid_of(nodes, rank))
         if not found:
             return [[str(rank), label, "-", "no container", "-", "-", "-", "-"]]
         out = []
@@ -201,7 +223,7 @@ def node0_ckpt_dir(nodes: Nodes, job: str, remembered: str | None) -> tuple[int,
     """(host index, checkpoint dir) of the job's node 0: from its container's mount, or, once the containers
     are gone (`kill`), from the options its last `up` used (`remembered`, ~ and {job} unexpanded)."""
     for host in nodes.reachable():
-        for c in job_containers(nodes.docker(host), job):
+        for c in owner.mine(nodes.docker(host), job, uid_of(nodes, host)):
             folder = _ckpt_dir_of(c)
             if _rank_of(c) == 0 and folder:
                 return host, folder
@@ -217,7 +239,7 @@ def node0_ckpt_dir(nodes: Nodes, job: str, remembered: str | None) -> tuple[int,
 def job_lines(nodes: Nodes, job: str) -> list[str]:
     """`progress: ...` from node 0's heartbeat (none for a program that writes none) and `restarts: ...`."""
     for host in nodes.reachable():
-        node0 = [c for c in job_containers(nodes.docker(host), job) if _rank_of(c) == 0]
+        node0 = [c for c in owner.mine(nodes.docker(host), job, uid_of(nodes, host)) if _rank_of(c) == 0]
         if not node0:
             continue
         lines = []
@@ -236,7 +258,7 @@ def stream_logs(nodes: Nodes, job: str, console: Console, follow: bool, node: in
     """Print (or follow) the logs of the job's containers, each line prefixed with its node rank."""
     targets: list[tuple[int, Any]] = []
     for rank in nodes.reachable():
-        for c in job_containers(nodes.docker(rank, timeout=None if follow else 60), job):
+        for c in owner.mine(nodes.docker(rank, timeout=None if follow else 60), job, uid_of(nodes, rank)):
             if node is None or _rank_of(c) == node:
                 targets.append((_rank_of(c), c))
     if not targets:
@@ -295,7 +317,7 @@ def rank_logs(nodes: Nodes, job: str, console: Console, rank: int, tail: int, fo
     `follow`, then its new lines as they come (torchrun's `[default<local rank>]:` lines of the node's log)."""
     found: dict[int, tuple[int, Any, int]] = {}  # node rank → (host index, container, nproc)
     for host in nodes.reachable():
-        for c in job_containers(nodes.docker(host), job):
+        for c in owner.mine(nodes.docker(host), job, uid_of(nodes, host)):
             try:
                 found[_rank_of(c)] = (host, c, int(_env_of(c).get("NPROC_PER_NODE", "")))
             except ValueError:

@@ -31,7 +31,7 @@ from .health import (
     read_stacks,
     signal_ranks,
 )
-from .jobs import LogResume, follow_lines, kill_job, kill_on_host, print_lines
+from .jobs import LogResume, follow_lines, kill_job, kill_on_host, print_lines, uid_of
 from .nodes import Nodes
 from .plan import NodeSpec
 from .ssh import fan_out
@@ -81,7 +81,8 @@ def remove_leftovers(nodes: Nodes, config: UpConfig, grace: float, ranks: Sequen
 
     `ranks`: the nodes where preflight found containers of the job.
     """
-    fan_out("cleanup", list(ranks), lambda r: kill_on_host(nodes.docker(r), config.job, grace, nodes.hosts[r].label),
+    fan_out("cleanup", list(ranks), lambda r: kill_on_host(nodes.docker(r), config.job, grace, nodes.hosts[r].label,
+                                                  uid_of(nodes, r)),
             lambda r: nodes.hosts[r].label)
 
 

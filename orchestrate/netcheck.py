@@ -22,9 +22,10 @@ from rich.table import Table
 
 from .docker import JOB_LABEL
 from .errors import JobError
-from .jobs import kill_on_host
+from .jobs import kill_on_host, uid_of
 from .launch import start_containers
 from .nodes import Nodes
+from .owner import OWNER_LABEL, container_name
 from .plan import NodeSpec
 from .ssh import fan_out
 
@@ -95,7 +96,7 @@ def check_specs(specs: Sequence[NodeSpec], max_mb: int) -> list[NodeSpec]:
     n = len(specs)
     command = ("python3", "-c", script(), "--max-mb", str(max_mb), "--timeout", str(JOIN_TIMEOUT_S),
                *(("--pairs",) if n <= PAIRS_UP_TO else ()))
-    return [dataclasses.replace(s, name=f"{job}-node{s.rank}", command=command, mounts=(),
+    return [dataclasses.replace(s, name=container_name(job, s.rank, s.labels.get(OWNER_LABEL)), command=command, mounts=(),
                                 env={**s.env, "RANK": str(s.rank), "WORLD_SIZE": str(n), "LOCAL_RANK": "0"},
                                 labels={**s.labels, JOB_LABEL: job}) for s in specs]
 
@@ -111,7 +112,8 @@ def measure(nodes: Nodes, specs: Sequence[NodeSpec], max_mb: int, console: Conso
                           lambda r: _result(containers[r], r, checks[r].host.label), lambda r: checks[r].host.label)
     finally:
         fan_out("network check cleanup", list(range(len(checks))),
-                lambda r: kill_on_host(nodes.docker(r), checks[r].labels[JOB_LABEL], 0, checks[r].host.label),
+                lambda r: kill_on_host(nodes.docker(r), checks[r].labels[JOB_LABEL], 0, checks[r].host.label,
+                                         uid_of(nodes, r)),
                 lambda r: checks[r].host.label)
     verdict = judge(results)
     console.print(render(verdict, [s.host.label for s in checks]))

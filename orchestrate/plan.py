@@ -15,6 +15,7 @@ from . import __version__, gpus, transport
 from .config import GPUS_ALL, UpConfig, mask_text, masked_env, secret_values
 from .docker import JOB_LABEL, NNODES_LABEL, RANK_LABEL, RESTART_CAUSE_LABEL, RESTART_LABEL, VERSION_LABEL
 from .hosts import Host
+from .owner import container_name, owner_labels
 
 DATA_MOUNT = "/data"
 CKPT_MOUNT = "/checkpoints"
@@ -239,12 +240,13 @@ def _node(config: UpConfig, host: Host, rank: int, nnodes: int, master_addr: str
     env.update(config.env_dict)  # the user's --env last: it may override the defaults on purpose
     n_gpus = 0 if config.cpu_mode else config.gpus if config.gpus > 0 else host.slots or GPUS_ALL
     return NodeSpec(
-        rank=rank, host=host, name=f"{config.job}-node{rank}", image=config.image, command=tuple(command),
+        rank=rank, host=host, name=container_name(config.job, rank, facts.login), image=config.image, command=tuple(command),
         env=env,
         mounts=(Mount(dirs["data"], DATA_MOUNT, read_only=True), Mount(dirs["ckpt"], CKPT_MOUNT),
                 Mount(dirs["log"], LOG_MOUNT)),
         labels={JOB_LABEL: config.job, RANK_LABEL: str(rank), NNODES_LABEL: str(nnodes), VERSION_LABEL: __version__,
-                RESTART_LABEL: str(config.restart), RESTART_CAUSE_LABEL: config.restart_cause},
+                RESTART_LABEL: str(config.restart), RESTART_CAUSE_LABEL: config.restart_cause,
+                **owner_labels(facts.user, facts.login)},
         gpus=n_gpus, gpu_ids=config.gpu_ids, ipc_mode=None if config.shm_size else "host", shm_size=config.shm_size,
         memory=config.memory, dirs=dirs,
         ulimits=CPU_ULIMITS if config.cpu_mode else GPU_ULIMITS, user=facts.user,

@@ -17,6 +17,7 @@ from trainer.contract import ARCHIVE_NAME, BASE_FOLDER
 
 from .config import UpConfig
 from .errors import SSHError
+from .owner import owner_labels
 from .plan import host_dirs
 from .ssh import Connection
 
@@ -90,7 +91,8 @@ def _run_fetch(conn: Connection, docker_client: object, config: UpConfig, url: s
     container = client.containers.run(  # type: ignore[attr-defined]
         config.image, command=["python", "-c", SCRIPT, config.data_md5, "/data", ARCHIVE, BATCHES, MARKER], detach=True,
         network_mode="host", mounts=[docker.types.Mount("/data", data_dir, type="bind")],
-        labels={"ddp-cifar.prefetch": config.job}, name=None,
+        labels={"ddp-cifar.prefetch": config.job, **owner_labels(conn.identity().user_spec, conn.identity().name)},
+        name=None,
         # As the SSH login, so the extracted files are theirs (root stays root); HOME: the image's is root's.
         user=conn.identity().user_spec, environment={"HOME": "/tmp", "DATA_URL": url},
     )

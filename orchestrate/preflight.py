@@ -12,9 +12,9 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from . import gpus, transport
+from . import gpus, owner, transport
 from .config import UpConfig, socket_exposure
-from .docker import client_over_ssh, image_id, job_containers
+from .docker import client_over_ssh, image_id
 from .errors import MultiHostError, PreflightError, SSHError
 from .plan import host_dirs
 from .ssh import Connection, Identity
@@ -324,7 +324,8 @@ def _check_image(report: HostReport, config: UpConfig, local_id: str | None) -> 
 
 def _check_job(report: HostReport, config: UpConfig) -> bool:
     """Whether the job runs here and --replace will remove it before the start."""
-    report.containers = job_containers(report.docker, config.job)
+    assert report.identity is not None  # set when the report is made
+    report.containers = owner.mine(report.docker, config.job, report.identity.uid)
     running = [c.name for c in report.containers if c.status in ("running", "restarting", "created")]
     if running and not config.replace:
         report.add("job", False, f"job {config.job!r} already running here ({', '.join(running)}); "

@@ -25,6 +25,7 @@ from .config import UpConfig
 from .docker import JOB_LABEL
 from .netcheck import Verdict, measure, require_all_joined
 from .nodes import Nodes
+from .owner import OWNER_LABEL, container_name
 from .plan import NodeSpec
 from .ssh import fan_out
 
@@ -56,7 +57,7 @@ def selftest_specs(specs: Sequence[NodeSpec], config: UpConfig) -> list[NodeSpec
     job = f"{config.job}-selftest"
     device = "cpu" if config.cpu_mode else "cuda"  # a GPU job must fail here when CUDA is missing, not fall back
     command = ("python3", "-m", "trainer.selftest", *config.trainer_args, "--device", device)
-    return [dataclasses.replace(s, name=f"{job}-node{s.rank}", command=command, mounts=(), network_mode="none",
+    return [dataclasses.replace(s, name=container_name(job, s.rank, s.labels.get(OWNER_LABEL)), command=command, mounts=(), network_mode="none",
                                 extra_hosts=(), labels={**s.labels, JOB_LABEL: job}) for s in specs]
 
 

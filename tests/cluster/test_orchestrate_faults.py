@@ -56,7 +56,7 @@ def test_node_container_sigkilled_then_resume(cluster: Cluster, work: Path, data
         wait_for(lambda: running(cluster, "crash") == 2 and len(manifests(ckpt)) >= 1, 300,
                  "the job to run and write a checkpoint")
         victim = cluster.hosts[1].docker_client()
-        victim.containers.get("crash-node1").kill(signal="SIGKILL")
+        victim.containers.get(f"crash-node1-{cluster.user}").kill(signal="SIGKILL")
         victim.close()
         code, out, took = finish(proc, 120)
     finally:

@@ -62,7 +62,7 @@ def test_first_up_moves_image_and_data_and_trains_one_proc_per_node(
     for host_name, c in job_containers(fresh, "one"):
         env = dict(e.split("=", 1) for e in c.attrs["Config"]["Env"])
         rank = c.labels["ddp-cifar.node-rank"]
-        assert c.name == f"one-node{rank}" and host_name == fresh.hosts[int(rank)].name
+        assert c.name == f"one-node{rank}-{fresh.user}" and host_name == fresh.hosts[int(rank)].name
         assert env["MASTER_ADDR"] == fresh.hosts[0].addr and env["NODE_RANK"] == rank and env["NNODES"] == "2"
         assert env["GLOO_SOCKET_IFNAME"] == "eth0"
         cmd = c.attrs["Config"]["Cmd"]

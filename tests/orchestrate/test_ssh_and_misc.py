@@ -16,7 +16,7 @@ from orchestrate.config import mask_text, masked_env
 from orchestrate.docker import dial_command
 from orchestrate.errors import MultiHostError, SSHError
 from orchestrate.hosts import Host
-from orchestrate.ssh import Connection, fan_out, find_known_host_line, quote_command
+from orchestrate.ssh import Connection, Identity, fan_out, find_known_host_line, quote_command
 
 
 @pytest.mark.parametrize("evil", ["$(touch /tmp/owned)", "; touch /tmp/owned", "`touch /tmp/owned`",
@@ -359,6 +359,9 @@ def test_a_kill_cut_short_by_a_dropped_connection_is_done_again_but_a_silent_hos
         def __init__(self, dropped: bool) -> None:
             self.dropped = dropped
 
+        def identity(self) -> Identity:
+            return Identity(1000, 1000, "ddp", "/home/ddp")
+
     class _Nodes:
         hosts = [Host(name="a", hostname="a", port=22, user="ddp"), Host(name="b", hostname="b", port=22, user="ddp")]
         conns = [_Conn(True), _Conn(False)]
@@ -374,7 +377,7 @@ def test_a_kill_cut_short_by_a_dropped_connection_is_done_again_but_a_silent_hos
 
     tries: list[int] = []
 
-    def kill_on_host(client: int, job: str, grace: float, label: str) -> jobs.KillResult:
+    def kill_on_host(client: int, job: str, grace: float, label: str, uid: int) -> jobs.KillResult:
         tries.append(client)
         if tries.count(client) == 1:
             raise SSHError(f"{label}: Connection aborted")
@@ -422,8 +425,8 @@ def test_a_kill_racing_another_stop_of_the_same_job_takes_gone_or_being_removed_
             def list(all: bool, filters: dict[str, str]) -> list[_Container]:  # noqa: A002
                 return containers if JOB_LABEL in filters.get("label", "") else []
 
-    res = jobs.kill_on_host(_Client(), "j", 1, "h")
+    res = jobs.kill_on_host(_Client(), "j", 1, "h", 1000)
     assert res.exit_codes == {"j-node0": 143}
     containers[0].on_remove = _error(docker.errors.APIError, 500)  # any other answer is still a failure
     with pytest.raises(docker.errors.APIError):
-        jobs.kill_on_host(_Client(), "j", 1, "h")
+        jobs.kill_on_host(_Client(), "j", 1, "h", 1000)
