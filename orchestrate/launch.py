@@ -48,9 +48,15 @@ PROGRESS_EVERY_S = 30.0  # without a terminal (CI, a pipe), a progress line this
 
 
 def find_resume_checkpoint(nodes: Nodes, specs: Sequence[NodeSpec], console: Console) -> Checkpoint:
-    """The newest valid checkpoint on any node; copied to nodes that lack it so every rank can load it."""
-    found = fan_out("checkpoint search", list(range(len(specs))),
-                    lambda r: newest_valid(nodes.conn(r), specs[r].dirs["ckpt"]), lambda r: nodes.hosts[r].label)
+    """The newest valid checkpoint on any node; copied to nodes that lack it so every rank can load it. A newer
+    checkpoint that fails its manifest's size or sha256 is skipped with a warning."""
+    def search(r: int) -> Checkpoint | None:
+        def skipped(path: str) -> None:
+            console.print(f"warning: {nodes.hosts[r].label}:{path}: the checkpoint does not match its manifest "
+                          "(missing, or another size or sha256): skipped", markup=False, highlight=False)
+        return newest_valid(nodes.conn(r), specs[r].dirs["ckpt"], skipped)
+
+    found = fan_out("checkpoint search", list(range(len(specs))), search, lambda r: nodes.hosts[r].label)
     valid = [c for c in found if c is not None]
     if not valid:
         dirs = ", ".join(f"{s.host.label}:{s.dirs['ckpt']}" for s in specs)
