@@ -19,6 +19,7 @@ from . import jobfile, state
 from .config import UpConfig, url_masked
 from .entry import check_image
 from .errors import ConfigError, JobError, NoCheckpointError
+from .hostboot import await_hosts
 from .hosts import Host, match_exec_blocks, parse_hosts_file, ssh_config_path
 from .image import ensure_images
 from .launch import (
@@ -151,6 +152,9 @@ def _up(config: UpConfig, console: Console, timings: Timings) -> int:
         if attempt.outcome.ok:
             return 0
         _restart_or_raise(config, current, attempt, previous, began, console)
+        if attempt.outcome.end in (End.HOST, End.UNREACHABLE) and not config.min_nodes:
+            # Without --min-nodes every host is needed: a rebooting host or a restarting daemon is waited for.
+            await_hosts(hosts, config.ssh.accept_new_host_keys, console)
         previous = attempt
         current = dataclasses.replace(config, resume=True, replace=False, restart=current.restart + 1,
                                       restart_cause=attempt.outcome.cause)
