@@ -1,11 +1,11 @@
-"""Launch scaling: time for `up --detach` to have every container running on 1, 2 and 4 test hosts,
+"""Launch scaling: time for `up --detach` to have every container running on 1, 2, 4 and 8 test hosts,
 against the same work done one host after another (a 1-node `up --detach` per host, in turn).
 
-    sudo .venv/bin/python bench/launch_scaling.py [--repeats 3]
+    sudo .venv/bin/python bench/launch_scaling.py [--repeats 3] [--sizes 1 2 4 8] [--image ddp-cifar:cpu]
 
-Needs root, the local dockerd and `make image-cpu`. One 4-host devcluster is made (and removed); a warm-up
+Needs root, the local dockerd and `make image-cpu`. One devcluster of the largest size is made (and removed); a warm-up
 `up` moves the image and the data first, so the timings are launch only: SSH, preflight, image/data checks
-(nothing moved), container start. Prints a table (median seconds) and the ratio 4 hosts / 1 host.
+(nothing moved), container start. Prints a table (median seconds) and the ratio largest / 1 host.
 """
 
 from __future__ import annotations
@@ -28,7 +28,6 @@ sys.path.insert(0, str(REPO))
 
 from devcluster import Cluster  # noqa: E402
 
-IMAGE = "ddp-cifar:cpu"
 TRAIN = ["--model", "tiny", "--epochs", "1000", "--batch-size", "16", "--allow-unverified-data"]
 
 
@@ -45,34 +44,37 @@ def orchestrate(env: dict[str, str], *args: str) -> float:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--sizes", type=int, nargs="+", default=[1, 2, 4, 8])
+    parser.add_argument("--image", default="ddp-cifar:cpu")
     args = parser.parse_args()
     work = Path(tempfile.mkdtemp(prefix="launch-scaling-"))
     subprocess.run([sys.executable, "-m", "trainer.data", "synth", "--out", str(work / "synth"), "--train", "256",
                     "--test", "128", "--archive", str(work / "c.tar.gz")], check=True, cwd=REPO, timeout=120,
                    capture_output=True)
     md5 = hashlib.md5((work / "c.tar.gz").read_bytes()).hexdigest()
-    with Cluster.create(4) as cluster:
+    largest = max(args.sizes)
+    with Cluster.create(largest) as cluster:
         server = http.server.ThreadingHTTPServer(
             (cluster.gateway, 0), partial(http.server.SimpleHTTPRequestHandler, directory=str(work)))
         threading.Thread(target=server.serve_forever, daemon=True).start()
         url = f"http://{cluster.gateway}:{server.server_address[1]}/c.tar.gz"
         env = {**cluster.client_env(), "PYTHONPATH": str(REPO), "XDG_STATE_HOME": str(work / "state")}
         keys = {i: {"data_dir": str(work / f"n{i}" / "data"), "ckpt_dir": str(work / f"n{i}" / "ck" / "{job}")}
-                for i in range(4)}
+                for i in range(largest)}
 
         def hosts_file(name: str, hosts: list) -> Path:  # type: ignore[type-arg]
             return cluster.write_hosts_file(work / f"{name}.txt", keys=keys, hosts=hosts)
 
         def up(hosts: Path, job: str) -> float:
             took = orchestrate(env, "up", "--detach", "--hosts", str(hosts), "--job", job, "--gpus", "0",
-                               "--image", IMAGE, "--data-url", url, "--data-md5", md5, "--", *TRAIN)
+                               "--image", args.image, "--data-url", url, "--data-md5", md5, "--", *TRAIN)
             orchestrate(env, "kill", "--hosts", str(hosts), "--job", job, "--grace", "2")
             return took
 
         warm = up(hosts_file("all", cluster.hosts), "warmup")  # moves the image and the data once
-        print(f"warm-up (image + data to 4 hosts): {warm:.1f} s", flush=True)
+        print(f"warm-up (image + data to {largest} hosts): {warm:.1f} s", flush=True)
         rows = []
-        for n in (1, 2, 4):
+        for n in args.sizes:
             chosen = cluster.hosts[:n]
             parallel = [up(hosts_file(f"p{n}", chosen), f"par{n}") for _ in range(args.repeats)]
             serial = [sum(up(hosts_file(f"s{n}-{h.index}", [h]), f"ser{n}-{h.index}") for h in chosen)
@@ -85,7 +87,8 @@ def main() -> int:
     for n, par, ser in rows:
         print(f"| {n} | {par:.2f} s | {ser:.2f} s |")
     ratio = rows[-1][1] / rows[0][1]
-    print(f"\n4 hosts / 1 host (parallel): {ratio:.2f}x (target <= 1.5x); median of {args.repeats}; "
+    print(f"\n{rows[-1][0]} hosts / {rows[0][0]} host(s) (parallel): {ratio:.2f}x (target <= 1.5x at 4 hosts); "
+          f"median of {args.repeats}; "
           f"{os.cpu_count()} CPU cores shared by all hosts")
     return 0
 

@@ -25,7 +25,7 @@ from .hostfs import as_user, ensure_user, home_of, in_host, path_on_machine
 from .layout import MAX_HOSTS, ClusterState, HostLayout, check_name, known_states, state_lock, state_root
 from .mounts import fs_type
 from .proc import need_tools, start_time
-from .teardown import teardown, traces
+from .teardown import stop_leftovers, teardown, traces
 
 log = logging.getLogger(__name__)
 
@@ -147,6 +147,17 @@ class Host:
         dockerd.wait_containerd(self.layout, pid)
         pid = dockerd.spawn_dockerd(self.layout)
         dockerd.wait_dockerd(self.layout, pid)
+
+    def reboot(self) -> None:
+        """A reboot as the network and the orchestrator see it: every process of the host ends (dockerd with
+        its containers, sshd with its sessions), the host comes back with a new boot id, its daemons start
+        again; files, images and host keys stay."""
+        dockerd.stop_docker(self.layout)
+        sshd.stop_sshd(self.layout)
+        stop_leftovers(self.layout)
+        hostfs.new_boot_id(self.layout)
+        self.start_docker()
+        sshd.run_sshd(self.layout)
 
     def __repr__(self) -> str:
         return f"Host({self.name}, {self.addr})"

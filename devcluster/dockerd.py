@@ -62,7 +62,7 @@ def dockerd_argv(host: HostLayout) -> list[str]:
         f"--config-file={host.dir / 'daemon.json'}",
         f"--data-root={host.data_root}",
         f"--exec-root={host.exec_root}",
-        f"--pidfile={host.dir / 'dockerd.pid'}",
+        f"--pidfile={host.dockerd_pidfile}",
         # the machine's path of the host's own /run/docker.sock: never the machine's /run, even if the
         # host's /run were not bound in its mount namespace
         f"--host=unix://{host.docker_sock}",
@@ -168,7 +168,7 @@ def _own_pid(pidfile: Path, host: HostLayout) -> int | None:
 def stop_docker(host: HostLayout) -> None:
     """Stop dockerd (it stops its containers within --shutdown-timeout), then containerd, then any
     shim left behind. Every wait is bounded."""
-    pid = _own_pid(host.dir / "dockerd.pid", host)
+    pid = _own_pid(host.dockerd_pidfile, host)
     if pid:
         stop_pids([pid], grace=15)
     pid = _own_pid(host.dir / "containerd.pid", host)

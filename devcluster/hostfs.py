@@ -17,6 +17,7 @@ from __future__ import annotations
 import grp
 import os
 import pwd
+import uuid
 from pathlib import Path, PurePosixPath
 
 from .errors import DevclusterError
@@ -27,6 +28,7 @@ LOGIN_USER = "ddp"
 DOCKER_GROUP = "docker"
 # path on the host -> (folder under <host>/fs/, mode); the order is the order of the binds
 TOOLS = ("useradd", "usermod", "setpriv", "mount")
+BOOT_ID = "/proc/sys/kernel/random/boot_id"
 PER_HOST = {"/home": ("home", 0o755), "/root": ("root", 0o700), "/tmp": ("tmp", 0o1777),
             "/var/tmp": ("var-tmp", 0o1777), "/mnt": ("mnt", 0o755), "/run": ("run", 0o755)}
 
@@ -128,6 +130,8 @@ def make_mount_ns(state: ClusterState, host: HostLayout) -> None:
     host.mntns.touch()
     run(["unshare", f"--mount={host.mntns}", "--propagation", "slave", "true"], timeout=10)
     binds = [(str(host.fs_dir / sub), top) for top, (sub, _) in PER_HOST.items()]
+    new_boot_id(host)
+    binds.append((str(host.boot_id), BOOT_ID))
     if state.shared:
         binds.append((str(state.shared_dir), state.shared))
     script = " && ".join(f'mount --bind "${{{i * 2 + 1}}}" "${{{i * 2 + 2}}}"' for i in range(len(binds)))
@@ -139,6 +143,12 @@ def make_mount_ns(state: ClusterState, host: HostLayout) -> None:
     seen = run(["nsenter", f"--mount={host.mntns}", "--", "cat", "/run/.devcluster-host"], check=False, timeout=10)
     if seen.stdout != host.alias:
         raise DevclusterError(f"{host.alias}: its mount namespace does not show its own /run")
+
+
+def new_boot_id(host: HostLayout) -> None:
+    """A fresh boot id, written in place: the bind over /proc/sys/kernel/random/boot_id shows it at once."""
+    with open(host.boot_id, "w") as f:
+        f.write(f"{uuid.uuid4()}\n")
 
 
 def in_host(host: HostLayout, argv: list[str]) -> list[str]:

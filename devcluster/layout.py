@@ -73,6 +73,18 @@ class HostLayout:
         return self.fs_dir / "run" / "docker.sock"
 
     @property
+    def dockerd_pidfile(self) -> Path:
+        """dockerd's pid file where a stock install keeps it: /var/run/docker.pid in the host's own /run (the
+        orchestrator reads it over SSH to tell a restarted daemon)."""
+        return self.fs_dir / "run" / "docker.pid"
+
+    @property
+    def boot_id(self) -> Path:
+        """The host's boot id, bound over /proc/sys/kernel/random/boot_id in its mount namespace: a new one
+        on each reboot(), as a real reboot gives."""
+        return self.dir / "boot_id"
+
+    @property
     def data_root(self) -> Path:
         return self.dir / "docker"
 

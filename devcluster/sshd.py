@@ -44,9 +44,15 @@ def start_sshd(host: HostLayout, sftp: bool = True) -> str:
     d.mkdir(mode=0o700, parents=True, exist_ok=True)
     pub = keygen(d / "ssh_host_ed25519_key", host.alias)
     (d / "sshd_config").write_text(sshd_config(host, sftp))
+    run_sshd(host)
+    return pub
+
+
+def run_sshd(host: HostLayout) -> None:
+    """Start sshd with the host's key and config as they are (also after a reboot: the key stays)."""
+    d = host.ssh_dir
     run(in_host(host, [SSHD, "-f", str(d / "sshd_config"), "-E", str(host.log_dir / "sshd.log")]), timeout=15)
     wait_until(lambda: read_pidfile(d / "sshd.pid") is not None, 10, f"sshd of {host.alias}")
-    return pub
 
 
 def stop_sshd(host: HostLayout) -> None:

@@ -21,7 +21,7 @@ def teardown_host(host: HostLayout) -> None:
         ("remove containers", lambda: dockerd.remove_containers(host)),
         ("stop docker", lambda: dockerd.stop_docker(host)),
         ("stop sshd", lambda: sshd.stop_sshd(host)),
-        ("stop leftover processes", lambda: _stop_leftovers(host)),
+        ("stop leftover processes", lambda: stop_leftovers(host)),
         ("unmount", lambda: unmount_under(host.dir)),
         ("delete netns", lambda: net.delete_netns(host.netns)),
         ("delete veth", lambda: net.delete_link(host.veth)),
@@ -33,7 +33,8 @@ def teardown_host(host: HostLayout) -> None:
             log.warning("%s: %s failed: %s", host.alias, what, e)
 
 
-def _stop_leftovers(host: HostLayout) -> None:
+def stop_leftovers(host: HostLayout) -> None:
+    """Every process still in the host's netns or naming its folder (ssh sessions, container processes)."""
     pids = sorted(set(pids_in_netns(host.netns) + pids_matching(str(host.dir) + "/")))
     if pids:
         stop_pids(pids, grace=3)

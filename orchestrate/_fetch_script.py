@@ -4,13 +4,16 @@ Shipped to the node as the argument of `python -c` (no shell): argv = MD5, DATA_
 the URL ("-": the archive was sent) in the environment variable DATA_URL, never on the command line, where any
 account of the node could read a password in it (ps); messages show it with its credentials masked.
 Prints PROGRESS <bytes> <total>, then HAVE (already verified) or DONE <downloaded bytes>.
-Exit 3: md5 mismatch; exit 4: download failed; exit 5: extraction failed.
+Exit 3: md5 mismatch; exit 4: download failed; exit 5: extraction failed; exit 6: the data folder is too full
+(a partial download or extraction is removed; nothing is marked verified).
 """
 
 import base64
+import errno
 import hashlib
 import os
 import re
+import shutil
 import sys
 import tarfile
 import tempfile
@@ -46,13 +49,29 @@ def md5_of(path):
     return digest.hexdigest()
 
 
+class NoSpace(Exception):
+    """The data folder cannot hold `need` bytes more (it had `free`)."""
+
+    def __init__(self, what, need, free):
+        super().__init__(f"no space left for {what}: it needs {need / 1e6:.1f} MB, the folder had "
+                         f"{free / 1e6:.1f} MB free; free some space there or choose another data dir")
+
+
+def free_bytes(path):
+    st = os.statvfs(path)
+    return st.f_bavail * st.f_frsize
+
+
 def download(url, dest):
     # An unpredictable temporary name created with O_EXCL: a file or symlink planted beforehand is never opened.
     fd, part = tempfile.mkstemp(dir=os.path.dirname(dest), prefix=".ddp-cifar.")
+    free, total, done = free_bytes(os.path.dirname(dest)), 0, 0
     try:
         with open_url(url) as resp, os.fdopen(fd, "wb") as out:
             total = int(resp.headers.get("Content-Length") or 0)
-            done, last = 0, -1
+            if total > free:
+                raise NoSpace("the download", total, free)
+            last = -1
             while True:
                 block = resp.read(1 << 20)
                 if not block:
@@ -63,11 +82,30 @@ def download(url, dest):
                 if step != last:
                     print(f"PROGRESS {done} {total}", flush=True)
                     last = step
-    except BaseException:
+    except BaseException as err:
         os.unlink(part)
+        if isinstance(err, OSError) and err.errno == errno.ENOSPC:
+            raise NoSpace("the download", max(total, done), free) from None
         raise
     os.replace(part, dest)
     return done
+
+
+def extract(archive, data_dir):
+    """Extract after checking the files fit (with what the folder holds now); a disk filled meanwhile is NoSpace."""
+    with tarfile.open(archive) as tar:
+        need, free = sum(m.size for m in tar.getmembers() if m.isfile()), free_bytes(data_dir)
+        if need > free:
+            raise NoSpace("extracting the archive", need, free)
+        try:
+            if hasattr(tarfile, "data_filter"):
+                tar.extractall(data_dir, filter="data")
+            else:
+                tar.extractall(data_dir)
+        except OSError as err:
+            if err.errno == errno.ENOSPC:
+                raise NoSpace("extracting the archive", need, free) from None
+            raise
 
 
 def main(url, md5, data_dir):
@@ -84,6 +122,9 @@ def main(url, md5, data_dir):
             return 3
         try:
             fetched = download(url, archive)
+        except NoSpace as err:
+            print(f"error: {err}", flush=True)
+            return 6
         except Exception as err:
             print(f"error: download of {shown(url)} failed: {shown(str(err))}", flush=True)
             return 4
@@ -93,11 +134,11 @@ def main(url, md5, data_dir):
             print(f"error: md5 of {shown(url)} is {got}, expected {md5}; check --data-url/--data-md5", flush=True)
             return 3
     try:
-        with tarfile.open(archive) as tar:
-            if hasattr(tarfile, "data_filter"):
-                tar.extractall(data_dir, filter="data")
-            else:
-                tar.extractall(data_dir)
+        extract(archive, data_dir)
+    except NoSpace as err:
+        shutil.rmtree(batches, ignore_errors=True)  # what was extracted is partial: never left to look complete
+        print(f"error: {err}", flush=True)
+        return 6
     except Exception as err:
         print(f"error: extracting {archive} failed: {err}", flush=True)
         return 5

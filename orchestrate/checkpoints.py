@@ -10,7 +10,7 @@ import hashlib
 import json
 import posixpath
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -64,12 +64,15 @@ def validate(conn: Connection, folder: str, name: str) -> Checkpoint | None:
         return None
 
 
-def newest_valid(conn: Connection, folder: str) -> Checkpoint | None:
-    """Walk manifests from the highest step down; return the first that checks out."""
+def newest_valid(conn: Connection, folder: str, skipped: Callable[[str], None] | None = None) -> Checkpoint | None:
+    """Walk manifests from the highest step down; return the first that checks out. `skipped` is told the path of
+    each newer manifest whose checkpoint does not (a damaged copy, a corrupted replica)."""
     for name in list_manifests(conn, folder):
         found = validate(conn, folder, name)
         if found is not None:
             return found
+        if skipped is not None:
+            skipped(posixpath.join(folder, name))
     return None
 
 

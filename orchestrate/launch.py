@@ -31,6 +31,7 @@ from .health import (
     read_stacks,
     signal_ranks,
 )
+from .hostboot import Boot, Change, change, read_boot
 from .jobs import LogResume, follow_lines, kill_job, kill_on_host, print_lines, uid_of
 from .nodes import Nodes
 from .plan import NodeSpec
@@ -40,6 +41,8 @@ POLL_S = 2.0
 # The trainer's log line after a SIGTERM checkpoint (torchrun itself then exits 1, not 143).
 SIGTERM_STOP_LINE = "stopped by SIGTERM"
 REMOVED = "removed"  # a pseudo-status: the daemon answered that the container no longer exists
+HOST_CHANGED = "host changed"  # a pseudo-status: the Docker API failed and the host rebooted or dockerd restarted
+NO_API = "no api"  # a pseudo-status: the Docker API failed while sshd answers
 UNREACHABLE_S = 15.0  # a host that answers no poll for this long counts as down
 LAST_LINES = 20
 FR_ENV = "TORCH_FR_DUMP_TEMP_FILE"  # set by plan.py for GPU jobs: where torch's flight recorder dumps go
@@ -54,9 +57,15 @@ PROGRESS_EVERY_S = 30.0  # without a terminal (CI, a pipe), a progress line this
 
 
 def find_resume_checkpoint(nodes: Nodes, specs: Sequence[NodeSpec], console: Console) -> Checkpoint:
-    """The newest valid checkpoint on any node; copied to nodes that lack it so every rank can load it."""
-    found = fan_out("checkpoint search", list(range(len(specs))),
-                    lambda r: newest_valid(nodes.conn(r), specs[r].dirs["ckpt"]), lambda r: nodes.hosts[r].label)
+    """The newest valid checkpoint on any node; copied to nodes that lack it so every rank can load it. A newer
+    checkpoint that fails its manifest's size or sha256 is skipped with a warning."""
+    def search(r: int) -> Checkpoint | None:
+        def skipped(path: str) -> None:
+            console.print(f"warning: {nodes.hosts[r].label}:{path}: the checkpoint does not match its manifest "
+                          "(missing, or another size or sha256): skipped", markup=False, highlight=False)
+        return newest_valid(nodes.conn(r), specs[r].dirs["ckpt"], skipped)
+
+    found = fan_out("checkpoint search", list(range(len(specs))), search, lambda r: nodes.hosts[r].label)
     valid = [c for c in found if c is not None]
     if not valid:
         dirs = ", ".join(f"{s.host.label}:{s.dirs['ckpt']}" for s in specs)
@@ -129,11 +138,12 @@ class End(Enum):
     UNREACHABLE = "unreachable"  # a host answered no poll for UNREACHABLE_S
     STALLED = "stalled"  # no new training step (rank 0's heartbeat) for --stall-timeout
     REMOVED = "removed"  # a node's container is gone (another terminal ran `kill`)
+    HOST = "host"  # a node's host rebooted, or its Docker daemon restarted or is down while sshd answers
 
     @property
     def restartable(self) -> bool:
         """Failures of the job itself; a user's kill or Ctrl-C is never undone by a restart."""
-        return self in (End.EXITED, End.UNREACHABLE, End.STALLED)
+        return self in (End.EXITED, End.UNREACHABLE, End.STALLED, End.HOST)
 
 
 @dataclass
@@ -171,9 +181,15 @@ class Watcher:
         # When this machine learned of each container's exit (its wait returned): the order of failures across
         # hosts. Never the hosts' own FinishedAt: their clocks may differ by more than the failures lie apart.
         self.exit_seen: list[float | None] = [None] * len(specs)
+        self.boots: list[Boot | None] = [None] * len(specs)  # each host's boot and dockerd as the job started
         self.stop_event = threading.Event()
         self.exited = threading.Event()  # a container exited (or its wait broke): poll now, not at the next tick
         self.streams: list[threading.Thread] = []
+
+    def read_boots(self) -> None:
+        """Each host's boot and daemon now, to tell later why its Docker API stopped answering."""
+        self.boots = fan_out("boot check", list(range(len(self.specs))), lambda r: read_boot(self.nodes.conn(r)),
+                             lambda r: self.specs[r].host.label)
 
     def start_streams(self) -> None:
         for rank in range(len(self.specs)):
@@ -244,10 +260,12 @@ class Watcher:
         done = 0
         failed: list[tuple[float, int, str]] = []  # (seen exited at, on this machine's clock; rank; why)
         for rank, state in enumerate(results):
-            if state is None:
+            if state is None or state["Status"] == NO_API:
                 if now - self.last_seen[rank] > UNREACHABLE_S:
-                    return Outcome(False, End.UNREACHABLE, rank, f"host unreachable for {UNREACHABLE_S:.0f} s")
+                    return self._no_answer(rank, state)
                 continue
+            if state["Status"] == HOST_CHANGED:
+                return Outcome(False, End.HOST, rank, state["Cause"])
             self.last_seen[rank] = now
             if rank == 0 and self.stall.started_at is None:  # node 0's clock, as the heartbeat's `time`
                 self.stall.started_at = docker_time(str(state.get("StartedAt", "")))
@@ -259,6 +277,8 @@ class Watcher:
                     why = oom_reason(self.specs[rank].memory) if state.get("OOMKilled") else self._exit_reason(rank, code)
                     failed.append((self.exit_seen[rank] or now, rank, why))
                 done += 1
+        if failed and any(s is None or s["Status"] == NO_API for s in results):
+            return None  # a node's Docker or host does not answer (a restart, a reboot): its peers' exits follow
         if failed:
             # Name the node that went first: the others usually fail *because* it did (a lost peer).
             _, rank, why = min(failed)
@@ -274,6 +294,12 @@ class Watcher:
                                                      f"after the last beat, though {done} ended with exit 0 {limit}")
         step = self.beat.step if self.beat else "?"
         return Outcome(False, End.STALLED, None, f"no training progress for {idle:.0f} s after step {step} {limit}")
+
+    @staticmethod
+    def _no_answer(rank: int, state: dict[str, Any] | None) -> Outcome:
+        if state is None:
+            return Outcome(False, End.UNREACHABLE, rank, f"host unreachable for {UNREACHABLE_S:.0f} s")
+        return Outcome(False, End.HOST, rank, f"{state['Cause']} for {UNREACHABLE_S:.0f} s")
 
     def refresh_beat(self) -> None:
         try:
@@ -312,11 +338,30 @@ class Watcher:
         import docker.errors
 
         try:
-            results[rank] = self._state(rank)
+            results[rank] = self._exit_of_a_restart(rank, self._state(rank))
         except docker.errors.NotFound:  # the host answered: the container is gone, not the host
             results[rank] = {"Status": REMOVED}
-        except Exception:  # unreachable or slow: counted by last_seen
-            results[rank] = None
+        except Exception:  # the API failed: ask the host itself why (unreachable or slow: counted by last_seen)
+            results[rank] = self._host_state(rank)
+
+    def _exit_of_a_restart(self, rank: int, state: dict[str, Any]) -> dict[str, Any]:
+        """A failed container on a host whose daemon restarted (or that rebooted) since the job started: the
+        restart ended it, whatever its exit code says (a quick restart answers the next poll as if nothing
+        happened)."""
+        if state.get("Status") not in ("exited", "dead") or int(state.get("ExitCode", 0)) == 0:
+            return state
+        host = self._host_state(rank)
+        return host if host is not None and host["Status"] == HOST_CHANGED else state
+
+    def _host_state(self, rank: int) -> dict[str, Any] | None:
+        """None: the host does not answer over SSH. A daemon that is down fails the node only once it stays down
+        UNREACHABLE_S (a restart brings it back in seconds, then it counts as restarted)."""
+        now = read_boot(self.nodes.conn(rank))
+        if now is None:
+            return None
+        seen = change(self.boots[rank], now)
+        cause = seen.cause(self.specs[rank].host.label)
+        return {"Status": HOST_CHANGED if seen.ended_the_job else NO_API, "Cause": cause}
 
     def _exit_reason(self, rank: int, code: int) -> str:
         """torchrun exits 1 whatever its workers' codes: a diverged run is told apart by the trainer's line."""
@@ -399,6 +444,7 @@ def watch(nodes: Nodes, specs: Sequence[NodeSpec], containers: Sequence[Any], co
     watcher = Watcher(nodes, specs, containers, console, secret_values(config.env_dict), config.stall_timeout)
     replicator = Replicator(nodes, specs, config.ckpt_mirror, console)
     view = ProgressView(console)
+    watcher.read_boots()
     watcher.start_streams()
     replicator.start()
     try:
@@ -427,6 +473,8 @@ def watch(nodes: Nodes, specs: Sequence[NodeSpec], containers: Sequence[Any], co
         except Exception as err:  # reported; the job failure is what matters
             console.print(f"while stopping: {err}", markup=False, highlight=False)
             outcome.leftovers = True
+        if outcome.end is End.EXITED:
+            _blame_a_host_change(watcher, outcome)
     return outcome
 
 
@@ -440,6 +488,27 @@ def _watch_until_end(watcher: Watcher, view: ProgressView) -> Outcome:
             return outcome
         watcher.exited.wait(POLL_S)
         watcher.exited.clear()
+
+
+def _blame_a_host_change(watcher: Watcher, outcome: Outcome) -> None:
+    """A daemon that is stopping still answers for a moment that its containers exited: only once the job is
+    stopped can a restart (or a reboot, or a daemon now down) be seen. Then it, not the exit code, is the cause."""
+    for rank in range(len(watcher.specs)):
+        seen = _host_change(watcher, rank)
+        deadline = time.monotonic() + UNREACHABLE_S
+        while seen is Change.DAEMON_DOWN and time.monotonic() < deadline:  # a restart brings it back in seconds
+            time.sleep(POLL_S)
+            seen = _host_change(watcher, rank)
+        if seen is not Change.NONE:
+            outcome.end, outcome.failed_rank, outcome.reason = End.HOST, rank, seen.cause(watcher.specs[rank].host.label)
+            watcher.console.print(f"[bold red]node {rank} ({watcher.specs[rank].host.label}) failed first: "
+                                  f"{outcome.reason}[/]")
+            return
+
+
+def _host_change(watcher: Watcher, rank: int) -> Change:
+    now = read_boot(watcher.nodes.conn(rank))
+    return change(watcher.boots[rank], now) if now is not None else Change.NONE
 
 
 def _report_failure(watcher: Watcher, outcome: Outcome, config: UpConfig) -> None:

@@ -20,6 +20,7 @@ from .config import UpConfig, url_masked
 from .entry import check_image
 from .errors import ConfigError, JobError, NoCheckpointError
 from .hangup import Hangup
+from .hostboot import await_hosts
 from .hosts import Host, match_exec_blocks, parse_hosts_file, ssh_config_path
 from .image import ensure_images
 from .launch import (
@@ -154,6 +155,9 @@ def _up(config: UpConfig, console: Console, timings: Timings, hangup: Hangup) ->
         if attempt.outcome.ok:
             return 0
         _restart_or_raise(config, current, attempt, previous, began, console)
+        if attempt.outcome.end in (End.HOST, End.UNREACHABLE) and not config.min_nodes:
+            # Without --min-nodes every host is needed: a rebooting host or a restarting daemon is waited for.
+            await_hosts(hosts, config.ssh.accept_new_host_keys, console)
         previous = attempt
         current = dataclasses.replace(config, resume=True, replace=False, restart=current.restart + 1,
                                       restart_cause=attempt.outcome.cause)

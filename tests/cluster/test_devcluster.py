@@ -358,6 +358,30 @@ def test_stop_docker_leaves_a_host_without_docker(cluster: Cluster) -> None:
 
 
 @pytest.mark.cluster
+def test_reboot_gives_a_new_boot_id_and_a_new_daemon_and_keeps_the_host_key(cluster: Cluster) -> None:
+    """What a reboot shows over SSH (the orchestrator tells a reboot from a daemon restart by it): a new boot id,
+    a new dockerd pid in /var/run/docker.pid; the host key (strict known_hosts), files and the other host stay."""
+    h, other = cluster.hosts[1], cluster.hosts[0]
+    probe = "cat /proc/sys/kernel/random/boot_id; cat /var/run/docker.pid"
+
+    def seen(host: Host) -> list[str]:
+        res = ssh(cluster, host, "sh", "-c", probe)
+        assert res.returncode == 0, res.stderr
+        return res.stdout.split()
+
+    before, other_before = seen(h), seen(other)
+    h.path("/home/ddp/kept").write_text("x")
+    try:
+        h.reboot()
+        after = seen(h)
+    finally:
+        h.path("/home/ddp/kept").unlink()
+    assert after[0] != before[0] and after[1] != before[1]
+    assert seen(other) == other_before
+    assert h.docker_client().ping()
+
+
+@pytest.mark.cluster
 def test_four_hosts_reach_host_zero(cluster_factory) -> None:
     c = cluster_factory(4)
     assert len({h.addr for h in c.hosts}) == 4

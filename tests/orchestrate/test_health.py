@@ -123,7 +123,7 @@ def test_the_node_outside_the_collective_is_blamed() -> None:
 
 
 def test_what_is_restarted() -> None:
-    assert {e for e in End if e.restartable} == {End.EXITED, End.UNREACHABLE, End.STALLED}
+    assert {e for e in End if e.restartable} == {End.EXITED, End.UNREACHABLE, End.STALLED, End.HOST}
     failed = Outcome(False, End.EXITED, 1, "exited with code 1", host="b")
     assert failed.cause == "node 1 (b) exited with code 1"
     assert Attempt(failed, resumed_from=None, newest_step=8).progressed

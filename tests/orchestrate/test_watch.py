@@ -36,27 +36,37 @@ class FakeAPI:
 
 
 class FakeConn:
-    """Node 0's heartbeat file, as `read_beat` reads it over SSH."""
+    """SSH to a host: node 0's heartbeat file as `read_beat` reads it, and the boot script's output, or no
+    answer (None)."""
 
     def __init__(self) -> None:
         self.heartbeat: bytes | None = None
+        self.boot: str | None = None
 
     def read_file(self, _path: str, timeout: float) -> bytes:
         if self.heartbeat is None:
             raise FileNotFoundError(_path)
         return self.heartbeat
 
+    def run(self, argv: list[str], timeout: float = 60) -> Any:
+        if self.boot is None:
+            raise TimeoutError("no answer")
+        return type("Result", (), {"rc": 0, "out": self.boot, "err": ""})()
+
 
 class FakeNodes:
     def __init__(self, states: list[dict[str, Any] | None], api: type[FakeAPI] = FakeAPI) -> None:
         self.states, self.api = states, api
-        self.node0 = FakeConn()
+        self.conns = [FakeConn() for _ in states]
+        self.node0 = self.conns[0]
+        self.boots: list[str | None] = [None] * len(states)  # no SSH answer unless a test sets one
 
     def docker(self, rank: int, timeout: float | None = 60) -> Any:
         return type("Client", (), {"api": self.api(self.states[rank])})()
 
     def conn(self, rank: int) -> FakeConn:
-        return self.node0
+        self.conns[rank].boot = self.boots[rank]
+        return self.conns[rank]
 
 
 def watcher(states: list[dict[str, Any] | None], api: type[FakeAPI] | None = None,
@@ -147,6 +157,57 @@ def test_unreachable_only_after_the_grace_window(monkeypatch: pytest.MonkeyPatch
     outcome = w.poll()
     assert outcome is not None and (outcome.failed_rank, outcome.ok) == (1, False)
     assert "unreachable" in outcome.reason
+
+
+BOOT = "b-1\n4242 1000\n"  # boot id; dockerd's pid and start time
+
+
+@pytest.mark.parametrize(("now", "cause"), [("b-1\n5151 2000\n", "Docker daemon on h1 restarted"),
+                                            ("b-2\n4242 1000\n", "h1 rebooted")])
+def test_a_restarted_daemon_or_a_rebooted_host_is_named_at_once_not_unreachable(now: str, cause: str) -> None:
+    w = watcher([RUNNING, None])
+    w.nodes.boots = [BOOT, BOOT]  # type: ignore[attr-defined]
+    w.read_boots()
+    w.nodes.boots[1] = now  # type: ignore[attr-defined]
+    outcome = w.poll()  # the first poll whose API call fails: the host answers over SSH and tells why
+    assert outcome is not None and (outcome.end, outcome.failed_rank, outcome.reason) == (launch.End.HOST, 1, cause)
+    assert outcome.end.restartable
+
+
+def test_a_quick_restart_answering_the_next_poll_is_still_the_restart_not_an_exit_code() -> None:
+    """The daemon was back before the poll: it answers that the container exited (the restart stopped it), and
+    the peer on node 0 exited too, having lost node 1. The cause is node 1's restart, named at once."""
+    w = watcher([exited(1, "2026-01-01T00:00:05Z"), exited(143, "2026-01-01T00:00:06Z")])
+    w.nodes.boots = [BOOT, BOOT]  # type: ignore[attr-defined]
+    w.read_boots()
+    w.nodes.boots[1] = "b-1\n5151 2000\n"  # type: ignore[attr-defined]
+    outcome = w.poll()
+    assert outcome is not None and (outcome.end, outcome.failed_rank) == (launch.End.HOST, 1)
+    assert outcome.reason == "Docker daemon on h1 restarted"
+
+
+@pytest.mark.parametrize("ssh", [BOOT, None])  # node 1's daemon is shutting down (same pid) / its host reboots
+def test_a_peer_that_exits_while_a_node_does_not_answer_is_not_blamed(ssh: str | None) -> None:
+    w = watcher([exited(1, "2026-01-01T00:00:05Z"), None])
+    w.nodes.boots = [BOOT, BOOT]  # type: ignore[attr-defined]
+    w.read_boots()
+    w.nodes.boots[1] = ssh  # type: ignore[attr-defined]
+    assert w.poll() is None  # wait for node 1 to tell (at most UNREACHABLE_S): node 0 lost its peer
+    w.last_seen[1] -= launch.UNREACHABLE_S + 1
+    outcome = w.poll()
+    assert outcome is not None and outcome.failed_rank == 1 and outcome.end is not launch.End.EXITED
+
+
+def test_a_daemon_down_while_sshd_answers_fails_the_node_after_the_grace_window_with_that_cause() -> None:
+    w = watcher([RUNNING, None])
+    w.nodes.boots = [BOOT, BOOT]  # type: ignore[attr-defined]
+    w.read_boots()
+    w.nodes.boots[1] = "b-1\n"  # sshd answers, no dockerd runs: it may be restarting, so no verdict yet
+    assert w.poll() is None
+    w.last_seen[1] -= launch.UNREACHABLE_S + 1
+    outcome = w.poll()
+    assert outcome is not None and outcome.end is launch.End.HOST
+    assert outcome.reason == f"Docker daemon on h1 is down (sshd answers) for {launch.UNREACHABLE_S:.0f} s"
 
 
 def test_a_removed_container_is_not_an_unreachable_host() -> None:

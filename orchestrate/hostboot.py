@@ -1,0 +1,104 @@
+"""A host's boot and its Docker daemon's start, read over SSH, to tell why a node's Docker API stopped answering:
+the host rebooted, its daemon restarted (or is down while sshd answers), or the host is unreachable."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from enum import Enum
+from pathlib import Path
+
+from rich.console import Console
+
+from .hosts import Host
+from .ssh import Connection, fan_out
+
+SCRIPT = (Path(__file__).parent / "_boot_script.sh").read_text()
+PROBE_TIMEOUT_S = 8.0
+BACK_WAIT_S = 120.0  # a restart waits this long at most for a rebooted host or a stopped daemon to answer again
+
+
+@dataclass(frozen=True)
+class Boot:
+    boot_id: str
+    daemon: str | None  # "PID STARTTIME" of the running dockerd; None while none runs
+
+
+def parse_boot(out: str) -> Boot | None:
+    """PURE: the script's output; None when it printed no boot id (not a Linux host)."""
+    lines = [line.strip() for line in out.splitlines() if line.strip()]
+    if not lines:
+        return None
+    return Boot(lines[0], lines[1] if len(lines) > 1 else None)
+
+
+def read_boot(conn: Connection) -> Boot | None:
+    """The host's boot now; None when the host does not answer over SSH (or tells nothing)."""
+    try:
+        return parse_boot(conn.run(["sh", "-c", SCRIPT], timeout=PROBE_TIMEOUT_S).out)
+    except Exception:  # unreachable: the caller keeps its own "unreachable" verdict
+        return None
+
+
+class Change(Enum):
+    """What happened to a host since an earlier reading."""
+
+    NONE = "nothing seen"
+    REBOOTED = "rebooted"
+    RESTARTED = "Docker daemon restarted"
+    DAEMON_DOWN = "Docker daemon down"
+
+    @property
+    def ended_the_job(self) -> bool:
+        """A reboot or a daemon restart ended every container of the host (no live-restore): no need to wait."""
+        return self in (Change.REBOOTED, Change.RESTARTED)
+
+    def cause(self, host: str) -> str:
+        return {Change.NONE: f"Docker API of {host} does not answer (sshd answers)",
+                Change.REBOOTED: f"{host} rebooted",
+                Change.RESTARTED: f"Docker daemon on {host} restarted",
+                Change.DAEMON_DOWN: f"Docker daemon on {host} is down (sshd answers)"}[self]
+
+
+def change(before: Boot | None, now: Boot) -> Change:
+    """PURE: what happened to the host between two readings (NONE also when there is no earlier one)."""
+    if before is None:
+        return Change.NONE
+    if now.boot_id != before.boot_id:
+        return Change.REBOOTED
+    if before.daemon is None:  # no pid file where a stock install keeps it: nothing to compare
+        return Change.NONE
+    if now.daemon is None:
+        return Change.DAEMON_DOWN
+    return Change.RESTARTED if now.daemon != before.daemon else Change.NONE
+
+
+def _answers(host: Host, accept_new_host_keys: bool) -> bool:
+    """The host takes an SSH login and its Docker daemon answers."""
+    try:
+        conn = Connection.open(host, accept_new_host_keys, timeout=PROBE_TIMEOUT_S)
+    except Exception:  # not back yet
+        return False
+    try:
+        return conn.run(["docker", "version", "--format", "{{.Server.Version}}"], timeout=PROBE_TIMEOUT_S).rc == 0
+    except Exception:  # sshd answers, the daemon not yet
+        return False
+    finally:
+        conn.close()
+
+
+def await_hosts(hosts: Sequence[Host], accept_new_host_keys: bool, console: Console,
+                timeout: float = BACK_WAIT_S) -> None:
+    """Until every host answers over SSH and its Docker daemon does too, at most `timeout`; then the restart goes
+    on either way (its preflight names a host that is still down)."""
+    deadline = time.monotonic() + timeout
+    waiting = list(hosts)
+    while True:
+        ok = fan_out("host check", waiting, lambda h: _answers(h, accept_new_host_keys), lambda h: h.label)
+        waiting = [h for h, answered in zip(waiting, ok, strict=True) if not answered]
+        if not waiting or time.monotonic() > deadline:
+            return
+        console.print(f"waiting for {', '.join(h.label for h in waiting)} to answer again (SSH and Docker), "
+                      f"{deadline - time.monotonic():.0f} s left", markup=False, highlight=False)
+        time.sleep(2.0)

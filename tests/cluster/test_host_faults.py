@@ -1,0 +1,93 @@
+"""Faults of a whole host under a running job, on real test hosts (CPU image): its Docker daemon restarts, then
+the host reboots (devcluster's reboot: every process ends, a new boot id, the daemons start again). `up` names
+each with its own cause and, with --max-restarts, continues from the newest checkpoint on all nodes.
+
+With the test data (256 images) and --batch-size 16, one process per node: 8 steps per epoch on 2 nodes.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import pytest
+from orchestrate_kit import Data, job_containers, job_dir, manifests, orchestrate, start, up_args, wait_for
+from test_self_healing import Up, epochs_of, metrics
+
+from devcluster import Cluster
+
+pytestmark = [pytest.mark.cluster, pytest.mark.docker, pytest.mark.slow]
+
+
+def newest_manifest_step(cluster: Cluster, node: int, job: str) -> int:
+    return max((int(m["step"]) for m in manifests(job_dir(cluster, node, job))), default=-1)  # type: ignore[call-overload]
+
+
+def test_a_daemon_restart_then_a_reboot_under_the_job_are_named_and_the_job_continues(
+        target: Cluster, work: Path, data: Data, hosts: Path) -> None:
+    job, state, h1 = "host-faults", work / "state-host", target.hosts[1]
+    up = Up(start(target, state, *up_args(hosts, data, job, "--max-restarts", "2", trainer=("--epochs", "6"))))
+    try:
+        wait_for(lambda: newest_manifest_step(target, 0, job) >= 8, 600, "a checkpoint", every=0.5)
+        h1.stop_docker()  # a daemon restart (an upgrade, an admin): its containers end with it
+        h1.start_docker()
+        restarted = time.monotonic()
+        up.wait_for_line("--- restart 1 of 2 ---", 300, "the first restart")
+        resumed = newest_manifest_step(target, 0, job)
+        wait_for(lambda: newest_manifest_step(target, 0, job) > resumed, 600, "a checkpoint after the restart",
+                 every=0.5)
+        h1.reboot()
+        rebooted = time.monotonic()
+        assert up.wait(900) == 0
+    finally:
+        if up.proc.poll() is None:
+            up.wait(1)
+    # Seen at once, or (a daemon still answering while it stops) once the job is stopped: the restart's cause.
+    assert f"cause: node 1 ({h1.name}) Docker daemon on {h1.name} restarted" in up.text
+    assert f"cause: node 1 ({h1.name}) {h1.name} rebooted" in up.text
+    assert "unreachable" not in up.text
+    assert "finished: epochs=6 step=48 " in up.text
+    records = metrics(target, 0, job)
+    causes = [r["cause"] for r in records if r.get("event") == "restart"]
+    assert len(causes) == 2 and "restarted" in causes[0] and "rebooted" in causes[1]
+    assert epochs_of(records) == list(range(1, 7))
+    for what, at, mark in (("daemon restart", restarted, "--- restart 1"), ("reboot", rebooted, "--- restart 2")):
+        detected = up.first(f"node 1 ({h1.name}) failed", at)
+        training = up.first("[rank 0] INFO epoch", up.first(mark, at))
+        print(f"{what}: detected after {detected - at:.1f} s, training again after {training - at:.1f} s "
+              "(10-20 s of it the restart backoff)")
+    cleaned = orchestrate(target, state, "kill", "--job", job, "--grace", "5")
+    assert cleaned.returncode == 0 and job_containers(target, job) == []
+
+
+def test_a_data_folder_that_fills_during_extraction_fails_in_one_line_and_the_next_up_completes(
+        target: Cluster, work: Path, data: Data) -> None:
+    """Host 1's data folder is a 2 MB tmpfs in its own mount namespace: the 1.25 MB archive downloads, extracting
+    it does not fit. Nothing partial is left or marked verified; with more room the next `up` completes."""
+    job, state, h1 = "data-full", work / "state-full", target.hosts[1]
+    folder = "/mnt/data-full"
+    hosts = target.write_hosts_file(work / "hosts-full.txt", keys={1: {"data_dir": f"{folder}/data"}})
+    uid = h1.run(["id", "-u", target.user]).stdout.strip()
+    h1.run(["mkdir", "-p", folder])
+    h1.run(["mount", "-t", "tmpfs", "-o", f"size=2m,uid={uid},mode=0755", "tmpfs", folder])
+    try:
+        full = orchestrate(target, state, *up_args(hosts, data, job, "--min-free-gb", "0", trainer=("--epochs", "1")),
+                           timeout=600)
+        assert full.returncode != 0
+        line = next(ln for ln in full.stderr.splitlines() if "no space left" in ln)
+        assert line.strip().startswith(f"{h1.name}: data prefetch into {folder}/data failed: no space left for "
+                                       "extracting the archive: it needs 1.")
+        assert "MB, the folder had 0." in line and "free some space there or choose another data dir" in line
+        # The tmpfs is in the host's mount namespace only: look from there.
+        names = h1.run(["ls", "-A", f"{folder}/data"]).stdout.split()
+        assert names == ["cifar-10-python.tar.gz"], names  # the verified download; no partial folder, no marker
+        assert job_containers(target, job) == []
+        h1.run(["mount", "-o", "remount,size=8m", folder])
+        again = orchestrate(target, state, *up_args(hosts, data, job, "--min-free-gb", "0", trainer=("--epochs", "1")),
+                            timeout=600)
+        assert again.returncode == 0, again.stderr
+        assert f"data on {h1.name}: downloaded 0 bytes" in again.stdout  # the archive kept, extracted now
+        assert h1.run(["cat", f"{folder}/data/.ddp-cifar-verified"]).stdout.strip() == data.md5
+    finally:
+        orchestrate(target, state, "kill", "--hosts", str(hosts), "--job", job, "--grace", "5")
+        h1.run(["umount", folder], check=False)

@@ -1,0 +1,71 @@
+"""The resume search over nodes' checkpoint folders: a corrupted replica is skipped with a warning. The folders are
+real (tmp_path) and the size + sha256 check is the real command, run here instead of over SSH."""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import subprocess
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+from rich.console import Console
+
+from orchestrate.launch import find_resume_checkpoint
+from orchestrate.ssh import Result
+
+
+class LocalConn:
+    """A node whose commands run on this machine (its checkpoint folder is a tmp folder)."""
+
+    def __init__(self, label: str) -> None:
+        self.host = SimpleNamespace(label=label)
+
+    def run(self, argv: list[str], timeout: float = 60) -> Result:
+        res = subprocess.run(argv, capture_output=True, text=True, timeout=timeout)
+        return Result(res.returncode, res.stdout, res.stderr)
+
+    def read_file(self, path: str, timeout: float = 60) -> bytes:
+        return Path(path).read_bytes()
+
+    def list_dir(self, path: str) -> list[str]:
+        return sorted(p.name for p in Path(path).iterdir()) if Path(path).is_dir() else []
+
+
+def save(folder: Path, step: int, payload: bytes) -> None:
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / f"ckpt-{step:08d}.pt").write_bytes(payload)
+    manifest = {"format": 1, "file": f"ckpt-{step:08d}.pt", "sha256": hashlib.sha256(payload).hexdigest(),
+                "bytes": len(payload), "step": step, "epoch": step // 8, "epoch_complete": True, "world_size": 3}
+    (folder / f"ckpt-{step:08d}.json").write_text(json.dumps(manifest))
+
+
+def corrupt(folder: Path, step: int) -> None:
+    """One byte flipped in place: the size is right, the sha256 is not (bit rot, a torn copy)."""
+    pt = folder / f"ckpt-{step:08d}.pt"
+    data = bytearray(pt.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    pt.write_bytes(bytes(data))
+
+
+def test_a_corrupted_replica_is_skipped_with_a_warning_and_the_next_valid_checkpoint_is_used(tmp_path: Path) -> None:
+    """Node 0 is lost; the survivors are the replica holder (node 1, now rank 0) and node 2. The newest replica
+    (step 24) is corrupted: the search warns, names it, and resumes from step 16, held by both."""
+    replica, other = tmp_path / "n1", tmp_path / "n2"
+    for step in (16, 24):
+        save(replica, step, bytes([step]) * 4096)
+    save(other, 16, bytes([16]) * 4096)
+    corrupt(replica, 24)
+    conns = [LocalConn("h1"), LocalConn("h2")]
+    nodes: Any = SimpleNamespace(conn=lambda r: conns[r], hosts=[c.host for c in conns])
+    specs: Any = [SimpleNamespace(dirs={"ckpt": str(f)}, host=c.host) for f, c in zip((replica, other), conns,
+                                                                                      strict=True)]
+    out = io.StringIO()
+    best = find_resume_checkpoint(nodes, specs, Console(file=out, width=300))
+    assert best.step == 16 and best.host in ("h1", "h2")
+    warned = [line for line in out.getvalue().splitlines() if line.startswith("warning:")]
+    assert warned == [f"warning: h1:{replica}/ckpt-00000024.json: the checkpoint does not match its manifest "
+                      "(missing, or another size or sha256): skipped"]
+    assert "resuming from " in out.getvalue() and "step 16" in out.getvalue()
