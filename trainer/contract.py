@@ -141,6 +141,9 @@ class ShardedManifest:
             if not isinstance(size, int) or size < 0 or not isinstance(sha, str) or not re.fullmatch(r"[0-9a-f]{64}", sha):
                 raise ValueError(f"file {name!r} has no valid bytes/sha256")
             files[name] = (size, sha)
+        missing = [r for r in range(int(data["world_size"])) if not any(n.startswith(f"__{r}_") for n in files)]
+        if missing:
+            raise ValueError(f"files lack the shards of rank(s) {missing}")
         return cls(files, int(data["step"]), int(data["epoch"]), bool(data.get("epoch_complete", True)),
                    int(data["world_size"]), str(data.get("created", "")))
 
