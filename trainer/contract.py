@@ -110,7 +110,8 @@ def ckpt_tmp_name(step: int) -> str:
 
 @dataclass(frozen=True)
 class ShardedManifest:
-    """What a folder checkpoint's manifest.json promises: these files, with exactly these sizes and sha256."""
+    """What a folder checkpoint's manifest.json promises: these files (a shard of every rank among them), with
+    exactly these sizes and sha256."""
 
     files: dict[str, tuple[int, str]]  # name -> (bytes, sha256)
     step: int
