@@ -6,6 +6,7 @@ import argparse
 import logging
 import sys
 import time
+from typing import NoReturn
 
 from .bench import bench
 from .cluster import Cluster
@@ -65,8 +66,15 @@ def cmd_bench(args: argparse.Namespace) -> int:
     return 0
 
 
+class _Parser(argparse.ArgumentParser):
+    """A bad command line is one `error:` line and exit 2, like every other CLI of the project."""
+
+    def error(self, message: str) -> NoReturn:
+        raise DevclusterError(f"{message} (see {self.prog} --help)")
+
+
 def parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m devcluster", description=__doc__)
+    p = _Parser(prog="python -m devcluster", description=__doc__)
     p.add_argument("-v", "--verbose", action="store_true")
     sub = p.add_subparsers(dest="cmd", required=True)
     up = sub.add_parser("up", help="create N hosts (kept until `down`)")
@@ -93,10 +101,10 @@ def parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = parser().parse_args(argv)
-    logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING,
-                        format="%(levelname)s %(name)s: %(message)s")
     try:
+        args = parser().parse_args(argv)
+        logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING,
+                            format="%(levelname)s %(name)s: %(message)s")
         return args.func(args)
     except DevclusterError as e:
         print(f"error: {e}", file=sys.stderr)

@@ -4,7 +4,8 @@ Shared by the examples; copy it into your own program. What `up --resume`, `stat
 between nodes rely on: in CKPT_DIR, `ckpt-<step:08d>.pt` written first (temp name, fsync, rename), then
 `ckpt-<step:08d>.json` = {"format": 1, "file", "sha256", "bytes", "epoch", "step", "epoch_complete",
 "world_size", "created"} the same way. A checkpoint counts only when the .pt matches its manifest.
-And `exit_without_finalizing`: how a torch program ends without a chance of SIGABRT after its work is done.
+And `exit_without_finalizing`: how a torch program ends without a chance of SIGABRT after its work is done, and
+`join_group`: the device and the process group, in the order NCCL needs.
 """
 
 from __future__ import annotations
@@ -25,6 +26,19 @@ import torch
 
 MANIFEST_RE = re.compile(r"^ckpt-(\d{8})\.json$")
 EXIT_STOPPED = 143  # stopped by SIGTERM after writing a checkpoint
+
+
+def join_group() -> torch.device:
+    """cuda:LOCAL_RANK and NCCL when CUDA is visible (NCCL reduces only CUDA tensors, so the model and every
+    tensor a collective sees must live there), else the CPU and gloo. set_device comes first: NCCL's
+    communicator and every later CUDA call then use this rank's GPU, not cuda:0."""
+    if not torch.cuda.is_available():
+        torch.distributed.init_process_group("gloo")
+        return torch.device("cpu")
+    device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
+    torch.cuda.set_device(device)
+    torch.distributed.init_process_group("nccl", device_id=device)
+    return device
 
 
 def exit_without_finalizing(code: int) -> NoReturn:

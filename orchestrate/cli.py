@@ -115,6 +115,9 @@ def build_parser() -> argparse.ArgumentParser:
     up.add_argument("--stop-on-interrupt", action="store_true", help="Ctrl-C stops the job without asking")
     up.add_argument("--min-free-gb", type=float, default=UP["min_free_gb"], help="free disk each node needs under its dirs")
     up.add_argument("--shm-size", default=None, help="a sized /dev/shm instead of --ipc=host")
+    up.add_argument("--memory", default=None,
+                    help="memory limit of each node's container, e.g. 24g (docker run --memory, no swap beyond it): "
+                         "one job cannot take a shared host down; a container over it is OOM-killed (reported)")
     up.add_argument("--grace", type=float, default=UP["grace"], help="seconds between SIGTERM and SIGKILL")
     heal = up.add_argument_group("self-healing (README: What happens when...)")
     heal.add_argument("--max-restarts", type=int, default=UP["max_restarts"],
@@ -213,7 +216,7 @@ def up_config(ns: argparse.Namespace) -> UpConfig:
         master_port=ns.master_port, data_dir=ns.data_dir, ckpt_dir=ns.ckpt_dir, log_dir=ns.log_dir,
         data_url=ns.data_url, data_from=ns.data_from, data_md5=ns.data_md5, env=_env(ns.env), pull=ns.pull, layer_cache=ns.layer_cache,
         detach=ns.detach, dry_run=ns.dry_run, timings=ns.timings, resume=ns.resume, replace=ns.replace,
-        stop_on_interrupt=ns.stop_on_interrupt, min_free_gb=ns.min_free_gb, shm_size=ns.shm_size, grace=ns.grace,
+        stop_on_interrupt=ns.stop_on_interrupt, min_free_gb=ns.min_free_gb, shm_size=ns.shm_size, memory=ns.memory, grace=ns.grace,
         trainer_args=tuple(ns.trainer_args), entry=ns.entry, max_restarts=ns.max_restarts,
         min_nodes=ns.min_nodes, stall_timeout=ns.stall_timeout, ckpt_mirror=ns.ckpt_mirror,
         check_network=ns.check_network, check_max_mb=ns.check_max_mb,

@@ -11,6 +11,7 @@ from pathlib import Path
 from trainer import config as trainer_config
 from trainer.contract import ARCHIVE_MD5
 from trainer.errors import ConfigError as TrainerConfigError
+from trainer.errors import shown
 
 from .errors import ConfigError
 from .transport import TRANSPORTS
@@ -114,6 +115,7 @@ class UpConfig:
     stop_on_interrupt: bool = False
     min_free_gb: float = 1.0
     shm_size: str | None = None  # None: --ipc=host
+    memory: str | None = None  # each container's memory limit (docker run --memory, no swap beyond it); None: none
     grace: float = 60.0
     trainer_args: tuple[str, ...] = ()  # the program's arguments (after --), whatever the entry
     entry: str = TRAINER_ENTRY  # "-m pkg.mod" or a script path inside the image (docs/DESIGN.md §7)
@@ -156,7 +158,7 @@ class UpConfig:
             if problem:
                 raise ConfigError(f"{flag} {path!r}: {problem}")
         if self.data_from is not None and not (self.data_from.is_file() or self.data_from.is_dir()):
-            raise ConfigError(f"--data-from {self.data_from}: no such file or folder; give a folder to sync to every "
+            raise ConfigError(f"--data-from {shown(self.data_from)}: no such file or folder; give a folder to sync to every "
                               "node, or the path of cifar-10-python.tar.gz")
         if not re.fullmatch(r"(https?|ftp)://\S+", self.data_url):
             raise ConfigError(f"--data-url {url_masked(self.data_url)!r} is not an http(s) URL")
@@ -171,6 +173,8 @@ class UpConfig:
             raise ConfigError(f"--shm-size {self.shm_size!r} is not a size; write e.g. 16g")
         if not math.isfinite(self.grace) or self.grace < 0:
             raise ConfigError(f"--grace {self.grace} must be a number of seconds, 0 or more")
+        if self.memory is not None:
+            check_memory(self.memory)
         if self.resume and self.replace:
             raise ConfigError("--resume and --replace together: kill the job first, then 'up --resume'")
         check_entry(self.entry)
@@ -185,7 +189,7 @@ class UpConfig:
             raise ConfigError(f"--stall-timeout {self.stall_timeout} must be 0 (off) or between "
                               f"{MIN_STALL_TIMEOUT_S:g} seconds and a week")
         if self.ckpt_mirror is not None and (self.ckpt_mirror.exists() and not self.ckpt_mirror.is_dir()):
-            raise ConfigError(f"--ckpt-mirror {self.ckpt_mirror} exists and is not a folder; give a folder")
+            raise ConfigError(f"--ckpt-mirror {shown(self.ckpt_mirror)} exists and is not a folder; give a folder")
         if not 1 <= self.check_max_mb <= 4096:
             raise ConfigError(f"--max-mb {self.check_max_mb} must be between 1 and 4096 (MB)")
         if self.is_trainer:  # another program's arguments are its own business
@@ -280,6 +284,20 @@ def check_job(job: str) -> None:
 def check_port(port: int, flag: str) -> None:
     if not 1024 <= port <= 65535:
         raise ConfigError(f"{flag} {port} out of range; use a free port in 1024-65535 (default 29500)")
+
+
+SIZE_RE = re.compile(r"([0-9]{1,15})([bkmg]?)", re.IGNORECASE)  # what docker run --memory takes
+MIN_MEMORY = 6 << 20  # the Docker daemon refuses a smaller memory limit
+
+
+def check_memory(text: str) -> None:
+    found = SIZE_RE.fullmatch(text)
+    if not found:
+        raise ConfigError(f"--memory {text!r} is not a size; write e.g. 16g (b, k, m or g)")
+    number, unit = found.groups()
+    if int(number) << {"": 0, "b": 0, "k": 10, "m": 20, "g": 30}[unit.lower()] < MIN_MEMORY:
+        raise ConfigError(f"--memory {text} is below Docker's minimum of 6m; give the memory a node's container "
+                          "may use, e.g. 16g")
 
 
 def check_entry(entry: str) -> None:

@@ -6,14 +6,16 @@ line and no stall check (its failures are still seen by exit codes and host poll
 
 from __future__ import annotations
 
+import io
 import json
+import pickle
 import posixpath
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from trainer.contract import HEARTBEAT_FILE
+from trainer.contract import HEARTBEAT_FILE, PEER_WAIT_FUNCTION
 
 from .ssh import Connection
 
@@ -21,10 +23,12 @@ STALL_STEP_FACTOR = 3.0  # a stall is never declared before 3x the slowest step 
 STACK_FILE = "stack-rank{rank}.txt"
 STACK_WAIT_S = 10.0  # how long the ranks get to write their dumps after SIGUSR1
 # Frames of a rank that waits for its peers: a collective called from Python (torch.distributed), DDP's gradient
-# all-reduce (it runs inside backward, where gloo blocks until every peer joins), and the trainer's own helpers
-# that read a collective's result (with NCCL that read is where the CPU waits).
+# all-reduce (it runs inside backward, where gloo blocks until every peer joins), and the trainer's one read of the
+# agreement's result (with NCCL a collective returns once queued: that read is where the CPU waits). Only that
+# function of trainer/dist.py: a rank elsewhere in it (picking its device) is not waiting for anyone.
+# faulthandler writes a frame as `File "PATH", line N in NAME`.
 COLLECTIVE_MARKERS = ("torch/distributed/distributed_c10d.py", "torch/nn/parallel/distributed.py",
-                      "torch/autograd/", "trainer/dist.py")
+                      "torch/autograd/", f" in {PEER_WAIT_FUNCTION}\n")
 
 
 @dataclass(frozen=True)
@@ -195,6 +199,61 @@ def read_stacks(conn: Connection, log_dir: str, node: int, ranks: Sequence[int])
             text = ""
         out.append(RankStack(node, rank, text))
     return out
+
+
+# ---- the flight recorder (torch's ring of recent collectives per rank) ----------------------------------------
+
+# plan.py points TORCH_FR_DUMP_TEMP_FILE at LOG_DIR/<this>; torch appends the global rank. torch writes the dump
+# when NCCL's watchdog times out (TORCH_NCCL_DUMP_ON_TIMEOUT, after --dist-timeout): often later than the stall
+# check, so the report uses what exists and says when there is none.
+FR_DUMP_PREFIX = "nccl_trace_rank_"
+_FR_READ_ERRORS = (pickle.UnpicklingError, EOFError, ValueError, TypeError, AttributeError, IndexError,
+                   KeyError, LookupError, OverflowError, MemoryError)
+
+
+class _PlainDataUnpickler(pickle.Unpickler):
+    """A dump is a pickle of dicts, lists, strings and numbers only: no class may load (no torch, no code)."""
+
+    def find_class(self, module: str, name: str) -> Any:
+        raise pickle.UnpicklingError(f"{module}.{name} is not plain data")
+
+
+def last_collective(dump: bytes) -> tuple[int, str] | None:
+    """PURE: (sequence number, `NAME STATE`) of the newest collective in one rank's flight-recorder dump
+    (torch's format: {"version", "pg_config", "entries": [{"collective_seq_id", "profiling_name", "state",
+    "is_p2p", ...}]}); None for a dump that is not one."""
+    try:
+        data = _PlainDataUnpickler(io.BytesIO(dump)).load()
+        entries = [e for e in data["entries"] if not e.get("is_p2p")]
+        last = max(entries, key=lambda e: int(e["collective_seq_id"]))
+        return int(last["collective_seq_id"]), f"{last.get('profiling_name', '?')} {last.get('state', '?')}"
+    except _FR_READ_ERRORS:
+        return None
+
+
+def flight_recorder_lines(dumps: dict[int, bytes]) -> list[str]:
+    """PURE: one line per rank's dump, and the ranks behind the others (their newest collective is older: they
+    never reached the one the others wait in)."""
+    if not dumps:
+        return ["flight recorder: no dump (torch writes them only when NCCL's watchdog times out)"]
+    seen = {rank: found for rank, dump in sorted(dumps.items()) if (found := last_collective(dump)) is not None}
+    lines = [f"flight recorder of rank {rank}: last collective #{seq} {what}" for rank, (seq, what) in seen.items()]
+    lines += [f"flight recorder of rank {rank}: unreadable dump" for rank in sorted(set(dumps) - set(seen))]
+    newest = max((seq for seq, _ in seen.values()), default=0)
+    behind = [rank for rank, (seq, _) in seen.items() if seq < newest]
+    if behind:
+        lines.append(f"flight recorder: rank(s) {', '.join(map(str, behind))} never reached collective #{newest}")
+    return lines
+
+
+def read_fr_dumps(conn: Connection, log_dir: str, ranks: Sequence[int]) -> dict[int, bytes]:
+    found = {}
+    for rank in ranks:
+        try:
+            found[rank] = conn.read_file(posixpath.join(log_dir, f"{FR_DUMP_PREFIX}{rank}"), timeout=30)
+        except OSError:  # none written (the usual case at a stall check)
+            continue
+    return found
 
 
 def culprits(stacks: Sequence[RankStack]) -> list[int]:

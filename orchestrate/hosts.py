@@ -13,6 +13,8 @@ from pathlib import Path
 
 import paramiko
 
+from trainer.errors import shown
+
 from .config import MAX_SLOTS, host_dir_problem
 from .errors import HostsFileError
 
@@ -65,20 +67,21 @@ def parse_hosts_file(path: str | os.PathLike[str], ssh_config: str | os.PathLike
         text = data.decode()
     except UnicodeDecodeError as err:
         bad_line = data[:err.start].count(b"\n") + 1
-        raise HostsFileError(f"{path}:{bad_line}: not UTF-8 text (byte {data[err.start]:#04x}); save the hosts file "
+        raise HostsFileError(f"{shown(path)}:{bad_line}: not UTF-8 text (byte {data[err.start]:#04x}); save the hosts file "
                              "as UTF-8") from None
     except FileNotFoundError:
-        raise HostsFileError(f"hosts file {path} does not exist; write one host a line, e.g. 'gpu1 slots=8'") from None
+        raise HostsFileError(f"hosts file {shown(path)} does not exist; write one host a line, e.g. 'gpu1 slots=8'") from None
     except OSError as err:
-        raise HostsFileError(f"hosts file {path} cannot be read: {err.strerror}") from None
+        raise HostsFileError(f"hosts file {shown(path)} cannot be read: {err.strerror}") from None
     config = load_ssh_config(ssh_config, run_match_exec)
     hosts: list[Host] = []
     seen: dict[tuple[str, int], str] = {}
-    for number, raw in enumerate(text.splitlines(), start=1):
+    # Newlines only: str.splitlines() also splits at \f, \v, \x85, \u2028..., and the error would name the wrong line.
+    for number, raw in enumerate(text.split("\n"), start=1):
         line = raw.split("#", 1)[0].strip()
         if not line:
             continue
-        where = f"{path}:{number}"
+        where = f"{shown(path)}:{number}"
         host = parse_line(line, where, config)
         # Host names are case-insensitive (DNS, ssh): GPU-A and gpu-a are one machine.
         key = (host.hostname.lower(), host.port)
@@ -89,7 +92,7 @@ def parse_hosts_file(path: str | os.PathLike[str], ssh_config: str | os.PathLike
         seen[(host.name.lower(), host.port)] = where
         hosts.append(host)
     if not hosts:
-        raise HostsFileError(f"hosts file {path} lists no hosts; write one host a line, e.g. 'gpu1 slots=8'")
+        raise HostsFileError(f"hosts file {shown(path)} lists no hosts; write one host a line, e.g. 'gpu1 slots=8'")
     return hosts
 
 
@@ -102,7 +105,7 @@ def match_exec_blocks(text: str) -> list[tuple[int, int]]:
     command (through invoke) while looking a host up."""
     blocks: list[tuple[int, int]] = []
     start: int | None = None
-    lines = text.splitlines()
+    lines = text.split("\n")  # as paramiko reads the file: lines end at \n only
     for number, raw in enumerate(lines, start=1):
         words = raw.split("#", 1)[0].replace("=", " ").split()
         if words and words[0].lower() in ("host", "match"):
@@ -119,17 +122,17 @@ def load_ssh_config(path: str | os.PathLike[str] | None, run_match_exec: bool = 
     cfg_path = ssh_config_path(path)
     if not cfg_path.exists():
         if path is not None:
-            raise HostsFileError(f"ssh config {cfg_path} does not exist; give an existing file with --ssh-config")
+            raise HostsFileError(f"ssh config {shown(cfg_path)} does not exist; give an existing file with --ssh-config")
         return paramiko.SSHConfig()
     try:
         if run_match_exec:
             return paramiko.SSHConfig.from_path(str(cfg_path))
-        lines = cfg_path.read_text().splitlines()
+        lines = cfg_path.read_text().split("\n")
         for first, last in match_exec_blocks("\n".join(lines)):
             lines[first - 1:last] = [""] * (last - first + 1)
         return paramiko.SSHConfig.from_text("\n".join(lines))
     except Exception as err:  # paramiko raises plain exceptions for bad syntax
-        raise HostsFileError(f"ssh config {cfg_path} cannot be parsed: {err}") from None
+        raise HostsFileError(f"ssh config {shown(cfg_path)} cannot be parsed: {shown(err)}") from None
 
 
 def parse_line(line: str, where: str, config: paramiko.SSHConfig) -> Host:

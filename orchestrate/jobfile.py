@@ -22,6 +22,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from trainer.errors import shown
+
 from .errors import ConfigError
 
 if sys.version_info >= (3, 11):
@@ -43,15 +45,15 @@ def load(path: Path, parser: argparse.ArgumentParser) -> dict[str, Any]:
     try:
         text = path.read_text()
     except (OSError, UnicodeDecodeError) as err:
-        raise ConfigError(f"job file {path} cannot be read: {getattr(err, 'strerror', None) or err}") from None
+        raise ConfigError(f"job file {shown(path)} cannot be read: {getattr(err, 'strerror', None) or err}") from None
     try:
         data = tomllib.loads(text)
     except tomllib.TOMLDecodeError as err:
-        raise ConfigError(f"{path}: not valid TOML: {err}") from None
+        raise ConfigError(f"{shown(path)}: not valid TOML: {err}") from None
     actions = _actions(parser)
     out: dict[str, Any] = {}
     for key, value in data.items():
-        where = f"{path}:{_line_of(text, key)}"
+        where = f"{shown(path)}:{_line_of(text, key)}"
         dest = key.replace("-", "_")
         if dest == ARGS_KEY:
             if not (isinstance(value, list) and all(isinstance(v, str) for v in value)):

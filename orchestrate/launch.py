@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import datetime
-import math
 import threading
 import time
 from collections.abc import Sequence
@@ -13,16 +12,21 @@ from typing import Any
 
 from rich.console import Console
 
+from trainer.contract import DIVERGED_LINE, EXIT_DIVERGED
+
 from .checkpoints import Checkpoint, Replicator, copy_checkpoint, last_metrics, newest_valid, validate
 from .config import UpConfig, secret_values
 from .errors import NoCheckpointError
+from .hangup import Hangup, TerminalGone
 from .health import (
     STACK_WAIT_S,
     Beat,
     RankStack,
     StallClock,
     culprits,
+    flight_recorder_lines,
     read_beat,
+    read_fr_dumps,
     read_stacks,
     signal_ranks,
 )
@@ -37,6 +41,8 @@ SIGTERM_STOP_LINE = "stopped by SIGTERM"
 REMOVED = "removed"  # a pseudo-status: the daemon answered that the container no longer exists
 UNREACHABLE_S = 15.0  # a host that answers no poll for this long counts as down
 LAST_LINES = 20
+FR_ENV = "TORCH_FR_DUMP_TEMP_FILE"  # set by plan.py for GPU jobs: where torch's flight recorder dumps go
+DIVERGED_TAIL = 100  # torchrun's failure summary (traceback and table) follows the trainer's line
 FAILED_GRACE_S = 10.0
 STREAM_DRAIN_S = 2.0  # at most this long for the log streams' last lines once the job has ended
 STREAM_RETRY_S = 1.0  # a node's log stream broke while its container runs: follow it again this much later
@@ -160,6 +166,9 @@ class Watcher:
         self.ids = [c.id for c in containers]
         self.stall = StallClock(stall_timeout)
         self.last_seen = [time.monotonic()] * len(specs)
+        # When this machine learned of each container's exit (its wait returned): the order of failures across
+        # hosts. Never the hosts' own FinishedAt: their clocks may differ by more than the failures lie apart.
+        self.exit_seen: list[float | None] = [None] * len(specs)
         self.stop_event = threading.Event()
         self.exited = threading.Event()  # a container exited (or its wait broke): poll now, not at the next tick
         self.streams: list[threading.Thread] = []
@@ -203,6 +212,7 @@ class Watcher:
         """Block in the daemon's wait until the container exits: the exit is seen at once, without polling."""
         try:
             client.api.wait(self.ids[rank])
+            self.exit_seen[rank] = time.monotonic()
         except Exception:  # unreachable or removed: the poller tells which
             pass
         self.exited.set()
@@ -230,7 +240,7 @@ class Watcher:
             t.join(max(0.0, deadline - time.monotonic()))
         now = time.monotonic()
         done = 0
-        failed: list[tuple[float, int, str]] = []  # (finished at, rank, why)
+        failed: list[tuple[float, int, str]] = []  # (seen exited at, on this machine's clock; rank; why)
         for rank, state in enumerate(results):
             if state is None:
                 if now - self.last_seen[rank] > UNREACHABLE_S:
@@ -244,8 +254,8 @@ class Watcher:
                 return Outcome(False, End.REMOVED, rank, "its container was removed (stopped with 'kill'?)")
             if status in ("exited", "dead"):
                 if code != 0:
-                    why = "killed (OOM)" if state.get("OOMKilled") else f"exited with code {code}"
-                    failed.append((docker_time(str(state.get("FinishedAt", ""))) or math.inf, rank, why))
+                    why = oom_reason(self.specs[rank].memory) if state.get("OOMKilled") else self._exit_reason(rank, code)
+                    failed.append((self.exit_seen[rank] or now, rank, why))
                 done += 1
         if failed:
             # Name the node that went first: the others usually fail *because* it did (a lost peer).
@@ -306,12 +316,34 @@ class Watcher:
         except Exception:  # unreachable or slow: counted by last_seen
             results[rank] = None
 
-    def last_lines(self, rank: int) -> str:
+    def _exit_reason(self, rank: int, code: int) -> str:
+        """torchrun exits 1 whatever its workers' codes: a diverged run is told apart by the trainer's line."""
+        line = diverged_line(self.last_lines(rank, DIVERGED_TAIL)) if code in (1, EXIT_DIVERGED) else None
+        return line or f"exited with code {code}"
+
+    def last_lines(self, rank: int, tail: int = LAST_LINES) -> str:
         try:
-            return self.nodes.docker(rank).api.logs(self.ids[rank], tail=LAST_LINES).decode(
+            return self.nodes.docker(rank).api.logs(self.ids[rank], tail=tail).decode(
                 errors="replace")
         except Exception as err:
             return f"(logs unavailable: {err})"
+
+
+def diverged_line(log: str) -> str | None:
+    """PURE: the trainer's divergence report (`error: training diverged at step N: loss L, lr R; ...`) from a
+    node's log, without its `error: `; None when the node ended otherwise."""
+    for line in reversed(log.splitlines()):
+        _, found, rest = line.partition(f"error: {DIVERGED_LINE}")
+        if found:
+            return f"{DIVERGED_LINE}{rest}".strip()
+    return None
+
+
+def oom_reason(limit: str | None) -> str:
+    """PURE: why a container that the kernel's OOM killer ended (Docker's State.OOMKilled) failed, and what to do."""
+    where = f"its memory limit (--memory {limit})" if limit else "the host's memory (no --memory limit)"
+    return (f"killed by the kernel's OOM killer: out of {where}; lower --batch-size, or give it more memory "
+            "with --memory (/dev/shm counts too: --shm-size)")
 
 
 def docker_time(stamp: str) -> float | None:
@@ -358,29 +390,27 @@ class ProgressView:
 
 
 def watch(nodes: Nodes, specs: Sequence[NodeSpec], containers: Sequence[Any], config: UpConfig,
-          console: Console) -> Outcome:
+          console: Console, hangup: Hangup) -> Outcome:
     """Stay attached until the job succeeds or a node fails; on failure stop the job everywhere. Meanwhile:
-    progress from the heartbeat, each new checkpoint replicated off node 0."""
+    progress from the heartbeat, each new checkpoint replicated off node 0. The terminal going away (SIGHUP) ends
+    the watch and leaves the job running."""
     watcher = Watcher(nodes, specs, containers, console, secret_values(config.env_dict), config.stall_timeout)
     replicator = Replicator(nodes, specs, config.ckpt_mirror, console)
     view = ProgressView(console)
     watcher.start_streams()
     replicator.start()
     try:
-        while True:
-            outcome = watcher.poll()
-            if outcome is not None and outcome.ok:
-                watcher.refresh_beat()  # the last beat ("done") may have come after this round's read
-            view.show(watcher.beat)
-            if outcome is not None:
-                break
-            watcher.exited.wait(POLL_S)
-            watcher.exited.clear()
+        with hangup.watching():
+            outcome = _watch_until_end(watcher, view)
     except KeyboardInterrupt:
         watcher.stop_event.set()
         view.close()
         replicator.stop()
         return _interrupted(nodes, config, console)
+    except TerminalGone:
+        watcher.stop_event.set()
+        replicator.stop()
+        return Outcome(True, End.DETACHED, None, "the terminal went away (SIGHUP)")
     finally:
         view.close()
     replicator.stop()
@@ -396,6 +426,18 @@ def watch(nodes: Nodes, specs: Sequence[NodeSpec], containers: Sequence[Any], co
             console.print(f"while stopping: {err}", markup=False, highlight=False)
             outcome.leftovers = True
     return outcome
+
+
+def _watch_until_end(watcher: Watcher, view: ProgressView) -> Outcome:
+    while True:
+        outcome = watcher.poll()
+        if outcome is not None and outcome.ok:
+            watcher.refresh_beat()  # the last beat ("done") may have come after this round's read
+        view.show(watcher.beat)
+        if outcome is not None:
+            return outcome
+        watcher.exited.wait(POLL_S)
+        watcher.exited.clear()
 
 
 def _report_failure(watcher: Watcher, outcome: Outcome, config: UpConfig) -> None:
@@ -433,6 +475,8 @@ def _report_stall(watcher: Watcher, outcome: Outcome) -> None:
         outcome.reason += f"; stalled by {names}"
     elif stacks:
         lines.append("no single node to blame: every rank is in the same place (see the dumps)")
+    if FR_ENV in specs[0].env:  # a GPU job: torch's flight recorder may have dumped (NCCL only)
+        lines += flight_recorder_lines(_fr_dumps(watcher, stacks))
     if watcher.beat is not None:
         lines.append(f"last heartbeat: {watcher.beat.progress_line()} (slowest step so far "
                      f"{watcher.beat.slowest_step_s:.2f} s)")
@@ -445,6 +489,17 @@ def _report_stall(watcher: Watcher, outcome: Outcome) -> None:
         console.print(f"stack dumps saved in {specs[0].host.label}:{path}", markup=False, highlight=False)
     except Exception as err:  # node 0 unreachable: the dumps were printed above
         console.print(f"could not save the stack dumps on node 0: {err}", markup=False, highlight=False)
+
+
+def _fr_dumps(watcher: Watcher, stacks: Sequence[RankStack]) -> dict[int, bytes]:
+    dumps: dict[int, bytes] = {}
+    for node, spec in enumerate(watcher.specs):
+        try:
+            dumps.update(read_fr_dumps(watcher.nodes.conn(node), spec.dirs["log"],
+                                       [s.rank for s in stacks if s.node == node]))
+        except Exception:  # an unreachable node has no dumps to give; the others still do
+            continue
+    return dumps
 
 
 def _interrupted(nodes: Nodes, config: UpConfig, console: Console) -> Outcome:

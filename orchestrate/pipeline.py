@@ -19,6 +19,7 @@ from . import gpuprobe, jobfile, selfcheck, state
 from .config import UpConfig, url_masked
 from .entry import check_image
 from .errors import ConfigError, JobError, NoCheckpointError
+from .hangup import Hangup
 from .hosts import Host, match_exec_blocks, parse_hosts_file, ssh_config_path
 from .image import ensure_images
 from .launch import (
@@ -101,9 +102,10 @@ class Timings:
 
 
 def up(config: UpConfig, console: Console) -> int:
-    timings = Timings()
+    timings, hangup = Timings(), Hangup()
     try:
-        return _up(config, console, timings)
+        with hangup.handled():
+            return _up(config, console, timings, hangup)
     finally:
         if config.timings and not config.dry_run:
             console.print(timings.render(), markup=False, highlight=False)
@@ -126,7 +128,7 @@ class Attempt:
         return self.newest_step is not None and self.newest_step != self.resumed_from
 
 
-def _up(config: UpConfig, console: Console, timings: Timings) -> int:
+def _up(config: UpConfig, console: Console, timings: Timings, hangup: Hangup) -> int:
     hosts = load_hosts(config)
     if config.min_nodes is not None and config.min_nodes > len(hosts):
         raise ConfigError(f"--min-nodes {config.min_nodes} exceeds the {len(hosts)} host(s) in "
@@ -148,7 +150,7 @@ def _up(config: UpConfig, console: Console, timings: Timings) -> int:
         return 0
     began, current, previous = time.time(), config, None
     while True:
-        attempt = _attempt(current, hosts, console, timings)
+        attempt = _attempt(current, hosts, console, timings, hangup)
         if attempt.outcome.ok:
             return 0
         _restart_or_raise(config, current, attempt, previous, began, console)
@@ -242,7 +244,7 @@ def check(config: UpConfig, console: Console) -> int:
         ready.nodes.close()
 
 
-def _attempt(config: UpConfig, hosts: list[Host], console: Console, timings: Timings) -> Attempt:
+def _attempt(config: UpConfig, hosts: list[Host], console: Console, timings: Timings, hangup: Hangup) -> Attempt:
     if config.restart:
         console.print(f"--- restart {config.restart} of {config.max_restarts} ---", markup=False)
     ready = _ready(config, hosts, console, timings)
@@ -280,7 +282,7 @@ def _attempt(config: UpConfig, hosts: list[Host], console: Console, timings: Tim
                           markup=False)
             return Attempt(Outcome(True, End.DETACHED))
         with timings.phase("run"):
-            outcome = watch(nodes, specs, containers, config, console)
+            outcome = watch(nodes, specs, containers, config, console, hangup)
         if outcome.ok and outcome.end is not End.DETACHED:
             with timings.phase("summary"):
                 summary(nodes, specs, console)

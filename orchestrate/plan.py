@@ -65,6 +65,7 @@ class NodeSpec:
     gpus: int  # 0: none; GPUS_ALL: every GPU; N: that many (or len(gpu_ids))
     ipc_mode: str | None
     shm_size: str | None
+    memory: str | None = None  # the container's memory limit (docker run --memory); None: the host's memory
     ulimits: tuple[tuple[str, int, int], ...] = ()
     init: bool = True
     network_mode: str = "host"
@@ -101,6 +102,8 @@ class NodeSpec:
             image=self.image, command=list(self.command), name=self.name, detach=True,
             environment=dict(self.env), labels=dict(self.labels), network_mode=self.network_mode,
             init=self.init, ipc_mode=self.ipc_mode, shm_size=self.shm_size, device_requests=requests or None,
+            # No swap beyond the limit: with swap the container could take twice as much, slowly.
+            mem_limit=self.memory, memswap_limit=self.memory,
             ulimits=[docker.types.Ulimit(name=n, soft=s, hard=h) for n, s, h in self.ulimits],
             mounts=[docker.types.Mount(m.target, m.source, type="bind", read_only=m.read_only)
                     for m in self.mounts],
@@ -124,6 +127,8 @@ _RUN_FLAGS: dict[str, Callable[[Any], list[str]]] = {
     "init": lambda v: ["--init"] if v else [],
     "ipc_mode": lambda v: [f"--ipc={v}"] if v else [],
     "shm_size": lambda v: [f"--shm-size={v}"] if v else [],
+    "mem_limit": lambda v: [f"--memory={v}"] if v else [],
+    "memswap_limit": lambda v: [f"--memory-swap={v}"] if v else [],
     "device_requests": gpus.gpus_flag,
     "ulimits": lambda v: [f"--ulimit={u['Name']}={u['Soft']}:{u['Hard']}" for u in v],
     "extra_hosts": lambda v: [f"--add-host={entry}" for entry in v or ()],
@@ -240,7 +245,8 @@ def _node(config: UpConfig, host: Host, rank: int, nnodes: int, master_addr: str
                 Mount(dirs["log"], LOG_MOUNT)),
         labels={JOB_LABEL: config.job, RANK_LABEL: str(rank), NNODES_LABEL: str(nnodes), VERSION_LABEL: __version__,
                 RESTART_LABEL: str(config.restart), RESTART_CAUSE_LABEL: config.restart_cause},
-        gpus=n_gpus, gpu_ids=config.gpu_ids, ipc_mode=None if config.shm_size else "host", shm_size=config.shm_size, dirs=dirs,
+        gpus=n_gpus, gpu_ids=config.gpu_ids, ipc_mode=None if config.shm_size else "host", shm_size=config.shm_size,
+        memory=config.memory, dirs=dirs,
         ulimits=CPU_ULIMITS if config.cpu_mode else GPU_ULIMITS, user=facts.user,
     )
 

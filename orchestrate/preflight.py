@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -24,6 +25,7 @@ from .ssh import Connection, Identity
 # Output: key=value records separated by NUL (so paths with newlines cannot break the parsing).
 PROBE_SCRIPT = r"""
 out() { printf '%s=%s\0' "$1" "$2"; }
+out clock "$(date +%s.%N)"
 for kind in data ckpt log; do
   case $kind in data) d=$1;; ckpt) d=$2;; log) d=$7;; esac
   while [ ! -e "$d" ] && [ "$d" != / ]; do d=$(dirname -- "$d"); done
@@ -79,8 +81,9 @@ def probe_host(conn: Connection, config: UpConfig, rank: int, master_addr: str, 
     argv = ["sh", "-c", PROBE_SCRIPT, "probe", dirs["data"], dirs["ckpt"], master_addr,
             "0" if rank == 0 else str(master_ssh_port), "1" if rank == 0 else "0", "0" if config.cpu_mode else "1",
             dirs["log"]]
+    sent = time.time()
     res = conn.run(argv, timeout=60)
-    facts: dict[str, str] = {}
+    facts: dict[str, str] = {"sent": repr(sent), "answered": repr(time.time())}
     for record in res.out.split("\0"):
         key, sep, value = record.partition("=")
         if sep:
@@ -110,6 +113,7 @@ class HostReport:
     docker: Any = None
     identity: Identity | None = None  # the SSH login there: containers run as it, ~ in the dirs is its home
     dirs: dict[str, str] = field(default_factory=dict)  # the data/ckpt/log dirs, ~ resolved
+    clock_skew: float = 0.0  # seconds the host's clock is ahead (+) or behind (-) this machine's, at least
 
     def add(self, name: str, ok: bool, text: str, warn: bool = False) -> None:
         self.checks[name] = Check(ok, text, warn)
@@ -135,6 +139,7 @@ def check_host(conn: Connection, rank: int, config: UpConfig, master_addr: str, 
         report.add("docker", False, str(err).split(": ", 1)[-1])
         return report
     facts = probe_host(conn, config, rank, master_addr, master_ssh_port)
+    report.clock_skew = clock_skew(facts)
     judge_gpus(facts, report, config, conn.host.slots)
     judge_transport(facts, report, config)
     exposed = socket_exposure(report.dirs, conn.host.docker_host)
@@ -148,6 +153,28 @@ def check_host(conn: Connection, rank: int, config: UpConfig, master_addr: str, 
     judge_master(facts, report, rank, master_addr, master_ssh_port, conn.host.iface)
     _check_image(report, config, local_image_id)
     return report
+
+
+# torch's rendezvous (c10d keep-alives, the store's timeouts) compares timestamps across nodes; the order of
+# failures does not depend on host clocks (launch.Watcher.exit_seen).
+MAX_CLOCK_SKEW_S = 5.0
+
+
+def clock_skew(facts: dict[str, str]) -> float:
+    """PURE: how far the host's clock (`date` at the probe's start) lies outside the interval from sending the
+    probe to its answer on this machine's clock: 0 when inside, so the SSH round trip is never taken for skew."""
+    try:
+        remote, sent, answered = float(facts["clock"]), float(facts["sent"]), float(facts["answered"])
+    except (KeyError, ValueError):  # a `date` without %N support: no measurement, no warning
+        return 0.0
+    return remote - answered if remote > answered else remote - sent if remote < sent else 0.0
+
+
+def clock_warnings(reports: Sequence[HostReport]) -> list[str]:
+    """PURE: one warning per host whose clock is off by more than MAX_CLOCK_SKEW_S (the job may still run)."""
+    return [f"warning: {r.label}'s clock is {abs(r.clock_skew):.0f} s {'ahead of' if r.clock_skew > 0 else 'behind'} "
+            "this machine's; torch's rendezvous compares timestamps across nodes: sync the clocks (NTP, e.g. chrony)"
+            for r in reports if abs(r.clock_skew) > MAX_CLOCK_SKEW_S]
 
 
 def judge_gpus(facts: dict[str, str], report: HostReport, config: UpConfig, slots: int | None) -> None:
@@ -324,6 +351,8 @@ def run_preflight(conns: Sequence[Connection], config: UpConfig, master_addr: st
                              + "\n  ".join(err.lines())) from None
     settle_transport(reports, config)
     console.print(render_table(reports))
+    for line in clock_warnings(reports):
+        console.print(line, markup=False)
     failed = [r for r in reports if r.problems]
     if failed and not may_fail:
         lines = [f"{r.label}: " + "; ".join(r.problems) for r in failed]

@@ -22,6 +22,8 @@ from pathlib import Path
 
 from rich.console import Console
 
+from trainer.errors import shown
+
 from .config import UpConfig
 from .errors import ConfigError, SSHError
 from .ssh import Connection
@@ -81,14 +83,14 @@ def local_manifest(source: Path) -> dict[str, Entry]:
             if path.is_file():
                 found[path.relative_to(source).as_posix()] = _entry(path, source)
     if not found:
-        raise ConfigError(f"--data-from {source}: no files in it; give a folder that holds the program's data")
+        raise ConfigError(f"--data-from {shown(source)}: no files in it; give a folder that holds the program's data")
     return found
 
 
 def _inside(path: Path, root: Path) -> None:
     target = path.resolve()
     if path.is_symlink() and not target.is_relative_to(root):
-        raise ConfigError(f"--data-from: {path} is a symlink to {target}, outside {root}; copy the file in instead")
+        raise ConfigError(f"--data-from: {shown(path)} is a symlink to {shown(target)}, outside {shown(root)}; copy the file in instead")
 
 
 def _entry(path: Path, source: Path) -> Entry:
@@ -100,7 +102,7 @@ def _entry(path: Path, source: Path) -> Entry:
                 digest.update(block)
                 size += len(block)
     except OSError as err:
-        raise ConfigError(f"--data-from {source}: cannot read {path}: {err.strerror or err}") from None
+        raise ConfigError(f"--data-from {shown(source)}: cannot read {shown(path)}: {err.strerror or err}") from None
     return Entry(size, digest.hexdigest())
 
 

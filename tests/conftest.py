@@ -17,8 +17,14 @@ and an image load per host, so the 2-host and the 3-host cluster tests each form
 from __future__ import annotations
 
 import os
+import pwd
+import shutil
 import signal
-from collections.abc import Iterator
+import subprocess
+import sys
+import sysconfig
+import tempfile
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import docker
@@ -98,3 +104,39 @@ class ClusterGroupScheduling(LoadScopeScheduling):
 @pytest.hookimpl(optionalhook=True)
 def pytest_xdist_make_scheduler(config: pytest.Config, log: object) -> ClusterGroupScheduling:
     return ClusterGroupScheduling(config, log)  # type: ignore[arg-type]
+
+
+NOBODY = "nobody"  # an account without privileges, present on every Debian system (uid 65534)
+# The system's interpreter of this venv's Python version: the venv's own links into root's home (pyenv), which
+# `nobody` cannot enter. The venv's packages are pure Python or built for this version, so they load in it.
+SYSTEM_PYTHON = Path(f"/usr/bin/python{sys.version_info.major}.{sys.version_info.minor}")
+
+
+@pytest.fixture
+def run_as_nobody(repo_root: Path) -> Callable[..., subprocess.CompletedProcess[str]]:
+    """`run_as_nobody(args, cwd)`: `python ARGS` (this repository and the venv's packages importable) as the
+    unprivileged account `nobody`, for what only a non-root account sees: root reads and enters anything, whatever
+    its mode. Fails, never skips, when the system has no interpreter of this version."""
+    if not SYSTEM_PYTHON.is_file():
+        pytest.fail(f"{SYSTEM_PYTHON} is missing: the tests run as `nobody` need it (apt-get install python3)",
+                    pytrace=False)
+    path = os.pathsep.join([str(repo_root), sysconfig.get_paths()["purelib"], sysconfig.get_paths()["platlib"]])
+
+    def run(args: list[str], cwd: Path) -> subprocess.CompletedProcess[str]:
+        env = {"PATH": "/usr/bin:/bin", "PYTHONPATH": path, "HOME": str(cwd), "OMP_NUM_THREADS": "1"}
+        return subprocess.run([str(SYSTEM_PYTHON), *args], user=NOBODY, group=pwd.getpwnam(NOBODY).pw_gid, extra_groups=[], cwd=cwd,
+                              env=env, capture_output=True, text=True, timeout=120)
+
+    return run
+
+
+@pytest.fixture
+def shared_tmp() -> Iterator[Path]:
+    """A folder the account `nobody` may enter (pytest's own tmp folders are mode 700): for the tests that run a
+    program as `nobody`, since root reads and enters anything whatever its mode."""
+    folder = Path(tempfile.mkdtemp(prefix="ddp-cifar-test-"))
+    folder.chmod(0o755)
+    try:
+        yield folder
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)

@@ -43,3 +43,25 @@ def test_an_example_ends_with_its_last_line_and_no_rank_finalizes(name: str, tmp
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert proc.stdout.strip().splitlines()[-1].startswith("DONE step=3"), proc.stdout[-1000:]
     assert sorted(p.name for p in (tmp_path / "probe").glob("finalized-*")) == []
+
+
+@pytest.mark.parametrize("cuda", [True, False])
+def test_the_examples_put_everything_on_their_own_gpu_when_there_is_one(cuda: bool, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Only a GPU shows the tensors landing there; the decision (device, backend, set_device first) is here."""
+    sys.path.insert(0, str(REPO / "examples"))
+    import example_ckpt
+    import torch
+
+    calls: list[tuple[str, object]] = []
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: cuda)
+    monkeypatch.setattr(torch.cuda, "set_device", lambda d: calls.append(("set_device", d)))
+    monkeypatch.setattr(torch.distributed, "init_process_group",
+                        lambda backend, **kw: calls.append(("init", (backend, kw.get("device_id")))))
+    monkeypatch.setenv("LOCAL_RANK", "3")
+    device = example_ckpt.join_group()
+    gpu = torch.device("cuda", 3)
+    assert (device, calls) == ((gpu, [("set_device", gpu), ("init", ("nccl", gpu))]) if cuda else
+                               (torch.device("cpu"), [("init", ("gloo", None))]))
+    for program in ("minimal/train.py", "charlm/charlm/train.py"):  # both take their device from it
+        text = (REPO / "examples" / program).read_text()
+        assert "device = join_group()" in text and "init_process_group" not in text

@@ -13,8 +13,9 @@ from typing import IO, NoReturn, TypeVar
 
 from . import checkpoint, data, dist, loop, models, state
 from .config import Config, parse
+from .contract import EXIT_DIVERGED
 from .dist import DistContext
-from .errors import ConfigError, TrainerError
+from .errors import ConfigError, DivergedError, TrainerError
 from .metrics import Heartbeat, is_restart, record_resume, setup_logging
 
 log = logging.getLogger("trainer")
@@ -131,6 +132,10 @@ def main(argv: list[str] | None = None) -> int:
             # aborted the early rank now and then ("terminate called without an active exception", 3 of 12 runs).
             dist.barrier(ctx)
         return code
+    except DivergedError as e:
+        if ctx.local_rank == 0:  # every rank stops at the same step: one line per node says why
+            sys.stderr.write(f"error: {e}\n")
+        return EXIT_DIVERGED
     except TrainerError as e:
         sys.stderr.write(f"error: {e}\n")
         return 2

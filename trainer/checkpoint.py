@@ -14,6 +14,7 @@ import io
 import json
 import logging
 import os
+import pickle
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -21,7 +22,7 @@ from typing import Any
 import torch
 
 from .contract import CKPT_NAME_RE, Manifest, manifest_name, pt_name
-from .errors import CheckpointError
+from .errors import CheckpointError, shown
 
 log = logging.getLogger(__name__)
 
@@ -175,5 +176,19 @@ def load(info: CheckpointInfo, device: torch.device) -> dict[str, Any]:
     """Load onto this process's own device; plain tensors and containers only (weights_only)."""
     try:
         return torch.load(info.path, map_location=device, weights_only=True)
+    except pickle.UnpicklingError as e:  # the weights-only loader refused an object: not a file this trainer wrote
+        raise CheckpointError(f"checkpoint {shown(info.path)} holds objects that are not tensors or plain values "
+                              f"({_refusal(e)}); it was not written by this trainer: move it away to resume from "
+                              "the one before, or run without --resume") from None
     except Exception as e:  # a file that passed its sha256 but fails to unpickle: report, do not guess
-        raise CheckpointError(f"cannot load checkpoint {info.path}: {e}") from e
+        raise CheckpointError(f"cannot load checkpoint {shown(info.path)}: {_refusal(e)}") from e
+
+
+def _refusal(err: Exception) -> str:
+    """The one line of a loader's message that says what was refused (torch's spans several lines, with advice
+    on how to load the file anyway, which is not advice to give about an unknown file)."""
+    lines = [line.strip() for line in str(err).split("\n") if line.strip()] or [type(err).__name__]
+    # torch names the refused object on a line of its own ("WeightsUnpickler error: ...", or in newer versions
+    # "Trying to load unsupported GLOBAL ...").
+    reason = next((line for line in lines if "WeightsUnpickler error:" in line or "GLOBAL" in line), lines[0])
+    return shown(reason.split("WeightsUnpickler error:")[-1].strip())

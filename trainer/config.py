@@ -110,7 +110,7 @@ class Config:
             option, why = refused[0]
             raise ConfigError(f"--strategy fsdp cannot honour {option}: {why}")
         if self.model not in MODEL_NAMES and not TORCHVISION_NAME_RE.fullmatch(self.model):
-            raise ConfigError(f"unknown model {self.model!r}: choose one of {', '.join(MODEL_NAMES)} "
+            raise ConfigError(f"--model {self.model!r} is not a model: choose one of {', '.join(MODEL_NAMES)} "
                               "or a torchvision classification model (e.g. resnet50)")
 
     def to_dict(self) -> dict[str, Any]:
@@ -121,7 +121,6 @@ class Config:
 # Options a CPU cannot run: (the option as written, whether this config uses it, what to do instead). The
 # trainer refuses them on a CPU device; the orchestrator refuses them with --gpus 0 before anything starts.
 CUDA_ONLY: tuple[tuple[str, Callable[[Config], bool], str], ...] = (
-    ("--precision fp16", lambda c: c.precision == "fp16", "use --precision bf16 or fp32 on CPU"),
     ("--sync-bn", lambda c: c.sync_bn, "SyncBatchNorm does not run on CPU tensors; drop --sync-bn"),
     ("--grad-compression bf16", lambda c: c.grad_compression == "bf16",
      "gloo cannot run the bf16 hook; use --grad-compression fp16 on CPU"),
@@ -167,12 +166,12 @@ def _choice(option: str, value: str, choices: tuple[str, ...]) -> None:
         raise ConfigError(f"{option} must be one of {', '.join(choices)}, got {value!r}")
 
 
-class _OneLineParser(argparse.ArgumentParser):
-    """argparse that reports a bad command line as a ConfigError: ``__main__`` prints it as one ``error: ...``
-    line (exit 2), the orchestrator names it as a trainer option of the job."""
+class OneLineParser(argparse.ArgumentParser):
+    """argparse that reports a bad command line as a ConfigError: each of the trainer's CLIs prints it as one
+    ``error: ...`` line (exit 2), the orchestrator names it as a trainer option of the job."""
 
     def error(self, message: str) -> NoReturn:
-        raise ConfigError(f"{message} (see python -m trainer --help)")
+        raise ConfigError(f"{message} (see {self.prog} --help)")
 
 
 _EXAMPLES = """\
@@ -182,7 +181,8 @@ examples:
   torchrun --nproc_per_node 2 -m trainer --data-dir /data --ckpt-dir /ckpt --precision bf16
   torchrun --nproc_per_node 2 -m trainer --data-dir /data --ckpt-dir /ckpt --precision bf16 --resume
 
-exit codes: 0 done, 2 bad input (one 'error:' line), 143 stopped by SIGTERM after writing a checkpoint.
+exit codes: 0 done, 2 bad input (one 'error:' line), 3 diverged (non-finite loss; no checkpoint of it),
+143 stopped by SIGTERM after writing a checkpoint.
 """
 
 
@@ -193,7 +193,7 @@ class _Formatter(argparse.RawDescriptionHelpFormatter, argparse.ArgumentDefaults
 def build_parser() -> argparse.ArgumentParser:
     # No abbreviations: `--data` must not pass as --data-dir (the orchestrator reserves that one), and a
     # typo such as `--epoch` is refused instead of guessed.
-    p = _OneLineParser(prog="python -m trainer", formatter_class=_Formatter, epilog=_EXAMPLES, allow_abbrev=False,
+    p = OneLineParser(prog="python -m trainer", formatter_class=_Formatter, epilog=_EXAMPLES, allow_abbrev=False,
                        description="DDP CIFAR-10 trainer: one process with python, N with torchrun "
                                    "(gloo on CPU, NCCL with one process per GPU).")
     d = Config.__dataclass_fields__
@@ -210,7 +210,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="resnet18 (CIFAR variant), resnet20, resnet18-gn, resnet20-gn, tiny, vit-cifar (25M params), "
                         "or a torchvision name")
     p.add_argument("--precision", default="fp32", choices=PRECISIONS,
-                   help="autocast dtype; fp16 adds a gradient scaler and needs CUDA")
+                   help="autocast dtype; fp16 adds a gradient scaler")
     p.add_argument("--strategy", default=d["strategy"].default, choices=STRATEGIES,
                    help="ddp: a full model replica per process; fsdp: parameters, gradients and optimizer state "
                         "sharded over the processes (FSDP2), checkpoints in DCP folders that resume at any world size")

@@ -28,6 +28,18 @@ ALL_FILES = TRAIN_FILES + TEST_FILES + (META_FILE,)
 METRICS_FILE = "metrics.jsonl"
 HEARTBEAT_FILE = "heartbeat.json"
 
+# ---- how a run ends, for the orchestrator's report -------------------------------------------------------------
+# A non-finite loss: every rank exits with this code at the same step (torchrun itself then exits 1, whatever its
+# workers' codes, so the orchestrator reads each node's log for DIVERGED_LINE, which the trainer's error line holds).
+EXIT_DIVERGED = 3
+DIVERGED_LINE = "training diverged"
+
+# ---- where a rank waits for its peers (docs/DESIGN.md §7) --------------------------------------------------
+# The trainer's one host wait per agreement is a function of this name (trainer/dist.py): with NCCL a
+# collective returns once queued, so a rank blocked on a lost peer shows this frame in its stack dump, not
+# torch.distributed's. The orchestrator's stall report counts such a rank as waiting for its peers.
+PEER_WAIT_FUNCTION = "wait_for_peers"
+
 # ---- the checkpoint manifest: ckpt-<step>.json beside ckpt-<step>.pt, written last ----------------------------
 FORMAT = 1
 CKPT_NAME_RE = re.compile(r"ckpt-(\d{8})\.(pt|json)")

@@ -8,7 +8,6 @@ layout.
 
 from __future__ import annotations
 
-import argparse
 import hashlib
 import io
 import logging
@@ -25,8 +24,9 @@ from typing import Any
 import numpy as np
 import torch
 
+from .config import OneLineParser
 from .contract import ALL_FILES, ARCHIVE_MD5, ARCHIVE_NAME, BASE_FOLDER, TEST_FILES, TRAIN_FILES
-from .errors import DataError
+from .errors import DataError, TrainerError, shown
 
 log = logging.getLogger(__name__)
 
@@ -72,7 +72,7 @@ def md5_of(path: Path) -> str:
         with path.open("rb") as f:
             return hashlib.file_digest(f, "md5").hexdigest()
     except OSError as e:
-        raise DataError(f"cannot read {path} ({e.strerror or e}); check its permissions") from e
+        raise DataError(f"cannot read {shown(path)} ({e.strerror or e}); check its permissions") from e
 
 
 def _read_pickle(path: Path) -> dict[str, Any]:
@@ -80,14 +80,14 @@ def _read_pickle(path: Path) -> dict[str, Any]:
         with path.open("rb") as f:
             raw = _NumpyOnlyUnpickler(f, encoding="bytes").load()
     except OSError as e:
-        raise DataError(f"cannot read data file {path} ({e.strerror or e}); check its permissions") from e
+        raise DataError(f"cannot read data file {shown(path)} ({e.strerror or e}); check its permissions") from e
     # What a damaged or hostile pickle raises while loading (an unknown codec is a LookupError, a huge
     # length an OverflowError or MemoryError): all mean the file is not a CIFAR batch.
     except (pickle.UnpicklingError, EOFError, ValueError, TypeError, AttributeError, IndexError, LookupError,
             OverflowError, MemoryError) as e:
-        raise DataError(f"data file {path} is corrupt ({e}); re-extract the archive or regenerate it") from e
+        raise DataError(f"data file {shown(path)} is corrupt ({e}); re-extract the archive or regenerate it") from e
     if not isinstance(raw, dict):
-        raise DataError(f"data file {path} does not hold a CIFAR batch dict; re-extract the archive")
+        raise DataError(f"data file {shown(path)} does not hold a CIFAR batch dict; re-extract the archive")
     # The official pickles come from Python 2 (keys load as bytes); ours from Python 3 (str keys).
     return {k.decode("latin1") if isinstance(k, bytes) else k: v for k, v in raw.items()}
 
@@ -96,8 +96,8 @@ def _read_batch(path: Path) -> tuple[np.ndarray, np.ndarray]:
     entry = _read_pickle(path)
     data, labels = entry.get("data"), entry.get("labels")
     if not isinstance(data, np.ndarray) or data.dtype != np.uint8 or data.ndim != 2 or data.shape[1] != 3072:
-        raise DataError(f"data file {path}: 'data' is not an N x 3072 uint8 array; re-extract the archive")
-    wrong = DataError(f"data file {path}: 'labels' must be {data.shape[0]} integers in 0..9; re-extract the archive")
+        raise DataError(f"data file {shown(path)}: 'data' is not an N x 3072 uint8 array; re-extract the archive")
+    wrong = DataError(f"data file {shown(path)}: 'labels' must be {data.shape[0]} integers in 0..9; re-extract the archive")
     try:
         found = np.asarray(labels)
     except (TypeError, ValueError):
@@ -117,30 +117,38 @@ def verify_files(folder: Path, allow_unverified: bool) -> None:
         try:
             present = (folder / name).is_file()
         except OSError as e:  # a folder this account may not enter (EACCES is not "missing")
-            raise DataError(f"cannot read data folder {folder} ({e.strerror or e}); check its permissions") from e
+            raise _unreachable(folder, e) from e
         if not present:
             raise DataError(
-                f"data file {folder / name} is missing; extract the official {ARCHIVE_NAME} into {folder.parent} "
-                f"or write a synthetic set with: python -m trainer.data synth --out {folder.parent}"
+                f"data file {shown(folder / name)} is missing; extract the official {ARCHIVE_NAME} into {shown(folder.parent)} "
+                f"or write a synthetic set with: python -m trainer.data synth --out {shown(folder.parent)}"
             )
     bad = [name for name, md5 in ALL_FILES if md5_of(folder / name) != md5]
     if bad and not allow_unverified:
         raise DataError(
-            f"data files in {folder} do not match the official CIFAR-10 md5 ({', '.join(bad)}); re-download "
+            f"data files in {shown(folder)} do not match the official CIFAR-10 md5 ({', '.join(bad)}); re-download "
             f"the archive, or pass --allow-unverified-data for synthetic or your own data"
         )
     if bad:
         log.warning("using unverified data in %s (md5 differs for %s)", folder, ", ".join(bad))
 
 
+def _unreachable(folder: Path, err: OSError) -> DataError:
+    return DataError(f"cannot read data folder {shown(folder)} ({err.strerror or err}); check the permissions of it "
+                     "and of --data-dir")
+
+
 def extract_archive(data_dir: Path, allow_unverified: bool) -> None:
     """Unpack <data-dir>/cifar-10-python.tar.gz if only the archive is there (call on one rank per node)."""
     folder, archive = data_dir / BASE_FOLDER, data_dir / ARCHIVE_NAME
-    if folder.is_dir() or not archive.is_file():
-        return
+    try:
+        if folder.is_dir() or not archive.is_file():
+            return
+    except OSError as e:  # a --data-dir this account may not enter
+        raise _unreachable(folder, e) from e
     if md5_of(archive) != ARCHIVE_MD5 and not allow_unverified:
         raise DataError(
-            f"archive {archive} does not have the official md5 {ARCHIVE_MD5}; re-download it, "
+            f"archive {shown(archive)} does not have the official md5 {ARCHIVE_MD5}; re-download it, "
             f"or pass --allow-unverified-data for synthetic or your own data"
         )
     tmp = data_dir / f".{BASE_FOLDER}.tmp-{os.getpid()}"
@@ -151,12 +159,12 @@ def extract_archive(data_dir: Path, allow_unverified: bool) -> None:
             for name, _ in ALL_FILES:
                 member = tar.extractfile(f"{BASE_FOLDER}/{name}")
                 if member is None:
-                    raise DataError(f"archive {archive} has no {BASE_FOLDER}/{name}; re-download it")
+                    raise DataError(f"archive {shown(archive)} has no {BASE_FOLDER}/{name}; re-download it")
                 with (tmp / name).open("wb") as out:
                     shutil.copyfileobj(member, out)
         tmp.rename(folder)
     except (tarfile.TarError, KeyError, EOFError, OSError) as e:
-        raise DataError(f"cannot extract {archive} into {data_dir}: {e}") from e
+        raise DataError(f"cannot extract {shown(archive)} into {shown(data_dir)}: {shown(e)}") from e
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     log.info("extracted %s", archive)
@@ -166,7 +174,7 @@ def load_cifar(data_dir: Path, allow_unverified: bool) -> tuple[Split, Split]:
     """Read the train and test splits from <data-dir>/cifar-10-batches-py into CPU uint8 tensors."""
     folder = data_dir / BASE_FOLDER
     if not data_dir.is_dir():
-        raise DataError(f"data dir {data_dir} does not exist; create it with: python -m trainer.data synth --out {data_dir}")
+        raise DataError(f"data dir {shown(data_dir)} does not exist; create it with: python -m trainer.data synth --out {shown(data_dir)}")
     verify_files(folder, allow_unverified)
     return _load_split(folder, TRAIN_FILES), _load_split(folder, TEST_FILES)
 
@@ -231,10 +239,23 @@ def crop_flip(images: torch.Tensor, dx: torch.Tensor, dy: torch.Tensor, flip: to
     return padded.reshape(n, c, -1).gather(2, index).reshape(n, c, h, w)
 
 
+_NORM_CACHE: dict[torch.device, tuple[torch.Tensor, torch.Tensor]] = {}
+
+
+def _norm_constants(device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """(scale, shift) of the per-channel standardisation, made once per device: a tensor built from Python
+    numbers on a GPU is a blocking host-to-device copy, which once per step would keep the CPU from running
+    ahead of the GPU."""
+    if device not in _NORM_CACHE:
+        std = torch.tensor(STD).view(1, 3, 1, 1)
+        mean = torch.tensor(MEAN).view(1, 3, 1, 1)
+        _NORM_CACHE[device] = ((1.0 / (std * 255)).to(device), (mean / std).to(device))
+    return _NORM_CACHE[device]
+
+
 def normalize(images: torch.Tensor) -> torch.Tensor:
     """uint8 -> float32, scaled and standardised per channel."""
-    scale = 1.0 / (torch.tensor(STD, device=images.device).view(1, 3, 1, 1) * 255)
-    shift = torch.tensor(MEAN, device=images.device).view(1, 3, 1, 1) / torch.tensor(STD, device=images.device).view(1, 3, 1, 1)
+    scale, shift = _norm_constants(images.device)
     return images.float().mul_(scale).sub_(shift)  # (x/255 - mean)/std, in place on the fresh float copy
 
 
@@ -327,7 +348,7 @@ def write_synthetic(out: Path, n_train: int = 50000, n_test: int = 10000, seed: 
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m trainer.data", description="CIFAR-10 data tools")
+    p = OneLineParser(prog="python -m trainer.data", description="CIFAR-10 data tools")
     sub = p.add_subparsers(dest="cmd", required=True)
     s = sub.add_parser("synth", help="write a synthetic data set in the official layout")
     s.add_argument("--out", type=Path, required=True, help="data dir (cifar-10-batches-py/ is created in it)")
@@ -335,10 +356,10 @@ def main(argv: list[str] | None = None) -> int:
     s.add_argument("--test", type=int, default=10000)
     s.add_argument("--seed", type=int, default=0)
     s.add_argument("--archive", type=Path, default=None, help="also write this cifar-10-python.tar.gz")
-    args = p.parse_args(argv)
     try:
+        args = p.parse_args(argv)
         folder = write_synthetic(args.out, args.train, args.test, args.seed, args.archive)
-    except (DataError, OSError) as e:
+    except (TrainerError, OSError) as e:
         sys.stderr.write(f"error: {e}\n")
         return 2
     sys.stdout.write(f"wrote {args.train} train + {args.test} test synthetic images to {folder}\n")

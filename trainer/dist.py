@@ -6,12 +6,15 @@ import datetime
 import logging
 import os
 import re
+import tempfile
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import torch
 import torch.distributed as dist
 
+from . import transport
 from .errors import DeviceError
 
 log = logging.getLogger(__name__)
@@ -95,8 +98,16 @@ def init(ctx: DistContext, timeout_s: float) -> None:
         torch.cuda.set_device(ctx.device)  # before any CUDA work or NCCL init, or it all lands on cuda:0
     if not ctx.distributed:
         return
+    # Rank 0 asks NCCL to say which transport it picks (IB, RoCE, sockets): NCCL reads its log settings once,
+    # when it starts, and says it only there.
+    nccl_log = transport.before_nccl(Path(os.environ.get("LOG_DIR") or tempfile.gettempdir())) \
+        if ctx.is_main and ctx.backend == "nccl" else None
     dist.init_process_group(**init_kwargs(ctx, timeout_s))
     log.info("process group up: backend=%s world_size=%d timeout=%ss", ctx.backend, ctx.world_size, timeout_s)
+    if ctx.is_main and ctx.backend == "nccl":
+        transport.report_nccl(nccl_log)
+    elif ctx.is_main:
+        log.info("transport: %s", transport.describe_gloo(dict(os.environ)))
 
 
 def shutdown() -> None:
@@ -121,6 +132,27 @@ def any_ranks(ctx: DistContext, *flags: bool) -> tuple[bool, ...]:
     t = torch.tensor([1 if f else 0 for f in flags], dtype=torch.int32, device=ctx.device)
     dist.all_reduce(t, op=dist.ReduceOp.MAX)
     return tuple(bool(v) for v in t.tolist())
+
+
+def wait_for_peers(ctx: DistContext, t: torch.Tensor) -> list[int]:
+    """All-reduce (MAX) an int tensor and read it: the host's one wait every AGREE_EVERY steps. On a GPU the
+    read waits for every queued kernel and for the collective, so a rank whose peer is lost blocks here, in a
+    frame the stall report recognises by its name (contract.PEER_WAIT_FUNCTION)."""
+    if ctx.distributed:
+        dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    return [int(v) for v in t.tolist()]
+
+
+def agree(ctx: DistContext, loss: torch.Tensor, *flags: bool) -> tuple[tuple[bool, ...], bool]:
+    """The flags agreed over all ranks (True if True on any), and whether any rank's `loss` is non-finite: one
+    all_reduce, one read. The tensor is filled on the device (no copy from the host: that would be a second wait)."""
+    t = torch.zeros(len(flags) + 1, dtype=torch.int32, device=loss.device)
+    for i, flag in enumerate(flags):
+        if flag:
+            t[i] = 1
+    t[-1] = (~torch.isfinite(loss)).any()
+    *agreed, nonfinite = wait_for_peers(ctx, t)
+    return tuple(v > 0 for v in agreed), nonfinite > 0
 
 
 def sum_tensor(ctx: DistContext, t: torch.Tensor) -> torch.Tensor:

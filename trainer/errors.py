@@ -21,3 +21,13 @@ class CheckpointError(TrainerError):
 
 class DeviceError(TrainerError):
     """The requested device or precision is not available here."""
+
+
+class DivergedError(TrainerError):
+    """The loss (or the weights) went non-finite: every rank stops at the same step, exit EXIT_DIVERGED."""
+
+
+def shown(value: object) -> str:
+    """A user's value (a path, a name, an argument) as an error line echoes it: control characters escaped
+    (a newline in a path would split the one error line; an escape sequence would drive the terminal)."""
+    return "".join(ch if ch.isprintable() else ascii(ch)[1:-1] for ch in str(value))

@@ -19,9 +19,10 @@ from torch import nn
 
 from . import checkpoint, dist, metrics
 from .config import Config
+from .contract import DIVERGED_LINE
 from .data import Split, TrainLoader, normalize
 from .dist import DistContext
-from .errors import CheckpointError
+from .errors import CheckpointError, DivergedError
 from .precision import autocast
 from .state import TrainState, memory_format, save_sharded, to_checkpoint
 
@@ -144,11 +145,15 @@ class EpochStats:
     images_per_s: float
     complete: bool
     stopped: bool = False  # every rank agreed to stop (SIGTERM on any of them)
+    # Rank 0's checkpoint clock as every rank agreed at the epoch's last step: the epoch-end save follows this,
+    # never rank 0's clock read again (rank 0 alone would enter the save's collective).
+    save_due: bool = False
 
 
 def save(cfg: Config, ctx: DistContext, st: TrainState, loader: TrainLoader, pace: Pace) -> Path | None:
     """Global rank 0 writes; every rank learns whether it worked (a collective, so no rank is left waiting)."""
     path, err = None, None
+    _refuse_nonfinite_weights(cfg, st)
     pace.heartbeat.mark("checkpointing", step=st.pos.step)
     t0 = time.monotonic()
     if cfg.strategy == "fsdp":  # every rank writes its own shards; a failure raises on every rank alike
@@ -169,11 +174,27 @@ def save(cfg: Config, ctx: DistContext, st: TrainState, loader: TrainLoader, pac
     return path
 
 
+def _diverged(cfg: Config, step: int, what: str, lr: float) -> DivergedError:
+    """`what`: `loss nan` (the agreement saw it) or `weights not finite` (a save refused them)."""
+    hint = "lower --lr" + (" or use --precision bf16 (fp32's range, no loss scale)" if cfg.precision == "fp16" else
+                           " (or lengthen --warmup-epochs)")
+    return DivergedError(f"{DIVERGED_LINE} at step {step}: {what}, lr {lr:g}; no checkpoint of it was written, "
+                         f"the newest one is from before; {hint}, then --resume")
+
+
+def _refuse_nonfinite_weights(cfg: Config, st: TrainState) -> None:
+    """No checkpoint of non-finite weights, ever: a step can leave them so with a loss that was still finite.
+    Every rank checks its own copy (DDP keeps them equal), so all stop here together; one read per save."""
+    params = [p.detach() for p in st.model.parameters()]
+    if params and not bool(torch.stack([torch.isfinite(p).all() for p in params]).all()):
+        raise _diverged(cfg, st.pos.step, "weights not finite", st.optimizer.param_groups[0]["lr"])
+
+
 def _train_epoch(cfg: Config, ctx: DistContext, st: TrainState, loader: TrainLoader, stop: StopRequest,
                  pace: Pace) -> EpochStats:
     n = len(loader.split)
     total = torch.zeros(2, dtype=torch.float64, device=loader.split.images.device)
-    steps_done, stopped, t0 = 0, False, time.perf_counter()
+    steps_done, stopped, save_due, t0 = 0, False, False, time.perf_counter()
     for x, y in loader.batches(st.pos.epoch, st.pos.sample):
         lr = lr_at(cfg, st.pos.epoch + (st.pos.sample + loader.global_batch) / n)
         loss = train_step(st, x, y, lr, cfg.precision, pace.micro)
@@ -196,7 +217,11 @@ def _train_epoch(cfg: Config, ctx: DistContext, st: TrainState, loader: TrainLoa
         # The agreed value, never the flag itself: a signal landing after this line sets the flag on one rank
         # only, and a rank that acted on it alone would meet its peers in another collective (gloo aborts).
         # The flag stays set, so the next agreement stops every rank.
-        stopped, save_due = dist.any_ranks(ctx, stop.requested, pace.save_due(ctx))
+        # The loss rides in the same all_reduce: a non-finite one on any rank (fp16's skipped steps have inf
+        # gradients, not an inf loss) stops every rank here, before any save.
+        (stopped, save_due), diverged = dist.agree(ctx, total[0], stop.requested, pace.save_due(ctx))
+        if diverged:
+            raise _diverged(cfg, st.pos.step, f"loss {float(loss):g}", lr)
         if stopped or hit_max:
             break
         if save_due and not epoch_end:  # at an epoch's end, _after_epoch's save is due anyway
@@ -207,7 +232,8 @@ def _train_epoch(cfg: Config, ctx: DistContext, st: TrainState, loader: TrainLoa
     if complete:
         st.pos.epoch, st.pos.sample = st.pos.epoch + 1, 0
     loss_mean = float(total[0] / total[1]) if total[1] > 0 else float("nan")
-    return EpochStats(loss_mean, steps_done * loader.global_batch / max(elapsed, 1e-9), complete, stopped)
+    return EpochStats(loss_mean, steps_done * loader.global_batch / max(elapsed, 1e-9), complete, stopped,
+                      save_due)
 
 
 def _record_epoch(cfg: Config, ctx: DistContext, st: TrainState, loader: TrainLoader, stats: EpochStats,
@@ -235,7 +261,7 @@ def _after_epoch(cfg: Config, ctx: DistContext, st: TrainState, loader: TrainLoa
         pace.heartbeat.mark("evaluating", step=st.pos.step)
         acc = evaluate(st.model, test, ctx, cfg.precision, cfg.eval_batch_size)
     _record_epoch(cfg, ctx, st, loader, stats, acc)
-    if not last and (st.pos.epoch % cfg.ckpt_every == 0 or pace.save_due(ctx)):
+    if not last and (st.pos.epoch % cfg.ckpt_every == 0 or stats.save_due):
         save(cfg, ctx, st, loader, pace)
     return acc
 

@@ -146,11 +146,11 @@ def check_name(name: str) -> None:
     tv = _torchvision_names()
     if tv is None:
         raise ConfigError(
-            f"unknown model {name!r}: choose one of {', '.join(MODEL_NAMES)} "
+            f"--model {name!r} is not a model: choose one of {', '.join(MODEL_NAMES)} "
             f"(other names need torchvision installed)"
         )
     if name not in tv:
-        raise ConfigError(f"unknown model {name!r}: choose one of {', '.join(MODEL_NAMES)} or a torchvision classification model")
+        raise ConfigError(f"--model {name!r} is not a model: choose one of {', '.join(MODEL_NAMES)} or a torchvision classification model")
 
 
 def build(name: str, num_classes: int = 10) -> nn.Module:

@@ -7,13 +7,15 @@ restart (and every resume) is a vertical line on each panel. Headless (matplotli
 
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+from .config import OneLineParser
+from .errors import ConfigError
 
 # (record field, panel title); the order of the panels.
 PANELS = (("train_loss", "train loss"), ("test_acc", "test accuracy"), ("images_per_s", "images/s"),
@@ -77,13 +79,13 @@ def draw(run: Run, title: str) -> Any:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m trainer.plot", description=__doc__.split("\n\n")[0])
+    p = OneLineParser(prog="python -m trainer.plot", description=__doc__.split("\n\n")[0])
     p.add_argument("metrics", type=Path, help="a run's metrics.jsonl (in its checkpoint dir)")
     p.add_argument("--out", type=Path, default=None, help="PNG to write (default: metrics.png beside the input)")
-    ns = p.parse_args(argv)
     try:
+        ns = p.parse_args(argv)
         out = plot_file(ns.metrics, ns.out or ns.metrics.with_name("metrics.png"), str(ns.metrics))
-    except PlotError as err:
+    except (PlotError, ConfigError) as err:
         sys.stderr.write(f"error: {err}\n")
         return 2
     print(f"wrote {out}")

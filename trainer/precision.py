@@ -21,8 +21,8 @@ class PrecisionPlan:
 
 def precision_plan(precision: str) -> PrecisionPlan:
     """fp32: no autocast, no scaler. bf16: autocast to bfloat16 (same exponent range as fp32, so gradients
-    do not underflow: no scaler). fp16: autocast to float16 plus loss scaling (CUDA only: state.check_device
-    refuses it elsewhere). The device type only selects which autocast/scaler implementation runs."""
+    do not underflow: no scaler). fp16: autocast to float16 plus loss scaling (on CUDA, and on the CPU, where torch
+    has fp16 autocast and a CPU GradScaler). The device type only selects which implementation runs."""
     return PrecisionPlan(_DTYPES[precision], precision != "fp32", precision == "fp16")
 
 
@@ -32,5 +32,5 @@ def autocast(device: torch.device, precision: str) -> torch.autocast:
 
 
 def grad_scaler(device: torch.device, precision: str) -> torch.amp.GradScaler:
-    """torch.amp.GradScaler("cuda") for fp16; a disabled pass-through otherwise (step() just steps)."""
+    """torch.amp.GradScaler(device type) for fp16; a disabled pass-through otherwise (step() just steps)."""
     return torch.amp.GradScaler(device.type, enabled=precision_plan(precision).scaler_enabled)

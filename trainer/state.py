@@ -71,12 +71,28 @@ def _fused_sgd_class() -> type[torch.optim.Optimizer]:
 def _optimizer(cfg: Config, params: Any) -> torch.optim.Optimizer:
     kwargs: dict[str, Any] = {"lr": cfg.lr, "momentum": cfg.momentum, "weight_decay": cfg.weight_decay,
                               "nesterov": cfg.momentum > 0}
+    if cfg.optimizer == "sgd" and cfg.precision == "fp16":
+        return _fused_sgd(list(params), kwargs)
     if cfg.optimizer == "sgd":
         return torch.optim.SGD(params, **kwargs)
     try:
         return _fused_sgd_class()(params, **kwargs)
     except RuntimeError as e:  # apex imports without its CUDA extensions and fails only here
         raise ConfigError(f"--optimizer apex-fused-sgd: {e}; rebuild apex with --cuda_ext or use --optimizer sgd") from e
+
+
+def _fused_sgd(params: list[nn.Parameter], kwargs: dict[str, Any]) -> torch.optim.Optimizer:
+    """fp16's SGD: the fused kernel applies the loss scale and skips an overflowed step itself
+    (`_step_supports_amp_scaling`); with any other SGD, GradScaler.step reads found_inf with .item(), a host
+    sync every step. Its first step makes the momentum buffers with torch.empty_like and fills them in the
+    kernel, which returns at once on an overflow (the usual first fp16 step, at a scale of 2^16): the next step
+    would read uninitialised memory. Zeroed buffers from the start give the first step's math exactly
+    (0.9 * 0 + g = g) and nothing to read uninitialised."""
+    optimizer = torch.optim.SGD(params, **kwargs, fused=True)
+    if kwargs["momentum"] > 0:
+        for p in params:
+            optimizer.state[p]["momentum_buffer"] = torch.zeros_like(p)
+    return optimizer
 
 
 def memory_format(device: torch.device) -> torch.memory_format:
@@ -204,7 +220,12 @@ def _load_scaler(scaler: torch.amp.GradScaler, saved: dict[str, Any]) -> None:
 
 def _load_into(st: TrainState, state: dict[str, Any], ctx: DistContext) -> None:
     st.model.load_state_dict(state["model"])  # copies into this rank's device tensors
+    built = [{k: group[k] for k in ("fused",) if k in group} for group in st.optimizer.param_groups]
     st.optimizer.load_state_dict(state["optimizer"])  # casts the state to the parameters' device
+    # The saved groups' settings replace ours, `fused` too: a bf16/fp32 checkpoint resumed in fp16 would run the
+    # unfused step, which refuses the loss scale the scaler hands a fused optimizer.
+    for group, ours in zip(st.optimizer.param_groups, built, strict=True):
+        group.update(ours)
     _load_trainer_state(st, state, ctx)
 
 

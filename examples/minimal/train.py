@@ -16,7 +16,7 @@ import time
 
 import torch
 import torch.distributed as dist
-from example_ckpt import EXIT_STOPPED, StopFlag, exit_without_finalizing, load_newest, save
+from example_ckpt import EXIT_STOPPED, StopFlag, exit_without_finalizing, join_group, load_newest, save
 from torch.nn.parallel import DistributedDataParallel
 
 
@@ -27,25 +27,26 @@ def main() -> int:
     parser.add_argument("--step-seconds", type=float, default=0.0, help="sleep per step (to watch or stop it)")
     args, extra = parser.parse_known_args()
     stop = StopFlag()
-    dist.init_process_group("nccl" if torch.cuda.is_available() else "gloo")
+    device = join_group()  # cuda:LOCAL_RANK with NCCL, or the CPU with gloo
     rank, world = dist.get_rank(), dist.get_world_size()
     contract = {k: os.environ.get(k) for k in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "DATA_DIR", "CKPT_DIR",
                                                  "LOG_DIR", "RESUME")}
     print("CONTRACT " + json.dumps({**contract, "argv": sys.argv[1:]}), flush=True)
 
-    ones = torch.tensor([float(rank + 1)])
+    ones = torch.tensor([float(rank + 1)], device=device)
     dist.all_reduce(ones)  # every rank takes part: 1 + 2 + ... + world
     assert ones.item() == world * (world + 1) / 2, ones
     print(f"all_reduce ok: {ones.item():g} on rank {rank} of {world}", flush=True)
 
     torch.manual_seed(0)
-    model = DistributedDataParallel(torch.nn.Linear(4, 1))
+    model = DistributedDataParallel(torch.nn.Linear(4, 1).to(device),
+                                    device_ids=[device.index] if device.type == "cuda" else None)
     opt = torch.optim.SGD(model.parameters(), lr=0.05)
     step = 0
     if os.environ.get("RESUME") == "1":
         # Only rank 0 reads (other nodes may not have the folder) and broadcasts: any world size resumes.
         box = [load_newest(os.environ["CKPT_DIR"]) if rank == 0 else None]
-        dist.broadcast_object_list(box, src=0)
+        dist.broadcast_object_list(box, src=0, device=device)
         if box[0] is not None:
             model.module.load_state_dict(box[0]["model"])
             opt.load_state_dict(box[0]["optimizer"])
@@ -53,16 +54,16 @@ def main() -> int:
         print(f"resumed at step {step}", flush=True)
 
     gen = torch.Generator().manual_seed(1000 + rank)
-    true_w = torch.tensor([[1.0, -2.0, 3.0, 0.5]])
+    true_w = torch.tensor([[1.0, -2.0, 3.0, 0.5]], device=device)
     loss = torch.tensor(float("nan"))
     while step < args.steps:
-        flag = torch.tensor([1.0 if stop.set else 0.0])
+        flag = torch.tensor([1.0 if stop.set else 0.0], device=device)
         dist.all_reduce(flag, op=dist.ReduceOp.MAX)  # every rank stops at the same step
         if flag.item():
             checkpoint(model, opt, step, world, rank, done=False)
             print(f"stopped at step {step} after a checkpoint", flush=True)
             return EXIT_STOPPED
-        x = torch.randn(32, 4, generator=gen)
+        x = torch.randn(32, 4, generator=gen).to(device)  # drawn on the CPU: the same numbers on any device
         loss = torch.nn.functional.mse_loss(model(x), x @ true_w.T)
         opt.zero_grad()
         loss.backward()

@@ -7,6 +7,7 @@ of the job is left where the orchestrator can reach, and `up` exits non-zero. `u
 
 from __future__ import annotations
 
+import re
 import signal
 import subprocess
 import time
@@ -186,3 +187,41 @@ def test_ctrl_c_stops_the_job_and_logs_follow_ends_with_it(cluster: Cluster, wor
     assert follow.returncode == 0
     assert any(line.startswith("[node 0] ") for line in followed.splitlines())
     assert not any(line.startswith("[node 1] ") for line in followed.splitlines())  # --node 0 only
+
+
+def test_a_closed_terminal_leaves_the_job_running_to_its_end(cluster: Cluster, work: Path, data: Data,
+                                                             hosts: Path) -> None:
+    """SIGHUP to an attached `up` (its terminal went away) detaches it, as --detach would: it exits 0 at once,
+    prints nothing more and stops nothing; the job trains to its end, which `logs -f` follows and `status` shows."""
+    state, ckpt = work / "state", job_dir(cluster, 0, "hup")
+    up = start(cluster, state, *up_args(hosts, data, "hup", trainer=("--epochs", "6")))
+    try:
+        wait_for(lambda: running(cluster, "hup") == 2 and len(manifests(ckpt)) >= 1 or up.poll() is not None, 300,
+                 "the job to run and write a checkpoint")
+        assert up.poll() is None, up.communicate()[0]
+        kill_process_group(up, signal.SIGHUP)  # what the terminal's going away sends to its foreground group
+        code, out, took = finish(up, 60)
+    finally:
+        kill_process_group(up, signal.SIGKILL)
+    assert code == 0 and took < 30, out
+    assert "keeps running" not in out and "stopping job" not in out and "error" not in out  # nothing more
+    # The hangup stopped nothing: the trainer reaches its last epoch (a stop would end it with SIGTERM, exit 143).
+    followed = orchestrate(cluster, state, "logs", "-f", "--job", "hup", "--node", "0", timeout=600)
+    assert followed.returncode == 0 and "INFO DONE epochs=6 " in followed.stdout
+    status = orchestrate(cluster, state, "status", "--job", "hup")
+    rows = [line for line in status.stdout.splitlines() if "hup-node" in line]
+    assert status.returncode == 0 and len(rows) == 2 and all("exited" in row for row in rows), status.stdout
+    assert [c.attrs["State"]["ExitCode"] for _, c in job_containers(cluster, "hup")] == [0, 0]  # type: ignore[attr-defined]
+    orchestrate(cluster, state, "kill", "--job", "hup", "--grace", "5")
+
+
+def test_a_node_over_its_memory_limit_is_reported_as_oom(cluster: Cluster, work: Path, data: Data,
+                                                         hosts: Path) -> None:
+    """A real OOM kill: 64 MB is less than torchrun's `import torch` needs, so the test hosts' dockerd (cgroup v1
+    here) has the kernel kill it. `up` names the node, the limit in force and what to do, and leaves nothing."""
+    res = orchestrate(cluster, work / "state", *up_args(hosts, data, "oom", "--memory", "64m",
+                                                        trainer=("--epochs", "1")), timeout=300)
+    assert res.returncode == 1
+    assert re.search(r"job 'oom' failed: node [01] \(\S+\) killed by the kernel's OOM killer: out of its memory "
+                     r"limit \(--memory 64m\); lower --batch-size, or give it more memory with --memory", res.stderr)
+    assert job_containers(cluster, "oom") == []

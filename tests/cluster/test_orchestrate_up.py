@@ -162,11 +162,20 @@ def test_orchestrator_killed_during_up_is_cleaned_by_labels(
     finally:
         kill_process_group(proc, signal.SIGKILL)
         proc.wait(timeout=30)
-    assert len(job_containers(fresh, "orphan")) == 2  # left running: nothing cleaned them up yet
+    old = {c.id for _, c in job_containers(fresh, "orphan")}
+    assert len(old) == 2  # left running: nothing cleaned them up yet
     replaced = orchestrate(fresh, state, *up_args(hosts, data, "orphan", "--replace", "--detach",
                                                   trainer=("--epochs", "40")))
     assert replaced.returncode == 0
-    ids = {c.id for _, c in job_containers(fresh, "orphan")}
-    assert len(ids) == 2
+    now = job_containers(fresh, "orphan")  # every container of the job, exited ones too
+    ids = {c.id for _, c in now}
+    # Two new containers, both running; the old ones are gone from every host, not merely stopped.
+    assert len(ids) == 2 and not ids & old and all(c.status == "running" for _, c in now), (old, now)
+    for host in fresh.hosts:
+        client = host.docker_client()
+        try:
+            assert not {c.id for c in client.containers.list(all=True)} & old
+        finally:
+            client.close()
     killed = orchestrate(fresh, state, "kill", "--job", "orphan", "--grace", "5")
     assert killed.returncode == 0 and job_containers(fresh, "orphan") == []

@@ -146,6 +146,23 @@ def test_a_crash_that_repeats_without_progress_is_not_restarted_again(
     assert job_containers(target, job) == []
 
 
+def test_a_diverging_run_is_named_and_not_restarted_into_the_same_divergence(
+        target: Cluster, work: Path, data: Data, hosts: Path) -> None:
+    """A huge --lr: every rank stops at the same agreement with exit 3 (torchrun's own code is 1), the cause
+    says the training diverged, and the restart (from the beginning: nothing was saved before step 8)
+    diverges again before any checkpoint: the same-failure rule stops it. No checkpoint exists on any node."""
+    job, state = "heal-diverge", work / "state-diverge"
+    res = orchestrate(target, state, *up_args(hosts, data, job, "--max-restarts", "3",
+                                              trainer=("--epochs", "5", "--lr", "1e12", "--warmup-epochs", "0")),
+                      timeout=600)
+    assert res.returncode == 1, res.stdout[-3000:] + res.stderr[-3000:]
+    assert "training diverged at step " in res.stderr and ": loss nan, lr " in res.stderr and "lower --lr" in res.stderr
+    assert "same failure repeated before any new checkpoint was written" in res.stderr
+    assert res.stdout.count("restart 1 of 3 in") == 1 and "restart 2 of 3" not in res.stdout
+    assert not any(manifests(job_dir(target, n, job)) for n in range(len(target.hosts)))
+    assert job_containers(target, job) == []
+
+
 def test_kill_during_the_backoff_stops_everything_and_nothing_restarts(
         target: Cluster, work: Path, data: Data, hosts: Path) -> None:
     job, state = "heal-backoff", work / "state-backoff"

@@ -6,6 +6,8 @@ from __future__ import annotations
 import dataclasses
 import io
 import json
+import os
+import pickle
 import time
 from pathlib import Path
 
@@ -16,9 +18,10 @@ from orchestrate import pipeline as up
 from orchestrate import state
 from orchestrate.config import SSHOptions, UpConfig
 from orchestrate.errors import JobError
-from orchestrate.health import Beat, RankStack, StallClock, culprits
-from orchestrate.launch import End, Outcome, docker_time
+from orchestrate.health import Beat, RankStack, StallClock, culprits, flight_recorder_lines, last_collective
+from orchestrate.launch import End, Outcome, diverged_line, docker_time
 from orchestrate.pipeline import Attempt
+from trainer.contract import PEER_WAIT_FUNCTION
 
 BEAT = {"state": "training", "step": 120, "epoch": 3, "ckpt_step": 80, "loss": 1.23456, "images_per_s": 412.4,
         "eta_s": 312.0, "total_steps": 600, "epochs": 15, "slowest_step_s": 0.5, "time": 1.0}
@@ -74,10 +77,39 @@ def test_a_beat_written_after_node_0s_container_started_arms_the_stall_check_at_
     assert foreign.stalled_for(1000.0) is None
 
 
+# The end of a diverged node's log as torchrun left it (tests/trainer/test_trainer_divergence.py makes it for real).
+DIVERGED_LOG = """04:36:09 [rank 0] INFO epoch 1 step 8 loss nan lr 853553390593.27368
+error: training diverged at step 8: loss nan, lr 8.53553e+11; no checkpoint of it was written, the newest one is \
+from before; lower --lr (or lengthen --warmup-epochs), then --resume
+W1124 04:36:09.427000 6382 torch/distributed/elastic/multiprocessing/api.py:1028] Sending process 6395 closing signal SIGTERM
+E1124 04:36:09.431000 6382 torch/distributed/elastic/multiprocessing/api.py:1002] failed (exitcode: 3) local_rank: 0
+torch.distributed.elastic.multiprocessing.errors.ChildFailedError:
+  exitcode  : 3 (pid: 6394)
+"""
+
+
+def test_a_diverged_node_is_told_apart_by_the_trainers_line() -> None:
+    """torchrun exits 1 whatever its workers' codes, so the cause comes from the trainer's own line."""
+    assert diverged_line(DIVERGED_LOG) == (
+        "training diverged at step 8: loss nan, lr 8.53553e+11; no checkpoint of it was written, the newest one is "
+        "from before; lower --lr (or lengthen --warmup-epochs), then --resume")
+    assert diverged_line("error: lost contact with another rank\nChildFailedError") is None
+
+
 def test_docker_times_read_as_epoch_seconds() -> None:
     assert docker_time("2026-11-23T19:25:09.730402262Z") == pytest.approx(1795461909.730402)
     assert docker_time("2026-11-23T19:25:09Z") == 1795461909.0
     assert docker_time("0001-01-01T00:00:00Z") is None and docker_time("") is None and docker_time("soon") is None
+
+
+def test_only_the_trainers_peer_wait_counts_as_waiting() -> None:
+    """With NCCL a rank blocked on a lost peer shows no torch.distributed frame, only the trainer's read of the
+    agreement (tests/trainer/test_trainer_host_syncs.py makes a real dump there); the rest of trainer/dist.py is
+    not a wait."""
+    wait = f'File "/app/trainer/dist.py", line 120 in {PEER_WAIT_FUNCTION}\n  File "/app/trainer/loop.py", line 9 in run\n'
+    picking = 'File "/app/trainer/dist.py", line 70 in _pick_device\n  File "/app/trainer/__main__.py", line 5 in main\n'
+    assert RankStack(0, 0, wait).in_collective and not RankStack(1, 1, picking).in_collective
+    assert culprits([RankStack(0, 0, wait), RankStack(1, 1, picking)]) == [1]
 
 
 def test_the_node_outside_the_collective_is_blamed() -> None:
@@ -130,3 +162,42 @@ def test_restart_or_raise(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> No
     state.mark_killed("j")
     with pytest.raises(JobError, match="stopped with 'kill' during the restart backoff"):
         up._restart_or_raise(cfg, cfg, Attempt(failed, None, 8), None, began, console)
+
+
+def _real_dump(tmp_path: Path, collectives: int) -> bytes:
+    """A flight-recorder dump as torch writes it (its pickle format; gloo has the recorder too on this torch)."""
+    import torch
+    import torch.distributed as dist
+    from torch._C._distributed_c10d import _dump_fr_trace
+
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path / f'store{collectives}'}", rank=0, world_size=1)
+    try:
+        for _ in range(collectives):
+            dist.all_reduce(torch.ones(2))
+        return bytes(_dump_fr_trace())
+    finally:
+        dist.destroy_process_group()
+
+
+def test_flight_recorder_dumps_name_the_rank_that_never_reached_the_collective(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Read without torch (plain data only); a rank whose newest collective is older than the others' is behind."""
+    monkeypatch.setenv("TORCH_FR_BUFFER_SIZE", "64")
+    behind = _real_dump(tmp_path, 2)  # first: the recorder is one per process and keeps older groups' entries
+    ahead = _real_dump(tmp_path, 3)
+    assert last_collective(ahead) == (3, "gloo:all_reduce scheduled")
+    lines = flight_recorder_lines({0: ahead, 1: behind, 2: b"not a pickle"})
+    assert lines == ["flight recorder of rank 0: last collective #3 gloo:all_reduce scheduled",
+                     "flight recorder of rank 1: last collective #2 gloo:all_reduce scheduled",
+                     "flight recorder of rank 2: unreadable dump",
+                     "flight recorder: rank(s) 1 never reached collective #3"]
+    assert flight_recorder_lines({}) == ["flight recorder: no dump (torch writes them only when NCCL's watchdog "
+                                         "times out)"]
+
+
+def test_a_dump_that_would_load_code_is_refused() -> None:
+    class Payload:
+        def __reduce__(self) -> tuple:
+            return (os.system, ("true",))
+
+    assert last_collective(pickle.dumps({"entries": [Payload()]})) is None

@@ -76,6 +76,17 @@ def test_cpu_plan() -> None:
     assert n0.ulimits == (("stack", 67108864, 67108864),)  # no memlock: capped daemons refuse it
 
 
+def test_a_memory_limit_is_in_the_plan_and_its_docker_run_line() -> None:
+    """--memory: Docker's mem_limit, with no swap beyond it (memswap_limit equal), shown as `docker run` flags."""
+    (limited,) = build_plan(config(gpus=0, memory="512m"), HOSTS[:1], "a", [NodeFacts("eth0")])
+    kwargs = limited.sdk_kwargs()
+    assert (kwargs["mem_limit"], kwargs["memswap_limit"]) == ("512m", "512m")
+    assert {"--memory=512m", "--memory-swap=512m"} <= set(limited.docker_run_argv())
+    (free,) = build_plan(config(gpus=0), HOSTS[:1], "a", [NodeFacts("eth0")])
+    assert free.sdk_kwargs()["mem_limit"] is None
+    assert not [a for a in free.docker_run_argv() if a.startswith("--memory")]
+
+
 def test_cpu_plan_slots_default_to_processes() -> None:
     hosts = [Host(name="a", hostname="a", port=22, user=None, slots=3)]
     (spec,) = build_plan(config(gpus=0), hosts, "a", [NodeFacts("eth0")])

@@ -3,10 +3,22 @@
 from __future__ import annotations
 
 import subprocess
+import time
 from pathlib import Path
 
+import pytest
+
 from orchestrate.config import SSHOptions, UpConfig
-from orchestrate.preflight import PROBE_SCRIPT, HostReport, judge_disk, judge_gpus, judge_master, judge_port
+from orchestrate.preflight import (
+    PROBE_SCRIPT,
+    HostReport,
+    clock_skew,
+    clock_warnings,
+    judge_disk,
+    judge_gpus,
+    judge_master,
+    judge_port,
+)
 
 SSH = SSHOptions(Path("h"), None, False)
 DIRS = {"data": "/d", "ckpt": "/c/j", "log": "/l"}
@@ -118,3 +130,32 @@ def test_a_dir_holding_the_docker_socket_is_refused() -> None:
     assert socket_exposure({"ckpt": "/home/u/ck", "data": "/home/u/.docker/other"}, home_sock) is None
     assert socket_exposure({"ckpt": "/var/run"}, None) is not None  # the default socket's folder
     assert socket_exposure({"ckpt": "/home/u/ck"}, "ssh://elsewhere") is None
+
+
+def test_a_host_clock_is_measured_against_this_machine_outside_the_round_trip() -> None:
+    sent, answered = 1000.0, 1000.4  # the probe's round trip, on this machine's clock
+
+    def skew(clock: str) -> float:
+        return clock_skew({"clock": clock, "sent": repr(sent), "answered": repr(answered)})
+
+    assert skew("1000.2") == 0.0  # within the round trip: no skew that can be told apart from the trip
+    assert skew("1030.4") == pytest.approx(30.0) and skew("900.0") == pytest.approx(-100.0)
+    assert skew("1700000000.N") == 0.0  # a `date` without %N: not measured, never a false warning
+
+
+def test_a_skewed_host_clock_is_warned_about_and_nothing_else() -> None:
+    reports = [HostReport(f"h{i}", clock_skew=s) for i, s in enumerate((0.0, 4.9, 42.3, -7.0))]
+    assert clock_warnings(reports) == [
+        "warning: h2's clock is 42 s ahead of this machine's; torch's rendezvous compares timestamps across nodes: "
+        "sync the clocks (NTP, e.g. chrony)",
+        "warning: h3's clock is 7 s behind this machine's; torch's rendezvous compares timestamps across nodes: "
+        "sync the clocks (NTP, e.g. chrony)"]
+    assert all(not r.problems for r in reports)  # a warning: preflight still passes
+
+
+def test_the_probe_reads_the_host_clock(tmp_path: Path) -> None:
+    sent = time.time()
+    res = subprocess.run(["sh", "-c", PROBE_SCRIPT, "probe", str(tmp_path), str(tmp_path), "127.0.0.1", "0", "0", "0",
+                          str(tmp_path)], capture_output=True, timeout=30)
+    facts = dict(rec.decode().split("=", 1) for rec in res.stdout.split(b"\0") if b"=" in rec)
+    assert clock_skew({**facts, "sent": repr(sent), "answered": repr(time.time())}) == 0.0  # one clock

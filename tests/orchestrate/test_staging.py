@@ -5,7 +5,9 @@ from __future__ import annotations
 import hashlib
 import io
 import os
+import subprocess
 import tarfile
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -40,10 +42,19 @@ def test_bad_sources_are_refused_before_anything_moves(tmp_path: Path) -> None:
     (tmp_path / "empty").mkdir()
     with pytest.raises(ConfigError, match="no files in it"):
         local_manifest(tmp_path / "empty")
-    (src / "a.txt").chmod(0)
-    if os.geteuid() != 0:  # root reads anything
-        with pytest.raises(ConfigError, match="cannot read"):
-            local_manifest(src)
+
+
+def test_an_unreadable_source_file_is_refused(shared_tmp: Path,
+                                              run_as_nobody: Callable[..., subprocess.CompletedProcess[str]]) -> None:
+    """As the unprivileged account `nobody` (root reads any file, whatever its mode), in a process of its own."""
+    src = tree(shared_tmp / "src")
+    (src / "sub" / "b.bin").chmod(0)
+    probe = ("import pathlib, sys\nfrom orchestrate.errors import ConfigError\nfrom orchestrate.staging import "
+             "local_manifest\ntry:\n    local_manifest(pathlib.Path(sys.argv[1]))\nexcept ConfigError as e:\n"
+             "    print(e)\n    sys.exit(3)")
+    res = run_as_nobody(["-c", probe, str(src)], shared_tmp)
+    assert res.returncode == 3, res.stderr
+    assert res.stdout.strip() == f"--data-from {src}: cannot read {src}/sub/b.bin: Permission denied"
 
 
 def test_only_missing_or_different_files_are_sent() -> None:

@@ -23,6 +23,10 @@ class FakeAPI:
     def __init__(self, state: dict[str, Any] | None) -> None:
         self.state = state
 
+    def wait(self, _id: str) -> dict[str, Any]:
+        assert self.state is not None and self.state["Status"] == "exited"
+        return {"StatusCode": self.state["ExitCode"]}
+
     def inspect_container(self, _id: str) -> dict[str, Any]:
         if self.state is None:
             raise TimeoutError("no answer")
@@ -55,9 +59,10 @@ class FakeNodes:
         return self.node0
 
 
-def watcher(states: list[dict[str, Any] | None], api: type[FakeAPI] | None = None) -> launch.Watcher:
+def watcher(states: list[dict[str, Any] | None], api: type[FakeAPI] | None = None,
+            memory: str | None = None) -> launch.Watcher:
     hosts = [Host(name=f"h{i}", hostname=f"h{i}", port=22, user=None) for i in range(len(states))]
-    config = UpConfig(ssh=SSHOptions(Path("x"), None, False), gpus=0)
+    config = UpConfig(ssh=SSHOptions(Path("x"), None, False), gpus=0, memory=memory)
     specs = build_plan(config, hosts, "h0", [NodeFacts("eth0")] * len(hosts))
     containers = [type("C", (), {"id": f"c{i}"})() for i in range(len(hosts))]
     nodes = FakeNodes(states, api or FakeAPI)
@@ -110,11 +115,29 @@ def test_the_previous_runs_last_heartbeat_is_never_shown_as_this_attempts_progre
     assert w.beat is not None and w.beat.step == 1 and out.getvalue().startswith("progress: step 1/8 (12%)")
 
 
-def test_names_the_node_that_failed_first() -> None:
-    # Node 1 was SIGKILLed first; node 0 then lost its peer and failed too: node 1 is the cause.
-    outcome = watcher([exited(1, "2026-01-01T00:00:05.5Z"), exited(137, "2026-01-01T00:00:05.123456789Z")]).poll()
+@pytest.mark.parametrize("first", [0, 1])
+def test_names_the_node_seen_failing_first_whatever_the_hosts_clocks(first: int) -> None:
+    """One node fails first, the other loses its peer and fails 2 s later. Node 1's host clock is 60 s behind node
+    0's, so its FinishedAt is the earlier one either way: the node named is the one whose exit this machine saw
+    first (its wait returned first), never the one with the smaller FinishedAt."""
+    finished = ["2026-01-01T00:01:00Z", "2026-01-01T00:00:02.123456789Z"]  # node 1's clock 60 s behind
+    w = watcher([exited(1, finished[0]), exited(137, finished[1])])
+    for rank in (first, 1 - first):  # the order in which the daemons' waits returned
+        w._wait(w.nodes.docker(rank), rank)
+    outcome = w.poll()
     assert outcome is not None and not outcome.ok
-    assert (outcome.failed_rank, outcome.reason) == (1, "exited with code 137")
+    assert (outcome.failed_rank, outcome.reason) == (first, f"exited with code {(1, 137)[first]}")
+
+
+def test_an_oom_kill_names_the_limit_and_what_to_do() -> None:
+    states = [RUNNING, {**exited(137, "2026-01-01T00:00:02Z"), "OOMKilled": True}]
+    outcome = watcher(states).poll()
+    assert outcome is not None and outcome.failed_rank == 1
+    assert outcome.reason == ("killed by the kernel's OOM killer: out of the host's memory (no --memory limit); "
+                              "lower --batch-size, or give it more memory with --memory (/dev/shm counts too: "
+                              "--shm-size)")
+    outcome = watcher(states, memory="512m").poll()
+    assert outcome is not None and "out of its memory limit (--memory 512m);" in outcome.reason
 
 
 def test_unreachable_only_after_the_grace_window(monkeypatch: pytest.MonkeyPatch) -> None:

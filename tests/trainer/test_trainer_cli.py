@@ -7,11 +7,12 @@ from __future__ import annotations
 import hashlib
 import io
 import json
+import os
 import pickle
 import shutil
 import subprocess
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -54,8 +55,7 @@ def corrupt_data(tmp_path: Path) -> Path:
 CASES = {
     "batch size 0": (["--batch-size", "0"], "--batch-size must be a positive integer"),
     "epochs negative": (["--epochs", "-2"], "--epochs must be a positive integer"),
-    "unknown model": (["--model", "resnet9000"], "unknown model 'resnet9000'"),
-    "fp16 on CPU": (["--precision", "fp16"], "fp16 needs a CUDA device"),
+    "unknown model": (["--model", "resnet9000"], "--model 'resnet9000' is not a model"),
     "sync-bn on CPU": (["--sync-bn"], "--sync-bn needs a CUDA device"),
     "apex on CPU": (["--optimizer", "apex-fused-sgd"], "apex-fused-sgd needs a CUDA device"),
     "bf16 compression on CPU": (["--grad-compression", "bf16"], "bf16 needs a CUDA device; gloo cannot"),
@@ -133,19 +133,18 @@ def test_a_damaged_batch_is_one_error_line(case: str, needle: str, data_dir: Pat
     assert needle in _error_line(capsys)
 
 
-def test_a_data_folder_that_cannot_be_entered_is_one_error_line(data_dir: Path, tmp_path: Path, inprocess: None,
-                                                               capsys: pytest.CaptureFixture[str],
-                                                               monkeypatch: pytest.MonkeyPatch) -> None:
-    real_is_file = Path.is_file
-
-    def denied(self: Path) -> bool:  # what a folder without the x bit gives a non-root account
-        if self.parent.name == data.BASE_FOLDER:
-            raise PermissionError(13, "Permission denied")
-        return real_is_file(self)
-
-    monkeypatch.setattr(Path, "is_file", denied)
-    assert main(base_args(data_dir, tmp_path / "ck", "--epochs", "1", "--batch-size", "64")) == 2
-    assert "cannot read data folder" in _error_line(capsys)
+@pytest.mark.parametrize("closed", [data.BASE_FOLDER, "."])
+def test_a_data_folder_that_cannot_be_entered_is_one_error_line(
+        closed: str, shared_tmp: Path, run_as_nobody: Callable[..., subprocess.CompletedProcess[str]]) -> None:
+    """The real `python -m trainer` as the unprivileged account `nobody` (root enters any folder, whatever its
+    mode), on a data folder of mode 000, or a --data-dir of mode 000 (its cifar-10-batches-py cannot be reached)."""
+    data.write_synthetic(shared_tmp / "data", 10, 2)
+    (shared_tmp / "data" / closed).chmod(0)
+    proc = run_as_nobody(["-m", "trainer", *base_args(shared_tmp / "data", shared_tmp / "ck")], shared_tmp)
+    lines = proc.stderr.strip().splitlines()
+    assert proc.returncode == 2 and len(lines) == 1, proc.stderr
+    assert lines[0] == (f"error: cannot read data folder {shared_tmp / 'data' / data.BASE_FOLDER} (Permission "
+                        "denied); check the permissions of it and of --data-dir")
 
 
 def test_an_unreadable_data_file_is_one_error_line(data_dir: Path, tmp_path: Path, inprocess: None,
@@ -164,11 +163,20 @@ def test_an_unreadable_data_file_is_one_error_line(data_dir: Path, tmp_path: Pat
     assert "cannot read" in line and "test_batch (Permission denied)" in line
 
 
+class _Payload:
+    """What a hostile checkpoint holds: unpickling it calls a function (a harmless one here)."""
+
+    def __reduce__(self) -> tuple[Any, tuple[()]]:
+        return os.getcwd, ()
+
+
 @pytest.mark.parametrize(("case", "needle"), [
     ("a list", "is not one this trainer wrote (it holds a list"),
     ("no epoch", "is not one this trainer wrote ('epoch' is missing"),
     ("weights of another shape", "does not fit this run's model or optimizer"),
     ("empty optimizer state", "does not fit this run's model or optimizer"),
+    ("a __reduce__ payload", "holds objects that are not tensors or plain values (Trying to load unsupported "
+                             "GLOBAL posix.getcwd whose module posix is blocked.); it was not written by this trainer"),
 ])
 def test_a_checkpoint_not_written_by_the_trainer_is_refused_on_resume(
         case: str, needle: str, data_dir: Path, tmp_path: Path, inprocess: None,
@@ -182,6 +190,8 @@ def test_a_checkpoint_not_written_by_the_trainer_is_refused_on_resume(
         state = [1, 2, 3]
     elif case == "no epoch":
         del state["epoch"]
+    elif case == "a __reduce__ payload":
+        state["model"] = _Payload()
     elif case == "weights of another shape":
         state["model"]["fc.weight"] = torch.zeros(3, 3)
     else:

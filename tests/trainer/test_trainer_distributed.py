@@ -120,6 +120,18 @@ def test_fp16_gradient_compression_is_applied(data_dir: Path, tmp_path: Path) ->
     assert 0 < difference < 1e-2
 
 
+def test_a_time_based_checkpoint_due_at_an_epochs_end_is_saved_by_every_rank(data_dir: Path, tmp_path: Path) -> None:
+    """--ckpt-every-minutes with epochs that are not checkpoint epochs (--ckpt-every 5): rank 0's clock is due
+    at an epoch's end. Every rank must take the save the last agreement decided; rank 0 alone in the save's
+    collective (its clock read again after the epoch) left the other rank training into another collective."""
+    ck = tmp_path / "ck"
+    proc = run_torchrun(2, base_args(data_dir, ck, "--epochs", "3", "--batch-size", "16", "--ckpt-every", "5",
+                                     "--ckpt-every-minutes", "0.0001", "--dist-timeout", "30"), timeout=150)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    saved = re.findall(r"checkpoint \S*ckpt-(\d{8})\.pt \(training paused", proc.stderr)
+    assert {"00000016", "00000032"}.issubset(saved), saved  # both epoch ends, by every rank
+
+
 def _wait_for(log: Path, pattern: str, proc: subprocess.Popen, limit: float = 120) -> None:
     deadline = time.monotonic() + limit
     while time.monotonic() < deadline:

@@ -22,7 +22,7 @@ from trainer_helpers import base_args, metrics_lines
 
 from trainer import checkpoint, dist, loop, parallel, state
 from trainer.__main__ import main
-from trainer.config import Config
+from trainer.config import Config, cuda_only
 from trainer.dist import DistContext
 from trainer.errors import ConfigError, DeviceError
 from trainer.precision import grad_scaler, precision_plan
@@ -96,6 +96,7 @@ def test_init_process_group_args_bind_nccl_to_our_gpu() -> None:
 
 
 def test_set_device_comes_before_init_process_group(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Only a GPU shows the effect (NCCL's communicator and every tensor on cuda:0 otherwise): the order, here."""
     calls: list[tuple[str, Any]] = []
     monkeypatch.setattr(torch.cuda, "set_device", lambda d: calls.append(("set_device", d)))
     monkeypatch.setattr(torch.distributed, "init_process_group", lambda **kw: calls.append(("init", kw)))
@@ -105,6 +106,7 @@ def test_set_device_comes_before_init_process_group(monkeypatch: pytest.MonkeyPa
 
 
 def test_one_cuda_process_selects_its_gpu_and_joins_no_group(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Only a GPU shows set_device's effect; the calls are what a CPU can check."""
     calls: list[str] = []
     monkeypatch.setattr(torch.cuda, "set_device", lambda d: calls.append("set_device"))
     monkeypatch.setattr(torch.distributed, "init_process_group", lambda **kw: calls.append("init"))
@@ -125,21 +127,22 @@ def test_precision_plan(precision: str, dtype: torch.dtype, autocast_on: bool, s
     assert (plan.autocast_dtype, plan.autocast_enabled, plan.scaler_enabled) == (dtype, autocast_on, scaler_on)
 
 
-def test_fp16_builds_an_enabled_cuda_grad_scaler(monkeypatch: pytest.MonkeyPatch) -> None:
-    made: list[tuple[str, bool]] = []
-    monkeypatch.setattr(torch.amp, "GradScaler", lambda device, enabled: made.append((device, enabled)))
-    for p in ("fp16", "bf16", "fp32"):
-        grad_scaler(GPU3, p)
-    assert made == [("cuda", True), ("cuda", False), ("cuda", False)]
+def test_only_fp16_gets_an_enabled_scaler_of_the_devices_kind() -> None:
+    """Real scalers: on the CPU, enabled for fp16 only; on a CUDA device, a CUDA scaler (torch disables it on a
+    machine without CUDA: that it then scales is what only a GPU shows)."""
+    assert [grad_scaler(CPU, p).is_enabled() for p in ("fp16", "bf16", "fp32")] == [True, False, False]
+    with pytest.warns(UserWarning, match="CUDA is not available"):
+        assert grad_scaler(GPU3, "fp16")._device == "cuda"
 
 
-def test_cuda_autocast_gets_the_plans_dtype(monkeypatch: pytest.MonkeyPatch) -> None:
-    made: list[dict[str, Any]] = []
-    monkeypatch.setattr(torch, "autocast", lambda **kw: made.append(kw))
-    for p in ("fp16", "bf16", "fp32"):
-        loop.autocast(GPU3, p)
-    assert [(m["device_type"], m["dtype"], m["enabled"]) for m in made] == [
-        ("cuda", torch.float16, True), ("cuda", torch.bfloat16, True), ("cuda", torch.float32, False)]
+@pytest.mark.parametrize(("precision", "dtype"), [("fp16", torch.float16), ("bf16", torch.bfloat16),
+                                                  ("fp32", torch.float32)])
+def test_autocast_computes_in_the_plans_dtype(precision: str, dtype: torch.dtype) -> None:
+    """A real forward under the trainer's autocast, on the CPU (the CUDA autocast is the same call with
+    device_type "cuda": only a GPU runs it)."""
+    with loop.autocast(CPU, precision):
+        out = nn.Linear(4, 2)(torch.randn(3, 4))
+    assert out.dtype == dtype
 
 
 def test_resuming_a_checkpoint_without_scaler_state_into_fp16_starts_a_fresh_scale() -> None:
@@ -153,13 +156,29 @@ def test_resuming_a_checkpoint_without_scaler_state_into_fp16_starts_a_fresh_sca
 
 # --- which options the device accepts -------------------------------------------------------------------------
 
-@pytest.mark.parametrize("opts", [{"precision": "fp16"}, {"sync_bn": True}, {"grad_compression": "bf16"},
-                                  {"grad_compression": "fp16"}])
+@pytest.mark.parametrize("opts", [{"sync_bn": True}, {"grad_compression": "bf16"}, {"grad_compression": "fp16"}])
 def test_cuda_only_options_are_accepted_on_cuda_and_refused_on_cpu(opts: dict[str, Any]) -> None:
     state.check_device(_cfg(**opts), _ctx(GPU3))
     if opts != {"grad_compression": "fp16"}:  # fp16 compression also runs on gloo
         with pytest.raises(DeviceError, match="CUDA"):
             state.check_device(_cfg(**opts), _ctx(CPU))
+
+
+def test_fp16_runs_on_the_cpu_too() -> None:
+    """torch has fp16 autocast and a GradScaler on the CPU (tests/trainer/test_trainer_fp16_cpu.py runs them)."""
+    state.check_device(_cfg(precision="fp16"), _ctx(CPU))
+    assert cuda_only(_cfg(precision="fp16")) == []  # the orchestrator accepts it with --gpus 0 from this table
+
+
+def test_sync_batch_norm_cannot_run_on_cpu_tensors(tmp_path: Path) -> None:
+    """Why --sync-bn stays CUDA-only: a real SyncBatchNorm forward in a real gloo group refuses CPU tensors
+    (torch checks the input's device before it looks at the world size)."""
+    torch.distributed.init_process_group("gloo", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1)
+    try:
+        with pytest.raises(ValueError, match="SyncBatchNorm expected input tensor to be on GPU"):
+            nn.SyncBatchNorm(3).train()(torch.randn(4, 3, 2, 2))
+    finally:
+        torch.distributed.destroy_process_group()
 
 
 def test_bf16_on_a_pre_ampere_gpu_warns(monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
@@ -250,11 +269,12 @@ def test_sync_bn_is_converted_before_the_ddp_wrap_with_the_gpu_and_hook(monkeypa
 
 # --- checkpoints map to the right device ------------------------------------------------------------------------
 
-def test_checkpoint_load_maps_to_the_given_device(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
-    seen: dict[str, Any] = {}
-    monkeypatch.setattr(torch, "load", lambda path, **kw: seen.update(kw) or {})
-    checkpoint.load(checkpoint.CheckpointInfo(tmp_path / "x.pt", {}), GPU3)
-    assert seen["map_location"] == GPU3 and seen["weights_only"] is True
+def test_checkpoint_load_maps_to_the_given_device(tmp_path: Path) -> None:
+    """A real load onto another device than the one saved from: torch's "meta" device stands in for a GPU."""
+    info = checkpoint.newest_valid(_saved_run(tmp_path).ckpt_dir)
+    assert info is not None
+    loaded = checkpoint.load(info, torch.device("meta"))
+    assert {t.device.type for t in loaded["model"].values()} == {"meta"}
 
 
 def _saved_run(tmp_path: Path) -> Config:
@@ -279,6 +299,7 @@ def test_rank_0_of_a_cuda_job_reads_the_checkpoint_into_cpu_memory(monkeypatch: 
 
 
 def test_restore_broadcasts_through_this_processs_own_gpu(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """Only NCCL shows the effect (its broadcast needs the tensor on this rank's GPU); the argument, here."""
     cfg, seen = _saved_run(tmp_path), {}
     monkeypatch.setattr(torch.distributed, "broadcast_object_list",
                         lambda objs, src, device: seen.update(src=src, device=device))
@@ -323,12 +344,12 @@ def test_the_stop_and_save_flags_are_agreed_every_few_steps_not_every_step(
     """Reading an all_reduce's result on a GPU waits for every queued kernel: once a step, it would drain
     the queue each step. 2 epochs of 32 steps agree 64 / AGREE_EVERY times (epoch ends fall on multiples)."""
     agreements = []
-    real = dist.any_ranks
+    real = dist.agree
 
-    def counting(ctx: DistContext, *flags: bool) -> tuple[bool, ...]:
+    def counting(ctx: DistContext, loss: torch.Tensor, *flags: bool) -> tuple[tuple[bool, ...], bool]:
         agreements.append(len(flags))
-        return real(ctx, *flags)
+        return real(ctx, loss, *flags)
 
-    monkeypatch.setattr(dist, "any_ranks", counting)
+    monkeypatch.setattr(dist, "agree", counting)
     assert main(base_args(data_dir, tmp_path, "--epochs", "2", "--batch-size", "16")) == 0
     assert agreements.count(2) == 64 // loop.AGREE_EVERY

@@ -35,7 +35,7 @@ def test_group_norm_variant_has_no_batch_norm() -> None:
 
 
 def test_unknown_model_names_the_choices() -> None:
-    with pytest.raises(ConfigError, match="unknown model 'vgg0'.*resnet18"):
+    with pytest.raises(ConfigError, match="--model 'vgg0' is not a model.*resnet18"):
         models.check_name("vgg0")
 
 
@@ -46,7 +46,7 @@ def test_the_torch_free_model_list_is_what_models_builds() -> None:
 
 def test_a_name_no_model_can_have_is_refused_by_the_config() -> None:
     """Not a trainer model and not shaped like a torchvision name: refused before torch or any data."""
-    with pytest.raises(ConfigError, match="unknown model 'does-not-exist'.*resnet18"):
+    with pytest.raises(ConfigError, match="--model 'does-not-exist' is not a model.*resnet18"):
         Config(data_dir=Path("/d"), ckpt_dir=Path("/c"), model="does-not-exist")
 
 

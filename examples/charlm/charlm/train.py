@@ -19,7 +19,7 @@ from pathlib import Path
 
 import torch
 import torch.distributed as dist
-from example_ckpt import EXIT_STOPPED, StopFlag, exit_without_finalizing, load_newest, save
+from example_ckpt import EXIT_STOPPED, StopFlag, exit_without_finalizing, join_group, load_newest, save
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
@@ -54,23 +54,24 @@ def main(argv: list[str]) -> int:
         print(f"error: no text at {path}; put the file in the data dir on every node", file=sys.stderr)
         return 2
     text = path.read_text(encoding="utf-8")
-    dist.init_process_group("nccl" if torch.cuda.is_available() else "gloo")
+    device = join_group()  # cuda:LOCAL_RANK with NCCL, or the CPU with gloo
     rank, world = dist.get_rank(), dist.get_world_size()
     print("CONTRACT " + json.dumps({k: os.environ.get(k) for k in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "DATA_DIR",
                                     "CKPT_DIR", "LOG_DIR", "RESUME")} | {"argv": argv}), flush=True)
     vocab = sorted(set(text))
-    data = torch.tensor([vocab.index(ch) for ch in text], dtype=torch.long)
+    data = torch.tensor([vocab.index(ch) for ch in text], dtype=torch.long, device=device)
     if len(data) <= args.context + 1:
         print(f"error: {path} has {len(data)} characters; need more than --context {args.context}", file=sys.stderr)
         return 2
 
     torch.manual_seed(0)
-    model = DistributedDataParallel(CharModel(len(vocab), args.context))
+    model = DistributedDataParallel(CharModel(len(vocab), args.context).to(device),
+                                    device_ids=[device.index] if device.type == "cuda" else None)
     opt = torch.optim.Adam(model.parameters(), lr=args.lr)
     step = 0
     if os.environ.get("RESUME") == "1":
         box = [load_newest(os.environ["CKPT_DIR"]) if rank == 0 else None]
-        dist.broadcast_object_list(box, src=0)
+        dist.broadcast_object_list(box, src=0, device=device)
         if box[0] is not None:
             if box[0]["vocab"] != vocab:
                 print("error: the text's characters differ from the checkpoint's; start without --resume",
@@ -90,7 +91,7 @@ def main(argv: list[str]) -> int:
     gen = torch.Generator().manual_seed(step * world + rank)
     loss = torch.tensor(float("nan"))
     while step < args.steps:
-        flag = torch.tensor([1.0 if stop.set else 0.0])
+        flag = torch.tensor([1.0 if stop.set else 0.0], device=device)
         dist.all_reduce(flag, op=dist.ReduceOp.MAX)  # every rank stops at the same step
         if flag.item():
             checkpoint(done=False)
@@ -98,7 +99,7 @@ def main(argv: list[str]) -> int:
             return EXIT_STOPPED
         starts = torch.randint(0, len(data) - args.context - 1, (args.batch_size,), generator=gen)
         x = torch.stack([data[s:s + args.context] for s in starts.tolist()])
-        y = data[starts + args.context]
+        y = data[starts.to(device) + args.context]
         loss = nn.functional.cross_entropy(model(x), y)
         opt.zero_grad()
         loss.backward()
@@ -123,7 +124,7 @@ def sample(model: CharModel, vocab: list[str], prompt: str, n: int) -> str:
     out = [vocab.index(ch) for ch in prompt]
     context = len(prompt)
     for _ in range(n):
-        logits = model(torch.tensor([out[-context:]]))
+        logits = model(torch.tensor([out[-context:]], device=next(model.parameters()).device))
         out.append(int(logits.argmax(dim=-1)))
     return "".join(vocab[i] for i in out)
 
