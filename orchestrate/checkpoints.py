@@ -113,7 +113,7 @@ def _folder_seen(out: str, count: int) -> dict[str, tuple[int, str]]:
     sizes: dict[str, int] = {}
     for line in lines[:count]:
         kind, size, name = line.rsplit(" ", 2)
-        if kind == "regular file":
+        if kind in ("regular file", "regular empty file"):  # stat's words for a file of 0 bytes differ
             sizes[name] = int(size)
     hashes = {name: sha for sha, name in (line.split(maxsplit=1) for line in lines[count:])}
     return {name: (size, hashes.get(name, "")) for name, size in sizes.items()}

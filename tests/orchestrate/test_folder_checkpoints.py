@@ -47,7 +47,7 @@ def make_folder(ckpt_dir: Path, step: int, world: int = 2) -> Path:
     where = ckpt_dir / ckpt_folder_name(step)
     where.mkdir(parents=True)
     blobs = {".metadata": b"index", "trainer.pt": b"trainer state" * 7,
-             **{f"__{r}_0.distcp": bytes([r]) * (1000 + r) for r in range(world)}}
+             **{f"__{r}_0.distcp": bytes([r]) * (1000 * r) for r in range(world)}}  # rank 0's is empty
     for name, blob in blobs.items():
         (where / name).write_bytes(blob)
     files = {n: {"bytes": len(b), "sha256": hashlib.sha256(b).hexdigest()} for n, b in blobs.items()}
@@ -76,7 +76,7 @@ def test_a_torn_folder_a_wrong_sha_a_missing_shard_or_a_symlink_never_count(tmp_
     make_folder(tmp_path, 10)
     make_folder(tmp_path, 20).joinpath("manifest.json").unlink()  # torn: a copy cut before its manifest
     bad_sha = make_folder(tmp_path, 30)
-    (bad_sha / "__1_0.distcp").write_bytes(b"\x02" * 1001)  # same size, other bytes
+    (bad_sha / "__1_0.distcp").write_bytes(b"\x02" * 1000)  # same size, other bytes
     make_folder(tmp_path, 40).joinpath("__0_0.distcp").unlink()  # a shard the manifest lists is gone
     unlisted = make_folder(tmp_path, 50)  # sealed without rank 1's shard: the manifest does not list it
     data = json.loads((unlisted / "manifest.json").read_text())
