@@ -1,7 +1,9 @@
 """Read the trainer's files on a node without torch: checkpoint manifests (docs/DESIGN.md §2) and metrics.
 
 A checkpoint counts only when its manifest exists and the .pt's size and sha256 match (sha256 computed on
-the node, path quoted). Newest = highest step among valid ones.
+the node, path quoted). An FSDP checkpoint is a step folder (trainer/contract.py): it counts only when its
+manifest.json exists, lists a shard of every rank, and every file it lists matches. Newest = highest step
+among valid ones, of either kind.
 """
 
 from __future__ import annotations
@@ -15,7 +17,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from trainer.contract import MANIFEST_RE, METRICS_FILE, Manifest
+from trainer.contract import (
+    CKPT_FOLDER_RE,
+    MANIFEST_RE,
+    METRICS_FILE,
+    SHARDED_MANIFEST,
+    Manifest,
+    ShardedManifest,
+)
 
 from .errors import SSHError
 from .ssh import Connection
@@ -33,10 +42,16 @@ class Checkpoint:
     bytes: int
     sha256: str
     manifest: str
+    files: tuple[tuple[str, int, str], ...] = ()  # (name relative to folder, bytes, sha256), the manifest not among them
 
     @property
     def path(self) -> str:
         return posixpath.join(self.folder, self.file)
+
+    @property
+    def manifest_name(self) -> str:
+        """The manifest relative to the checkpoint dir: ckpt-<step>.json, or ckpt-<step>/manifest.json."""
+        return posixpath.relpath(self.manifest, self.folder)
 
 
 def _read_json(conn: Connection, path: str) -> Any:
@@ -44,11 +59,18 @@ def _read_json(conn: Connection, path: str) -> Any:
 
 
 def list_manifests(conn: Connection, folder: str) -> list[str]:
-    return sorted((n for n in conn.list_dir(folder) if MANIFEST_RE.fullmatch(n)), reverse=True)
+    """Manifest names relative to `folder`, newest step first: ckpt-<step>.json and ckpt-<step>/manifest.json."""
+    names = conn.list_dir(folder)
+    found = [n for n in names if MANIFEST_RE.fullmatch(n)]
+    found += [posixpath.join(n, SHARDED_MANIFEST) for n in names if CKPT_FOLDER_RE.fullmatch(n)]
+    return sorted(found, reverse=True)
 
 
 def validate(conn: Connection, folder: str, name: str) -> Checkpoint | None:
-    """The checkpoint a manifest describes, if the manifest parses and the .pt matches it."""
+    """The checkpoint a manifest describes, if the manifest parses and the .pt (or every file of the step
+    folder) matches it."""
+    if posixpath.basename(name) == SHARDED_MANIFEST:
+        return validate_folder(conn, folder, posixpath.dirname(name))
     try:
         m = Manifest.parse(_read_json(conn, posixpath.join(folder, name)))
         pt = posixpath.join(folder, m.file)
@@ -59,9 +81,42 @@ def validate(conn: Connection, folder: str, name: str) -> Checkpoint | None:
         if res.rc != 0 or words[:2] != [str(m.bytes), m.sha256]:
             return None
         return Checkpoint(conn.host.label, folder, m.file, m.step, m.epoch, m.epoch_complete, m.bytes, m.sha256,
-                          posixpath.join(folder, name))
+                          posixpath.join(folder, name), ((m.file, m.bytes, m.sha256),))
     except (OSError, ValueError):
         return None
+
+
+# One exec per folder: each listed file's type and size (stat does not follow a planted symlink), then its hash.
+_CHECK_FOLDER = 'cd -- "$1" && shift && stat -c "%F %s %n" -- "$@" && sha256sum -- "$@"'
+
+
+def validate_folder(conn: Connection, folder: str, step_dir: str) -> Checkpoint | None:
+    """The FSDP checkpoint in folder/step_dir, if its manifest.json parses and every file it lists is a regular
+    file of that size and sha256. A torn copy (no manifest), a missing shard or a wrong hash: None."""
+    where = posixpath.join(folder, step_dir)
+    try:
+        m = ShardedManifest.parse(_read_json(conn, posixpath.join(where, SHARDED_MANIFEST)))
+        names = sorted(m.files)
+        res = conn.run(["sh", "-c", _CHECK_FOLDER, "check", where, *names], timeout=300)
+        if res.rc != 0 or _folder_seen(res.out, len(names)) != {n: m.files[n] for n in names}:
+            return None
+    except (OSError, ValueError):
+        return None
+    files = tuple((posixpath.join(step_dir, n), size, sha) for n, (size, sha) in sorted(m.files.items()))
+    return Checkpoint(conn.host.label, folder, step_dir, m.step, m.epoch, m.epoch_complete,
+                      sum(size for size, _ in m.files.values()), "", posixpath.join(where, SHARDED_MANIFEST), files)
+
+
+def _folder_seen(out: str, count: int) -> dict[str, tuple[int, str]]:
+    """_CHECK_FOLDER's output as name -> (bytes, sha256), regular files only."""
+    lines = out.splitlines()
+    sizes: dict[str, int] = {}
+    for line in lines[:count]:
+        kind, size, name = line.rsplit(" ", 2)
+        if kind in ("regular file", "regular empty file"):  # stat's words for a file of 0 bytes differ
+            sizes[name] = int(size)
+    hashes = {name: sha for sha, name in (line.split(maxsplit=1) for line in lines[count:])}
+    return {name: (size, hashes.get(name, "")) for name, size in sizes.items()}
 
 
 def newest_valid(conn: Connection, folder: str, skipped: Callable[[str], None] | None = None) -> Checkpoint | None:
@@ -80,9 +135,12 @@ def newest_manifest(conn: Connection, folder: str) -> dict[str, Any] | None:
     """The newest manifest's content, without hashing (cheap, for `status`)."""
     for name in list_manifests(conn, folder):
         try:
-            return dict(_read_json(conn, posixpath.join(folder, name)))
+            found = dict(_read_json(conn, posixpath.join(folder, name)))
         except (OSError, ValueError):
             continue
+        if posixpath.basename(name) == SHARDED_MANIFEST:  # a step folder: it is "the file" status shows
+            found["file"] = posixpath.dirname(name)
+        return found
     return None
 
 
@@ -96,9 +154,12 @@ def last_metrics(conn: Connection, folder: str) -> dict[str, Any] | None:
 
 
 def copy_checkpoint(src: Connection, ckpt: Checkpoint, dst: Connection, folder: str) -> None:
-    """Copy a checkpoint to another node's checkpoint dir: the .pt first, the manifest last (so it counts only
-    once complete), each streamed into an unpredictable temporary name and renamed into place."""
-    for name in (ckpt.file, posixpath.basename(ckpt.manifest)):
+    """Copy a checkpoint to another node's checkpoint dir: the .pt (or the step folder's files) first, the
+    manifest last (so it counts only once complete), each streamed into an unpredictable temporary name and
+    renamed into place."""
+    if ckpt.manifest_name != posixpath.basename(ckpt.manifest):
+        dst.run(["mkdir", "-p", "--", posixpath.join(folder, ckpt.file)], timeout=60, check=True)
+    for name in (*(f[0] for f in ckpt.files), ckpt.manifest_name):
         dst.write_file(posixpath.join(folder, name), src.stream_file(posixpath.join(ckpt.folder, name)))
 
 
@@ -160,25 +221,25 @@ class Replicator:
         except SSHError:  # a program without metrics.jsonl
             pass
         copy_checkpoint(src, ckpt, dst, folder)
-        copy = validate(dst, folder, posixpath.basename(ckpt.manifest))
+        copy = validate(dst, folder, ckpt.manifest_name)
         if copy is None:
             raise OSError(f"the copy of {ckpt.file} on {dst.host.label} does not match its manifest")
         self.made.append(copy)
         for old in self.made[:-KEEP_REPLICAS]:
-            dst.run(["rm", "-f", "--", old.manifest, old.path], timeout=60)  # manifest first: never a bare one
+            dst.run(["rm", "-rf", "--", old.manifest, old.path], timeout=60)  # manifest first: never a bare one
         self.made = self.made[-KEEP_REPLICAS:]
         self._say(f"checkpoint step {ckpt.step} copied to node 1 ({dst.host.label}), sha256 verified")
 
     def _to_mirror(self, ckpt: Checkpoint) -> None:
         assert self.mirror is not None
         src = self.nodes.conn(0)
-        self.mirror.mkdir(parents=True, exist_ok=True)
-        pt = self.mirror / ckpt.file
-        write_atomically(pt, src.stream_file(ckpt.path))
-        if _sha256(pt) != ckpt.sha256 or pt.stat().st_size != ckpt.bytes:
-            pt.unlink(missing_ok=True)
-            raise OSError(f"the mirror copy of {ckpt.file} does not match its manifest")
-        write_atomically(self.mirror / posixpath.basename(ckpt.manifest), src.stream_file(ckpt.manifest))
+        for name, size, sha in ckpt.files:  # write_atomically makes the step folder
+            local = self.mirror / name
+            write_atomically(local, src.stream_file(posixpath.join(ckpt.folder, name)))
+            if _sha256(local) != sha or local.stat().st_size != size:
+                local.unlink(missing_ok=True)
+                raise OSError(f"the mirror copy of {name} does not match its manifest")
+        write_atomically(self.mirror / ckpt.manifest_name, src.stream_file(ckpt.manifest))
         self._say(f"checkpoint step {ckpt.step} copied to {self.mirror}, sha256 verified")
 
     def _say(self, text: str) -> None:

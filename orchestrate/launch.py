@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import datetime
-import os
 import threading
 import time
 from collections.abc import Sequence
@@ -77,7 +76,7 @@ def find_resume_checkpoint(nodes: Nodes, specs: Sequence[NodeSpec], console: Con
     for rank, spec in enumerate(specs):
         have = found[rank]
         if rank != src and (have is None or have.step != best.step):
-            if validate(nodes.conn(rank), spec.dirs["ckpt"], os.path.basename(best.manifest)) is None:
+            if validate(nodes.conn(rank), spec.dirs["ckpt"], best.manifest_name) is None:
                 copy_checkpoint(nodes.conn(src), best, nodes.conn(rank), spec.dirs["ckpt"])
     return best
 

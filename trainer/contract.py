@@ -122,7 +122,8 @@ def ckpt_tmp_name(step: int) -> str:
 
 @dataclass(frozen=True)
 class ShardedManifest:
-    """What a folder checkpoint's manifest.json promises: these files, with exactly these sizes and sha256."""
+    """What a folder checkpoint's manifest.json promises: these files (a shard of every rank among them), with
+    exactly these sizes and sha256."""
 
     files: dict[str, tuple[int, str]]  # name -> (bytes, sha256)
     step: int
@@ -153,6 +154,9 @@ class ShardedManifest:
             if not isinstance(size, int) or size < 0 or not isinstance(sha, str) or not re.fullmatch(r"[0-9a-f]{64}", sha):
                 raise ValueError(f"file {name!r} has no valid bytes/sha256")
             files[name] = (size, sha)
+        missing = [r for r in range(int(data["world_size"])) if not any(n.startswith(f"__{r}_") for n in files)]
+        if missing:
+            raise ValueError(f"files lack the shards of rank(s) {missing}")
         return cls(files, int(data["step"]), int(data["epoch"]), bool(data.get("epoch_complete", True)),
                    int(data["world_size"]), str(data.get("created", "")))
 

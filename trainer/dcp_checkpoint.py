@@ -6,8 +6,10 @@ sha256), fsyncs the folder and renames it to ckpt-<step>. A kill at any moment l
 of valid checkpoints or that set plus the new one. DCP records where every chunk of every tensor lies, so a
 checkpoint written by N processes loads into any number of processes, resharded as it is read.
 
-Every rank must see the same --ckpt-dir (one machine, or a shared filesystem): rank 0 checks that every rank's
-shard file is in the folder before the checkpoint counts.
+On several nodes each node has its own --ckpt-dir: a rank whose shard file global rank 0 does not see sends it
+over the process group, and rank 0 writes it into its folder before sealing, so node 0 holds one complete
+checkpoint (the orchestrator copies it to node 1, to --ckpt-mirror and, before a resume, to every node: a
+resharded load reads chunks from any rank's file). On one machine or a shared filesystem nothing is sent.
 """
 
 from __future__ import annotations
@@ -87,6 +89,7 @@ def save(folder: Path, model: nn.Module, optimizer: torch.optim.Optimizer, train
     except dcp.CheckpointException as e:  # a BaseException; DCP raises it on every rank when any rank failed
         raise CheckpointError(f"cannot write sharded checkpoint {tmp}: {_first_failure(e)}; free space or fix "
                               "--ckpt-dir; the previous checkpoints are intact") from None
+    _gather_shards(ctx, tmp)
     err = None
     if ctx.is_main:
         try:
@@ -98,6 +101,53 @@ def save(folder: Path, model: nn.Module, optimizer: torch.optim.Optimizer, train
     if dist.any_rank(ctx, err is not None):
         raise err or CheckpointError("global rank 0 could not complete the sharded checkpoint; see its error line")
     return final
+
+
+SEND_CHUNK = 64 << 20  # bytes per point-to-point message: a large shard never sits in memory twice
+
+
+def _gather_shards(ctx: DistContext, tmp: Path) -> None:
+    """Collective: global rank 0 names the ranks whose shard files it does not see in `tmp` (another node's
+    --ckpt-dir); each of them sends its files to rank 0, rank by rank, then removes its local copy."""
+    if not ctx.distributed:
+        return
+    missing: list[Any] = [[r for r in range(ctx.world_size) if not any(tmp.glob(f"__{r}_*.distcp"))]
+                          if ctx.is_main else None]
+    tdist.broadcast_object_list(missing, src=0, device=ctx.device)
+    for rank in missing[0]:
+        if ctx.rank == rank:
+            _send_shards(ctx, tmp)
+        elif ctx.is_main:
+            _receive_shards(ctx, tmp, rank)
+
+
+def _send_shards(ctx: DistContext, tmp: Path) -> None:
+    files = sorted(tmp.glob(f"__{ctx.rank}_*.distcp"))
+    tdist.send_object_list([[(p.name, p.stat().st_size) for p in files]], dst=0, device=ctx.device)
+    for path in files:
+        with path.open("rb") as f:
+            while block := f.read(SEND_CHUNK):
+                tdist.send(torch.frombuffer(bytearray(block), dtype=torch.uint8).to(ctx.device), dst=0)
+        path.unlink()
+    try:
+        tmp.rmdir()  # the last rank of this node to send removes the folder
+    except OSError:
+        pass
+
+
+def _receive_shards(ctx: DistContext, tmp: Path, rank: int) -> None:
+    header: list[Any] = [None]
+    tdist.recv_object_list(header, src=rank, device=ctx.device)
+    for name, size in header[0]:
+        with (tmp / name).open("wb") as f:
+            left = size
+            while left > 0:
+                block = torch.empty(min(SEND_CHUNK, left), dtype=torch.uint8, device=ctx.device)
+                tdist.recv(block, src=rank)
+                f.write(block.cpu().numpy().tobytes())
+                left -= block.numel()
+            f.flush()
+            os.fsync(f.fileno())
 
 
 def _fresh_folder(tmp: Path) -> bool:
@@ -124,9 +174,8 @@ def _seal(folder: Path, tmp: Path, final: Path, trainer_state: dict[str, Any], w
         _write_synced(tmp / SHARDED_TRAINER_FILE, blob)
         missing = [r for r in range(world) if not any(tmp.glob(f"__{r}_*.distcp"))]
         if missing:
-            raise CheckpointError(f"the shards of rank(s) {missing} are not in {tmp} as global rank 0 sees it: "
-                                  "--strategy fsdp needs a --ckpt-dir that every rank shares (one host, or a "
-                                  "shared filesystem)")
+            raise CheckpointError(f"the shards of rank(s) {missing} did not reach {tmp}; free space in "
+                                  "--ckpt-dir on every node")
         files = {p.name: (p.stat().st_size, checkpoint.sha256_file(p)) for p in sorted(tmp.iterdir()) if p.is_file()}
         created = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
         manifest = ShardedManifest(files, step, epoch, epoch_complete, world, created)

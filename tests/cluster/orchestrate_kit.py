@@ -100,8 +100,9 @@ def job_containers(cluster: Cluster, job: str) -> list[tuple[str, object]]:
 
 
 def manifests(folder: Path) -> list[dict[str, object]]:
+    """The checkpoint manifests in a folder: ckpt-<step>.json (DDP) and ckpt-<step>/manifest.json (FSDP)."""
     out = []
-    for path in sorted(folder.glob("ckpt-*.json")):
+    for path in sorted([*folder.glob("ckpt-*.json"), *folder.glob("ckpt-*/manifest.json")]):
         try:
             out.append(json.loads(path.read_text()) | {"_mtime": path.stat().st_mtime})
         except (OSError, ValueError):

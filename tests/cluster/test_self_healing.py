@@ -239,15 +239,18 @@ def three(cluster_factory, cpu_image: str) -> Iterator[Cluster]:  # type: ignore
     c.hosts[0].link_up()
 
 
+@pytest.mark.parametrize("strategy", ["ddp", "fsdp"])
 def test_node_0s_host_cut_off_the_job_finishes_on_the_others_from_the_replica(
-        three: Cluster, work: Path) -> None:
-    job, state = "heal-cut", work / "state-cut"
+        three: Cluster, work: Path, strategy: str) -> None:
+    """With fsdp the checkpoint is a folder of 3 ranks' shards, gathered on node 0, replicated to node 1 and
+    loaded resharded by 2 ranks after the cut."""
+    job, state = f"heal-cut-{strategy}", work / f"state-cut-{strategy}"
     # Data of its own: the stock-hosts test on these hosts sends its archive into the default data dir.
     hosts = three.write_hosts_file(work / "hosts3.txt", keys={h.index: {"data_dir": f"{h.home}/heal-cut-data"}
                                                               for h in three.hosts})
     with serve_data(work / "served3", three.gateway) as data3:
         up = Up(start(three, state, *up_args(hosts, data3, job, "--max-restarts", "1", "--min-nodes", "2",
-                                             trainer=("--epochs", "20"))))
+                                             trainer=("--epochs", "20", "--strategy", strategy))))
         replica = job_dir(three, 1, job)
         wait_for(lambda: len(manifests(replica)) >= 1, 300, "a replica of a checkpoint on node 1", every=0.5)
         three.hosts[0].link_down()
@@ -268,6 +271,9 @@ def test_node_0s_host_cut_off_the_job_finishes_on_the_others_from_the_replica(
     assert restart[0]["step"] >= replicated
     assert epochs_of(records) == list(range(1, 21)) and {r["global_batch"] for r in records} == {48}
     assert "finished: epochs=20 step=100 " in up.text
+    if strategy == "fsdp":
+        assert "/ckpt-" in resumed and ".pt" not in resumed and "saved by 3 processes" in up.text
+        assert [m["world_size"] for m in manifests(replica)][-1] == 2
     # Node 0's link comes back: the containers left there by the cut are removed by `kill`.
     three.hosts[0].link_up()
     cleaned = orchestrate(three, state, "kill", "--job", job, "--grace", "5")

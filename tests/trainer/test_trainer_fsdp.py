@@ -8,13 +8,14 @@ import os
 import shutil
 import signal
 import subprocess
+import sys
 import time
 from pathlib import Path
 
 import pytest
 import torch
 from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
-from trainer_helpers import REPO, base_args, child_env, metrics_lines, run_torchrun, torchrun_cmd
+from trainer_helpers import REPO, base_args, child_env, free_port, metrics_lines, run_torchrun, torchrun_cmd
 
 from trainer import dcp_checkpoint
 from trainer.__main__ import main
@@ -162,3 +163,31 @@ def test_an_fsdp_checkpoint_is_refused_by_a_ddp_resume_with_one_line(data_dir: P
     assert main(base_args(data_dir, ckpt, "--resume", "--max-steps", "2", "--batch-size", "64")) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert err[-1].startswith("error: checkpoint ") and "was written by --strategy fsdp" in err[-1]
+
+
+@pytest.mark.slow
+def test_two_nodes_with_their_own_ckpt_dirs_leave_one_complete_checkpoint_on_node_0(data_dir: Path,
+                                                                                    tmp_path: Path) -> None:
+    """Two torchrun agents (--nnodes 2) on this machine, each node with its own --ckpt-dir as on a cluster:
+    node 1's shard reaches node 0 over the process group, node 0's folder loads alone (at 1 process, resharded)
+    and node 1 keeps no partial copy."""
+    args = (*FSDP, "--batch-size", "12", "--epochs", "2", "--max-steps", "3")
+    node0, node1, port = tmp_path / "node0", tmp_path / "node1", str(free_port())
+    agents = []
+    for node, ckpt in enumerate((node0, node1)):
+        cmd = [sys.executable, "-m", "torch.distributed.run", "--nnodes", "2", "--node_rank", str(node),
+               "--nproc_per_node", "1", "--master_addr", "127.0.0.1", "--master_port", port, "-m", "trainer",
+               *base_args(data_dir, ckpt, *args)]
+        agents.append(subprocess.Popen(cmd, cwd=REPO, env=child_env(), stdout=subprocess.DEVNULL,
+                                       stderr=subprocess.PIPE, text=True))
+    errs = [a.communicate(timeout=240)[1] for a in agents]
+    assert [a.returncode for a in agents] == [0, 0], errs[0][-3000:] + errs[1][-3000:]
+    info = dcp_checkpoint.newest_valid(node0)
+    assert info is not None and info.manifest.step == 3 and info.manifest.world_size == 2
+    assert {"__0_0.distcp", "__1_0.distcp"} <= set(info.manifest.files)
+    assert not list(node1.rglob("*.distcp"))  # sent, then removed there
+    _full_model(info.path, tmp_path)  # every chunk of every tensor is in node 0's folder
+    proc = run_torchrun(1, base_args(data_dir, node0, *FSDP, "--batch-size", "12", "--epochs", "2",
+                                     "--max-steps", "5", "--resume", "--keep-global-batch"))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "step 4 loss" in proc.stderr and metrics_lines(node0)[-1]["global_batch"] == 24
