@@ -43,6 +43,9 @@ REMOVED = "removed"  # a pseudo-status: the daemon answered that the container n
 HOST_CHANGED = "host changed"  # a pseudo-status: the Docker API failed and the host rebooted or dockerd restarted
 NO_API = "no api"  # a pseudo-status: the Docker API failed while sshd answers
 UNREACHABLE_S = 15.0  # a host that answers no poll for this long counts as down
+# After a job ended on an exit: how long a host that does not answer SSH (rebooting: sshd starts after dockerd) or
+# whose dockerd is down gets to come back and say whether it rebooted or restarted, which then is the cause.
+HOST_BACK_S = 60.0
 LAST_LINES = 20
 FR_ENV = "TORCH_FR_DUMP_TEMP_FILE"  # set by plan.py for GPU jobs: where torch's flight recorder dumps go
 DIVERGED_TAIL = 100  # torchrun's failure summary (traceback and table) follows the trainer's line
@@ -494,20 +497,22 @@ def _blame_a_host_change(watcher: Watcher, outcome: Outcome) -> None:
     stopped can a restart (or a reboot, or a daemon now down) be seen. Then it, not the exit code, is the cause."""
     for rank in range(len(watcher.specs)):
         seen = _host_change(watcher, rank)
-        deadline = time.monotonic() + UNREACHABLE_S
-        while seen is Change.DAEMON_DOWN and time.monotonic() < deadline:  # a restart brings it back in seconds
+        deadline = time.monotonic() + HOST_BACK_S
+        # A restart brings dockerd back in seconds; a reboot has sshd down until its daemons are up again.
+        while seen in (None, Change.DAEMON_DOWN) and time.monotonic() < deadline:
             time.sleep(POLL_S)
             seen = _host_change(watcher, rank)
-        if seen is not Change.NONE:
+        if seen not in (None, Change.NONE):
             outcome.end, outcome.failed_rank, outcome.reason = End.HOST, rank, seen.cause(watcher.specs[rank].host.label)
             watcher.console.print(f"[bold red]node {rank} ({watcher.specs[rank].host.label}) failed first: "
                                   f"{outcome.reason}[/]")
             return
 
 
-def _host_change(watcher: Watcher, rank: int) -> Change:
+def _host_change(watcher: Watcher, rank: int) -> Change | None:
+    """What happened to the host since the job started; None while it does not answer over SSH."""
     now = read_boot(watcher.nodes.conn(rank))
-    return change(watcher.boots[rank], now) if now is not None else Change.NONE
+    return change(watcher.boots[rank], now) if now is not None else None
 
 
 def _report_failure(watcher: Watcher, outcome: Outcome, config: UpConfig) -> None:

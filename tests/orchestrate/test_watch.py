@@ -198,6 +198,30 @@ def test_a_peer_that_exits_while_a_node_does_not_answer_is_not_blamed(ssh: str |
     assert outcome is not None and outcome.failed_rank == 1 and outcome.end is not launch.End.EXITED
 
 
+def test_a_reboot_seen_only_after_the_peers_exit_is_still_the_cause_once_its_sshd_answers_again(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A reboot stops node 1's dockerd, whose shutdown still answers "running" while node 0 exits having lost its
+    peer: node 0 is named first. Once the job is stopped node 1's sshd is down too (a reboot starts it after
+    dockerd): the host gets time to answer, and its new boot id, not node 0's exit code, is the cause (CI saw
+    "node 0 exited with code 1" when no SSH answer was taken for "nothing happened")."""
+    w = watcher([exited(1, "2026-01-01T00:00:05Z"), RUNNING])
+    w.nodes.boots = [BOOT, BOOT]  # type: ignore[attr-defined]
+    w.read_boots()
+    outcome = w.poll()
+    assert outcome is not None and (outcome.end, outcome.failed_rank) == (launch.End.EXITED, 0)
+    w.nodes.boots[1] = None  # type: ignore[attr-defined]  # rebooting: sshd does not answer
+    waits: list[float] = []
+
+    def sleep(seconds: float) -> None:  # the host comes back after two polls
+        waits.append(seconds)
+        if len(waits) == 2:
+            w.nodes.boots[1] = "b-2\n5151 2000\n"  # type: ignore[attr-defined]
+
+    monkeypatch.setattr(launch.time, "sleep", sleep)
+    launch._blame_a_host_change(w, outcome)
+    assert (outcome.end, outcome.failed_rank, outcome.reason) == (launch.End.HOST, 1, "h1 rebooted")
+
+
 def test_a_daemon_down_while_sshd_answers_fails_the_node_after_the_grace_window_with_that_cause() -> None:
     w = watcher([RUNNING, None])
     w.nodes.boots = [BOOT, BOOT]  # type: ignore[attr-defined]
