@@ -20,6 +20,7 @@ import os
 import pwd
 import shutil
 import signal
+import stat
 import subprocess
 import sys
 import sysconfig
@@ -113,21 +114,31 @@ SYSTEM_PYTHON = Path(f"/usr/bin/python{sys.version_info.major}.{sys.version_info
 
 
 @pytest.fixture
-def run_as_nobody(repo_root: Path) -> Callable[..., subprocess.CompletedProcess[str]]:
+def run_as_nobody(repo_root: Path) -> Iterator[Callable[..., subprocess.CompletedProcess[str]]]:
     """`run_as_nobody(args, cwd)`: `python ARGS` (this repository and the venv's packages importable) as the
     unprivileged account `nobody`, for what only a non-root account sees: root reads and enters anything, whatever
-    its mode. Fails, never skips, when the system has no interpreter of this version."""
+    its mode. Fails, never skips, when the system has no interpreter of this version. A clone in a folder only
+    root may enter (`mktemp -d` makes them mode 700) is made enterable (o+x on that folder alone, never readable)
+    for the test's length, then set back."""
     if not SYSTEM_PYTHON.is_file():
         pytest.fail(f"{SYSTEM_PYTHON} is missing: the tests run as `nobody` need it (apt-get install python3)",
                     pytrace=False)
-    path = os.pathsep.join([str(repo_root), sysconfig.get_paths()["purelib"], sysconfig.get_paths()["platlib"]])
+    roots = [repo_root, Path(sysconfig.get_paths()["purelib"]), Path(sysconfig.get_paths()["platlib"])]
+    path = os.pathsep.join(str(r) for r in roots)
+    closed = {d: d.stat().st_mode for r in roots for d in (r, *r.parents) if not d.stat().st_mode & stat.S_IXOTH}
 
     def run(args: list[str], cwd: Path) -> subprocess.CompletedProcess[str]:
         env = {"PATH": "/usr/bin:/bin", "PYTHONPATH": path, "HOME": str(cwd), "OMP_NUM_THREADS": "1"}
         return subprocess.run([str(SYSTEM_PYTHON), *args], user=NOBODY, group=pwd.getpwnam(NOBODY).pw_gid, extra_groups=[], cwd=cwd,
                               env=env, capture_output=True, text=True, timeout=120)
 
-    return run
+    try:
+        for folder, mode in closed.items():
+            folder.chmod(stat.S_IMODE(mode) | stat.S_IXOTH)
+        yield run
+    finally:
+        for folder, mode in closed.items():
+            folder.chmod(stat.S_IMODE(mode))
 
 
 @pytest.fixture
