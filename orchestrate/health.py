@@ -15,7 +15,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from trainer.contract import HEARTBEAT_FILE, PEER_WAIT_FUNCTION
+from trainer.contract import FR_DUMP_PREFIX, HEARTBEAT_FILE, PEER_WAIT_FUNCTION
 
 from .ssh import Connection
 
@@ -206,7 +206,6 @@ def read_stacks(conn: Connection, log_dir: str, node: int, ranks: Sequence[int])
 # plan.py points TORCH_FR_DUMP_TEMP_FILE at LOG_DIR/<this>; torch appends the global rank. torch writes the dump
 # when NCCL's watchdog times out (TORCH_NCCL_DUMP_ON_TIMEOUT, after --dist-timeout): often later than the stall
 # check, so the report uses what exists and says when there is none.
-FR_DUMP_PREFIX = "nccl_trace_rank_"
 _FR_READ_ERRORS = (pickle.UnpicklingError, EOFError, ValueError, TypeError, AttributeError, IndexError,
                    KeyError, LookupError, OverflowError, MemoryError)
 

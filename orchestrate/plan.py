@@ -11,6 +11,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from trainer.contract import FR_DUMP_PREFIX
+
 from . import __version__, gpus, transport
 from .config import GPUS_ALL, UpConfig, mask_text, masked_env, secret_values
 from .docker import JOB_LABEL, NNODES_LABEL, RANK_LABEL, RESTART_CAUSE_LABEL, RESTART_LABEL, VERSION_LABEL
@@ -236,7 +238,7 @@ def _node(config: UpConfig, host: Host, rank: int, nnodes: int, master_addr: str
         # The image's TORCH_NCCL_ASYNC_ERROR_HANDLING=3 stays (tear down on a failed collective, with the flight
         # recorder dumped first; 1 would skip the dump). The dumps go to the node's log dir, not the container's
         # /tmp that goes away with it.
-        env["TORCH_FR_DUMP_TEMP_FILE"] = f"{LOG_MOUNT}/nccl_trace_rank_"
+        env["TORCH_FR_DUMP_TEMP_FILE"] = f"{LOG_MOUNT}/{FR_DUMP_PREFIX}"
     env.update(config.env_dict)  # the user's --env last: it may override the defaults on purpose
     n_gpus = 0 if config.cpu_mode else config.gpus if config.gpus > 0 else host.slots or GPUS_ALL
     return NodeSpec(

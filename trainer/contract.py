@@ -27,6 +27,8 @@ ALL_FILES = TRAIN_FILES + TEST_FILES + (META_FILE,)
 # ---- files global rank 0 writes into the checkpoint dir -------------------------------------------------------
 METRICS_FILE = "metrics.jsonl"
 HEARTBEAT_FILE = "heartbeat.json"
+# torch's NCCL flight-recorder dumps in the log dir (TORCH_FR_DUMP_TEMP_FILE is this prefix; torch adds the rank)
+FR_DUMP_PREFIX = "nccl_trace_rank_"
 
 # ---- how a run ends, for the orchestrator's report -------------------------------------------------------------
 # A non-finite loss: every rank exits with this code at the same step (torchrun itself then exits 1, whatever its
