@@ -55,7 +55,7 @@ def up(cluster: Cluster, work: Path, hosts: Path, url: str, md5: str, image: str
 
 def fill_cache(work: Path, image: str) -> float:
     """Seconds to push IMAGE into the empty layer cache of this run (once per machine in real use)."""
-    from orchestrate.layercache import LayerCache, registry_binary
+    from orchestrate.apply.layercache import LayerCache, registry_binary
 
     binary = registry_binary()
     if binary is None:

@@ -3,6 +3,6 @@
 
 __version__ = "0.1.0"
 
-from .api import Job, check, kill, logs, plot, status, up  # noqa: E402
+from orchestrate.api import Job, check, kill, logs, plot, status, up  # noqa: E402
 
 __all__ = ["Job", "check", "kill", "logs", "plot", "status", "up", "__version__"]

@@ -19,8 +19,8 @@ from typing import Any
 
 from rich.console import Console
 
-from .config import JobsConfig, SSHOptions, UpConfig
-from .gpus import split
+from orchestrate.config import JobsConfig, SSHOptions, UpConfig
+from orchestrate.plan.gpus import split
 
 
 def Job(hosts: str | Path, *, ssh_config: str | Path | None = None, accept_new_host_keys: bool = False,  # noqa: N802
@@ -36,14 +36,14 @@ def Job(hosts: str | Path, *, ssh_config: str | Path | None = None, accept_new_h
 
 
 def up(job: UpConfig, console: Console | None = None) -> int:
-    from .pipeline import up as run_up
+    from orchestrate.pipeline import up as run_up
 
     return run_up(job, console or Console(emoji=False))
 
 
 def check(job: UpConfig, console: Console | None = None) -> int:
     """The network check with the job's settings (`check`); 1 when a node is an outlier."""
-    from .pipeline import check as run_check
+    from orchestrate.pipeline import check as run_check
 
     return run_check(job, console or Console(emoji=False))
 
@@ -76,6 +76,6 @@ def jobs(command: str, config: JobsConfig, console: Console | None = None) -> in
 
 
 def _jobs(command: str, config: JobsConfig, console: Console | None) -> int:
-    from .commands import run_jobs_command
+    from orchestrate.jobs.commands import run_jobs_command
 
     return run_jobs_command(command, config, console or Console(emoji=False))

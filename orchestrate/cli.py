@@ -16,18 +16,17 @@ from typing import Any, NoReturn
 
 from rich.console import Console
 
-from trainer.config import PRECISIONS
-from trainer.config import Config as TrainerConfig
-
-from .config import (
+from orchestrate.config import (
     LAYER_CACHE_MODES,
     JobsConfig,
     SSHOptions,
     UpConfig,
 )
-from .errors import ConfigError, MultiHostError, OrchestrateError
-from .gpus import parse_gpus, split
-from .transport import TRANSPORTS
+from orchestrate.errors import ConfigError, MultiHostError, OrchestrateError
+from orchestrate.plan.gpus import parse_gpus, split
+from orchestrate.plan.transport import TRANSPORTS
+from trainer.config import PRECISIONS
+from trainer.config import Config as TrainerConfig
 
 EXAMPLES = """\
 examples:
@@ -273,7 +272,8 @@ def parse_args(argv: Sequence[str]) -> tuple[str, UpConfig | JobsConfig]:
 
 def _job_base(ns: argparse.Namespace, up_parser: argparse.ArgumentParser) -> dict[str, object]:
     """Options under the command line's: the job file's (-f), or, without --hosts, the stored job of --job."""
-    from . import jobfile, state
+    from orchestrate import jobfile
+    from orchestrate.jobs import memory as state
 
     if ns.file is not None:
         return jobfile.load(ns.file, up_parser)
@@ -286,7 +286,7 @@ def _job_base(ns: argparse.Namespace, up_parser: argparse.ArgumentParser) -> dic
 
 def run(argv: Sequence[str], console: Console) -> int:
     """The command line is a thin layer over the Python API (orchestrate/api.py)."""
-    from . import api
+    from orchestrate import api
 
     command, config = parse_args(argv)
     if isinstance(config, UpConfig):

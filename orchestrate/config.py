@@ -8,13 +8,12 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
+from orchestrate.errors import ConfigError
+from orchestrate.plan.transport import TRANSPORTS
 from trainer import config as trainer_config
 from trainer.contract import ARCHIVE_MD5
 from trainer.errors import ConfigError as TrainerConfigError
 from trainer.errors import shown
-
-from .errors import ConfigError
-from .transport import TRANSPORTS
 
 JOB_RE = re.compile(r"^[a-z0-9][a-z0-9_.-]{0,62}$")
 # A Docker image reference: [registry[:port]/]path[:tag][@digest], lowercase path components.

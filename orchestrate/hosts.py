@@ -13,10 +13,9 @@ from pathlib import Path
 
 import paramiko
 
+from orchestrate.config import MAX_SLOTS, host_dir_problem
+from orchestrate.errors import HostsFileError
 from trainer.errors import shown
-
-from .config import MAX_SLOTS, host_dir_problem
-from .errors import HostsFileError
 
 # Host names and users are restricted to plain characters: nothing that a shell could interpret.
 _NAME_RE = re.compile(r"^[A-Za-z0-9_]([A-Za-z0-9._-]*[A-Za-z0-9_])?$")

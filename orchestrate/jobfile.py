@@ -22,9 +22,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from orchestrate.errors import ConfigError
 from trainer.errors import shown
-
-from .errors import ConfigError
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -148,8 +147,8 @@ def of_config(config: Any) -> str:
     prints first, and what `up -f` of that text would apply."""
     import dataclasses
 
-    from .config import GPUS_ALL, mask_text, masked_env, secret_values, url_masked
-    from .gpus import gpus_text
+    from orchestrate.config import GPUS_ALL, mask_text, masked_env, secret_values, url_masked
+    from orchestrate.plan.gpus import gpus_text
 
     skip = {"ssh", "dry_run", "restart", "restart_cause", "env", "gpu_ids"}
     defaults = {f.name: f.default for f in dataclasses.fields(config) if f.name not in skip}

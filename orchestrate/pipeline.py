@@ -15,15 +15,27 @@ from typing import Any
 
 from rich.console import Console
 
-from . import gpuprobe, jobfile, selfcheck, state
-from .config import UpConfig, url_masked
-from .entry import check_image
-from .errors import ConfigError, JobError, NoCheckpointError
-from .hangup import Hangup
-from .hostboot import await_hosts
-from .hosts import Host, match_exec_blocks, parse_hosts_file, ssh_config_path
-from .image import ensure_images
-from .launch import (
+from orchestrate import jobfile
+from orchestrate.apply.data import make_dirs, prefetch_all
+from orchestrate.apply.image import ensure_images
+from orchestrate.apply.layercache import REGISTRY_BINARY, registry_binary
+from orchestrate.apply.staging import stage_all
+from orchestrate.checks import selfcheck
+from orchestrate.checks.netcheck import measure, require_all_joined
+from orchestrate.config import UpConfig, url_masked
+from orchestrate.errors import ConfigError, JobError, NoCheckpointError
+from orchestrate.hosts import Host, match_exec_blocks, parse_hosts_file, ssh_config_path
+from orchestrate.jobs import memory as state
+from orchestrate.plan.jobplan import NodeFacts, NodeSpec, build_plan, render_plan
+from orchestrate.probe import gpuprobe
+from orchestrate.probe.hostboot import await_hosts
+from orchestrate.probe.imagecheck import check_image
+from orchestrate.probe.platforms import local_platform, require_same
+from orchestrate.probe.preflight import run_preflight
+from orchestrate.remote.session import Nodes
+from orchestrate.remote.ssh import fan_out
+from orchestrate.watch.hangup import Hangup
+from orchestrate.watch.launch import (
     End,
     Outcome,
     find_resume_checkpoint,
@@ -33,15 +45,6 @@ from .launch import (
     summary,
     watch,
 )
-from .layercache import REGISTRY_BINARY, registry_binary
-from .netcheck import measure, require_all_joined
-from .nodes import Nodes
-from .plan import NodeFacts, NodeSpec, build_plan, render_plan
-from .platforms import local_platform, require_same
-from .prefetch import make_dirs, prefetch_all
-from .preflight import run_preflight
-from .ssh import fan_out
-from .staging import stage_all
 
 
 def load_hosts(config: UpConfig) -> list[Host]:

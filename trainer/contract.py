@@ -163,7 +163,7 @@ class ShardedManifest:
                    int(data["world_size"]), str(data.get("created", "")))
 
 
-# ---- the GPU probe's answer (trainer/gpuprobe.py, one JSON line; judged by orchestrate/gpuprobe.py) -----------
+# ---- the GPU probe's answer (trainer/gpuprobe.py, one JSON line; judged by orchestrate/probe/gpuprobe.py) -----------
 # arch: the container's uname -m; torch/cuda: torch's version and the CUDA it was built for (None: a CPU build);
 # driver_cuda: cuDriverGetVersion (e.g. 12080; None: no libcuda.so.1); driver: the kernel module's release;
 # count: torch.cuda.device_count(); nccl: NCCL's version; kernel: "ok" or what a tiny kernel hit;

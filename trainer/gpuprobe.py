@@ -5,7 +5,7 @@ job's device request and through the image's entrypoint (on NGC images that is w
 compatibility is set up), so the answer is what the job itself would see. It needs only Python and torch, so
 any image the job may name can run it; the fields are trainer.contract.GPU_PROBE_FIELDS (this file cannot
 import the contract: it runs outside the project's image too). The orchestrator judges the answer
-(orchestrate/gpuprobe.py).
+(orchestrate/probe/gpuprobe.py).
 """
 
 from __future__ import annotations

@@ -12,11 +12,11 @@ import json
 import sys
 from pathlib import Path
 
-from orchestrate import gpuprobe
 from orchestrate.config import SSHOptions, UpConfig
 from orchestrate.hosts import parse_hosts_file
-from orchestrate.nodes import Nodes
-from orchestrate.plan import build_plan
+from orchestrate.plan.jobplan import build_plan
+from orchestrate.probe import gpuprobe
+from orchestrate.remote.session import Nodes
 
 
 def main(hosts_file: str, image: str) -> None:

@@ -7,7 +7,7 @@ import docker
 import pytest
 from image_helpers import run
 
-from orchestrate import gpuprobe
+from orchestrate.probe import gpuprobe
 
 pytestmark = pytest.mark.docker
 

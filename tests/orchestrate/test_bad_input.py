@@ -19,7 +19,7 @@ from orchestrate import cli
 def hosts(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     monkeypatch.setenv("HOME", str(tmp_path))
     monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "state"))
-    import orchestrate.ssh as ssh
+    import orchestrate.remote.ssh as ssh
 
     monkeypatch.setattr(ssh.Connection, "open", lambda *a, **k: pytest.fail("bad input must not connect"))
     path = tmp_path / "hosts"

@@ -18,7 +18,7 @@ import pytest
 from orchestrate import cli
 from orchestrate.config import UpConfig
 from orchestrate.hosts import Host
-from orchestrate.plan import NodeFacts, build_plan
+from orchestrate.plan.jobplan import NodeFacts, build_plan
 
 pytestmark = pytest.mark.docker
 

@@ -14,13 +14,14 @@ from types import SimpleNamespace
 import pytest
 from rich.console import Console
 
-from orchestrate import cli, entry
+from orchestrate import cli
 from orchestrate.config import JobsConfig, SSHOptions, UpConfig
-from orchestrate.entry import ImageFacts, judge, parse_facts
 from orchestrate.errors import ConfigError, PreflightError
 from orchestrate.hosts import Host
-from orchestrate.jobs import _runs_trainer, locate_rank, rank_files
-from orchestrate.plan import build_plan
+from orchestrate.jobs.control import _runs_trainer, locate_rank, rank_files
+from orchestrate.plan.jobplan import build_plan
+from orchestrate.probe import imagecheck as entry
+from orchestrate.probe.imagecheck import ImageFacts, judge, parse_facts
 
 HOSTS = [Host(name="a", hostname="10.0.0.1", port=22, user="u", slots=2),
          Host(name="b", hostname="10.0.0.2", port=22, user="u", slots=2)]

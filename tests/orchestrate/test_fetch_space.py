@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from orchestrate import prefetch
+from orchestrate.apply import data as prefetch
 
 
 @contextmanager

@@ -14,8 +14,8 @@ from typing import Any
 
 from rich.console import Console
 
-from orchestrate import checkpoints
-from orchestrate.ssh import Result
+from orchestrate.probe import checkpoints
+from orchestrate.remote.ssh import Result
 from trainer.contract import SHARDED_FORMAT, ckpt_folder_name
 
 

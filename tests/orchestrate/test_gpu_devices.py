@@ -15,8 +15,8 @@ from orchestrate import cli
 from orchestrate.config import GPUS_ALL, SSHOptions, UpConfig
 from orchestrate.errors import ConfigError
 from orchestrate.hosts import Host
-from orchestrate.plan import NodeFacts, build_plan
-from orchestrate.preflight import HostReport, judge_gpus, judge_transport, settle_transport
+from orchestrate.plan.jobplan import NodeFacts, build_plan
+from orchestrate.probe.preflight import HostReport, judge_gpus, judge_transport, settle_transport
 
 SSH = SSHOptions(Path("hosts"), None, False)
 HOSTS = [Host(name="gpu1", hostname="10.0.0.11", port=22, user="u", slots=None),
@@ -145,7 +145,7 @@ def test_the_probe_script_reports_gpus_and_rdma_ports_in_the_formats_parsed(tmp_
     import os
     import subprocess
 
-    from orchestrate.preflight import PROBE_SCRIPT
+    from orchestrate.probe.preflight import PROBE_SCRIPT
 
     smi = tmp_path / "nvidia-smi"
     smi.write_text(f"#!/bin/sh\ncase \"$1\" in --query-gpu=*) printf '%s\\n' '{GPU_LIST.splitlines()[0]}';;"
@@ -165,7 +165,7 @@ def test_the_probe_finds_rdma_devices_where_they_are(tmp_path: Path) -> None:
     /sys/class/infiniband (the host's stay untouched); no node here has an HCA."""
     import subprocess
 
-    from orchestrate.preflight import PROBE_SCRIPT
+    from orchestrate.probe.preflight import PROBE_SCRIPT
 
     stand_in = Path(__file__).parent / "data" / "rdma_stand_in.sh"
     res = subprocess.run(["unshare", "-m", "--propagation", "private", "sh", str(stand_in), str(tmp_path),
@@ -254,7 +254,7 @@ def test_the_python_api_takes_indices_as_gpus() -> None:
 
 
 def test_the_network_check_runs_on_the_jobs_transport() -> None:
-    from orchestrate.netcheck import check_specs
+    from orchestrate.checks.netcheck import check_specs
 
     for ib, expect in ((True, ("/dev/infiniband",)), (False, ())):
         specs = build_plan(parse("--gpus", "8"), HOSTS, "10.0.0.11", [NodeFacts("eth0", 8, ib=ib)] * 2)

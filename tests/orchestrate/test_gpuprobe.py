@@ -13,12 +13,12 @@ from typing import Any
 import docker.errors
 import pytest
 
-from orchestrate import gpuprobe
 from orchestrate.config import SSHOptions, UpConfig
 from orchestrate.errors import PreflightError
-from orchestrate.gpuprobe import ProbeFacts, ProbeResult, judge, launch_problem, parse
 from orchestrate.hosts import Host
-from orchestrate.plan import build_plan
+from orchestrate.plan.jobplan import build_plan
+from orchestrate.probe import gpuprobe
+from orchestrate.probe.gpuprobe import ProbeFacts, ProbeResult, judge, launch_problem, parse
 from trainer.contract import GPU_PROBE_FIELDS
 
 SSH = SSHOptions(Path("hosts"), None, False)

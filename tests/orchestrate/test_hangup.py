@@ -13,7 +13,7 @@ import pytest
 
 BEFORE_THE_WATCH = """
 import os, signal, sys
-from orchestrate.hangup import Hangup, TerminalGone
+from orchestrate.watch.hangup import Hangup, TerminalGone
 hangup = Hangup()
 with hangup.handled():
     print("before", flush=True)
@@ -28,7 +28,7 @@ with hangup.handled():
 
 DURING_THE_WATCH = """
 import os, signal, sys, threading, time
-from orchestrate.hangup import Hangup, TerminalGone
+from orchestrate.watch.hangup import Hangup, TerminalGone
 hangup = Hangup()
 with hangup.handled():
     print("before", flush=True)

@@ -15,12 +15,19 @@ import pytest
 from rich.console import Console
 
 from orchestrate import pipeline as up
-from orchestrate import state
 from orchestrate.config import SSHOptions, UpConfig
 from orchestrate.errors import JobError
-from orchestrate.health import Beat, RankStack, StallClock, culprits, flight_recorder_lines, last_collective
-from orchestrate.launch import End, Outcome, diverged_line, docker_time
+from orchestrate.jobs import memory as state
 from orchestrate.pipeline import Attempt
+from orchestrate.watch.health import (
+    Beat,
+    RankStack,
+    StallClock,
+    culprits,
+    flight_recorder_lines,
+    last_collective,
+)
+from orchestrate.watch.launch import End, Outcome, diverged_line, docker_time
 from trainer.contract import PEER_WAIT_FUNCTION
 
 BEAT = {"state": "training", "step": 120, "epoch": 3, "ckpt_step": 80, "loss": 1.23456, "images_per_s": 412.4,

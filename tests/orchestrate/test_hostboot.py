@@ -6,7 +6,7 @@ import subprocess
 
 import pytest
 
-from orchestrate.hostboot import SCRIPT, Boot, Change, change, parse_boot
+from orchestrate.probe.hostboot import SCRIPT, Boot, Change, change, parse_boot
 
 BEFORE = Boot("b-1", "4242 1000")
 

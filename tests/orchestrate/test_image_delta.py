@@ -11,7 +11,7 @@ import re
 import tarfile
 from pathlib import Path
 
-from orchestrate.image import (
+from orchestrate.apply.image import (
     _Feed,
     _Sink,
     all_chain_ids,
@@ -201,7 +201,7 @@ class _Local:
 def test_a_delta_that_fails_to_load_falls_back_to_the_full_archive() -> None:
     from rich.console import Console
 
-    from orchestrate.image import deliver
+    from orchestrate.apply.image import deliver
 
     archive, diff_ids = _save_archive([b"base" * 20000, b"deps" * 5000, b"trainer-v2"])
     old = diff_ids[:2] + ["sha256:" + "0" * 64]

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from orchestrate.checks.netcheck import NodeResult, check_specs, judge, outliers
 from orchestrate.config import SSHOptions, UpConfig
 from orchestrate.hosts import Host
-from orchestrate.netcheck import NodeResult, check_specs, judge, outliers
-from orchestrate.plan import NodeFacts, build_plan
+from orchestrate.plan.jobplan import NodeFacts, build_plan
 
 
 def head(pairs: dict[tuple[int, int], float]) -> dict:
@@ -57,8 +57,8 @@ def test_tables_fit_80_and_120_columns_and_long_paths_keep_their_tail() -> None:
 
     from rich.console import Console
 
-    from orchestrate.jobs import keep_tail
-    from orchestrate.netcheck import render
+    from orchestrate.checks.netcheck import render
+    from orchestrate.jobs.control import keep_tail
 
     v = judge([NodeResult(0, "a", 0, head({(0, 1): 2.7, (0, 2): 0.004, (1, 2): 0.004}))])
     labels = ["gpu-node-with-a-rather-long-name-0.cluster.example.org"] * 3

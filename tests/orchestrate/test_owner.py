@@ -10,12 +10,13 @@ from typing import Any
 import pytest
 from rich.console import Console
 
-from orchestrate import jobs, owner
 from orchestrate.config import SSHOptions, UpConfig
-from orchestrate.docker import JOB_LABEL, RANK_LABEL
 from orchestrate.errors import JobError
 from orchestrate.hosts import Host
-from orchestrate.plan import NodeFacts, build_plan
+from orchestrate.jobs import control as jobs
+from orchestrate.jobs import owner
+from orchestrate.plan.jobplan import NodeFacts, build_plan
+from orchestrate.remote.docker import JOB_LABEL, RANK_LABEL
 
 ALICE, BOB = 1000, 1001
 
@@ -125,7 +126,8 @@ def test_status_all_prints_the_table() -> None:
 def test_the_gpu_probe_and_the_self_test_containers_carry_the_owner_and_a_name_per_login() -> None:
     """The short containers of `up`'s GPU probe and of `check`'s self-test belong to the job's owner (status --all
     shows whose they are) and are named after the login, so two people checking the same hosts do not clash."""
-    from orchestrate import gpuprobe, selfcheck
+    from orchestrate.checks import selfcheck
+    from orchestrate.probe import gpuprobe
 
     hosts = [Host(name="h0", hostname="h0", port=22, user="alice")]
     config = UpConfig(ssh=SSHOptions(Path("x"), None, False), gpus=1)

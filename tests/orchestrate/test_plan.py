@@ -12,7 +12,7 @@ from rich.console import Console
 from orchestrate import cli
 from orchestrate.config import GPUS_ALL, SSHOptions, UpConfig
 from orchestrate.hosts import Host
-from orchestrate.plan import NodeFacts, build_plan
+from orchestrate.plan.jobplan import NodeFacts, build_plan
 
 HOSTS = [Host(name="gpu1", hostname="10.0.0.11", port=22, user="u", slots=None),
          Host(name="gpu2", hostname="10.0.0.12", port=22, user="u", slots=None, iface="ib0",
@@ -107,7 +107,7 @@ def test_dry_run_prints_every_node_masked_and_quoted(tmp_path: Path, capsys: pyt
     hosts = tmp_path / "hosts"
     hosts.write_text("node-a slots=1\nnode-b slots=1\n")
     monkeypatch.setenv("HOME", str(tmp_path))  # no ~/.ssh/config
-    import orchestrate.ssh as ssh
+    import orchestrate.remote.ssh as ssh
 
     monkeypatch.setattr(ssh.Connection, "open", lambda *a, **k: pytest.fail("dry run must not connect"))
     console = Console(width=1000, highlight=False)

@@ -7,7 +7,7 @@ from typing import Any
 import pytest
 
 from orchestrate.errors import PreflightError
-from orchestrate.platforms import docker_arch, mismatch, require_same
+from orchestrate.probe.platforms import docker_arch, mismatch, require_same
 
 
 def test_uname_names_map_to_dockers() -> None:

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from orchestrate.config import SSHOptions, UpConfig
-from orchestrate.preflight import (
+from orchestrate.probe.preflight import (
     PROBE_SCRIPT,
     HostReport,
     clock_skew,
@@ -105,7 +105,7 @@ def test_the_preflight_table_fits_80_and_120_columns() -> None:
 
     from rich.console import Console
 
-    from orchestrate.preflight import COLUMNS, render_table
+    from orchestrate.probe.preflight import COLUMNS, render_table
 
     reports = []
     for i in range(3):

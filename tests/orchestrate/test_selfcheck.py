@@ -7,13 +7,14 @@ from pathlib import Path
 
 import pytest
 
-from orchestrate import cli, selfcheck
+from orchestrate import cli
+from orchestrate.checks import selfcheck
+from orchestrate.checks.netcheck import Verdict
 from orchestrate.config import SSHOptions, UpConfig
-from orchestrate.docker import JOB_LABEL
 from orchestrate.errors import ConfigError
 from orchestrate.hosts import Host
-from orchestrate.netcheck import Verdict
-from orchestrate.plan import build_plan
+from orchestrate.plan.jobplan import build_plan
+from orchestrate.remote.docker import JOB_LABEL
 from trainer.contract import SELFTEST_MARK
 
 SSH = SSHOptions(Path("hosts"), None, False)

@@ -13,10 +13,10 @@ import paramiko
 import pytest
 
 from orchestrate.config import mask_text, masked_env
-from orchestrate.docker import dial_command
 from orchestrate.errors import MultiHostError, SSHError
 from orchestrate.hosts import Host
-from orchestrate.ssh import Connection, Identity, fan_out, find_known_host_line, quote_command
+from orchestrate.remote.docker import dial_command
+from orchestrate.remote.ssh import Connection, Identity, fan_out, find_known_host_line, quote_command
 
 
 @pytest.mark.parametrize("evil", ["$(touch /tmp/owned)", "; touch /tmp/owned", "`touch /tmp/owned`",
@@ -86,7 +86,7 @@ def test_secret_masking() -> None:
 def test_cli_does_not_import_torch() -> None:
     """The orchestrator checks trainer options and checkpoint manifests with trainer's stdlib-only modules;
     torch (and so the trainer's torch modules) must never come with them."""
-    code = ("import sys, orchestrate.cli, orchestrate.pipeline, orchestrate.commands, orchestrate.launch;"
+    code = ("import sys, orchestrate.cli, orchestrate.pipeline, orchestrate.jobs.commands, orchestrate.watch.launch;"
             "from orchestrate.config import UpConfig, SSHOptions;"
             "UpConfig(ssh=SSHOptions(None, None, False), trainer_args=('--epochs', '2', '--model', 'resnet50'));"
             "sys.exit(1 if 'torch' in sys.modules or 'trainer.models' in sys.modules else 0)")
@@ -97,9 +97,9 @@ def test_logs_with_every_host_unreachable_names_the_hosts(tmp_path: Path, monkey
     """Not "no container found": with no host answering, that says nothing about the job."""
     from rich.console import Console
 
-    from orchestrate import commands
     from orchestrate.config import JobsConfig, SSHOptions
-    from orchestrate.nodes import Nodes
+    from orchestrate.jobs import commands
+    from orchestrate.remote.session import Nodes
 
     hosts_file = tmp_path / "hosts.txt"
     hosts_file.write_text("gpu-a\n")
@@ -114,7 +114,7 @@ def test_logs_with_every_host_unreachable_names_the_hosts(tmp_path: Path, monkey
 def test_write_and_read_files_through_exec_channels(tmp_path: Path) -> None:
     """The file transfer scripts, run by a local shell as sshd would: an unpredictable temporary name (never a
     planted symlink), the target replaced atomically, a symlink at the target replaced rather than followed."""
-    from orchestrate.ssh import WRITE_SCRIPT
+    from orchestrate.remote.ssh import WRITE_SCRIPT
 
     victim = tmp_path / "victim"
     victim.write_text("keep")
@@ -169,7 +169,7 @@ def test_a_refused_channel_opens_another_connection_not_an_unreachable_host(
         monkeypatch: pytest.MonkeyPatch) -> None:
     """A site whose sshd allows 3 channels per connection: 7 channels at once still open (3 connections), and
     once every allowed connection is full the error is a channel limit, never 'unreachable'."""
-    from orchestrate import ssh
+    from orchestrate.remote import ssh
 
     made: list[_FakeClient] = []
 
@@ -195,7 +195,7 @@ def test_a_refused_channel_opens_another_connection_not_an_unreachable_host(
 def test_a_dropped_connection_is_opened_again_and_an_unreachable_host_named(monkeypatch: pytest.MonkeyPatch) -> None:
     """The main connection ended (a reset, a killed sshd session): the next channel comes from a new connection;
     when the host does not answer that connection either, the error names it."""
-    from orchestrate import ssh
+    from orchestrate.remote import ssh
 
     made: list[_FakeClient] = []
 
@@ -219,7 +219,7 @@ def test_a_dropped_connection_is_opened_again_and_an_unreachable_host_named(monk
 def test_a_log_stream_followed_again_shows_each_line_once() -> None:
     """Lines come with Docker's stamps (nanoseconds, trailing zeros cut) in any chunking; a stream opened again
     after a break starts a second before the last line shown and repeats none of it."""
-    from orchestrate.jobs import LogResume, stamp_ns
+    from orchestrate.jobs.control import LogResume, stamp_ns
 
     assert stamp_ns("2026-11-23T10:12:04.1234Z") == stamp_ns("2026-11-23T10:12:04Z") + 123_400_000  # type: ignore[operator]
     assert stamp_ns("not-a-stamp") is None and stamp_ns("2026-11-23T10:12:04.12x4Z") is None
@@ -237,7 +237,7 @@ def test_node_log_lines_are_masked_and_cannot_drive_the_terminal() -> None:
 
     from rich.console import Console
 
-    from orchestrate.jobs import print_lines
+    from orchestrate.jobs.control import print_lines
 
     out = _io.StringIO()
     console = Console(file=out, width=200, force_terminal=False)
@@ -287,7 +287,7 @@ def test_the_fetch_script_takes_credentials_from_the_url_and_never_shows_them(tm
     import io
     import tarfile
 
-    from orchestrate import prefetch
+    from orchestrate.apply import data as prefetch
 
     buf = io.BytesIO()
     with tarfile.open(fileobj=buf, mode="w:gz") as tar:
@@ -339,7 +339,7 @@ class _ExitStatusFirstChannel:
 def test_output_after_the_exit_status_is_still_read() -> None:
     import time
 
-    from orchestrate.ssh import _drain
+    from orchestrate.remote.ssh import _drain
 
     out, err = _drain(_ExitStatusFirstChannel(), time.monotonic() + 5, "h", "id")  # type: ignore[arg-type]
     assert out == b"/home/ddp\n" and err == b""
@@ -353,7 +353,7 @@ def test_a_kill_cut_short_by_a_dropped_connection_is_done_again_but_a_silent_hos
 
     from rich.console import Console
 
-    from orchestrate import jobs
+    from orchestrate.jobs import control as jobs
 
     class _Conn:
         def __init__(self, dropped: bool) -> None:
@@ -394,8 +394,8 @@ def test_a_kill_racing_another_stop_of_the_same_job_takes_gone_or_being_removed_
     already in progress) or 404 (gone). Both mean the container is being removed, which is what kill wants."""
     import requests
 
-    from orchestrate import jobs
-    from orchestrate.docker import JOB_LABEL, RANK_LABEL
+    from orchestrate.jobs import control as jobs
+    from orchestrate.remote.docker import JOB_LABEL, RANK_LABEL
 
     def _error(kind: type[docker.errors.APIError], status: int) -> docker.errors.APIError:
         response = requests.Response()

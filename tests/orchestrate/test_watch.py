@@ -11,10 +11,10 @@ import docker.errors
 import pytest
 from rich.console import Console
 
-from orchestrate import launch
 from orchestrate.config import SSHOptions, UpConfig
 from orchestrate.hosts import Host
-from orchestrate.plan import NodeFacts, build_plan
+from orchestrate.plan.jobplan import NodeFacts, build_plan
+from orchestrate.watch import launch
 
 GONE: dict[str, Any] = {"gone": True}  # the daemon answers, but the container was removed
 

@@ -21,7 +21,7 @@ import torch
 from torch.overrides import TorchFunctionMode
 from trainer_helpers import base_args
 
-from orchestrate.health import RankStack
+from orchestrate.watch.health import RankStack
 from trainer import data, dist, loop, metrics
 from trainer.__main__ import main
 from trainer.contract import PEER_WAIT_FUNCTION

@@ -20,14 +20,14 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
-from .docker import JOB_LABEL
-from .errors import JobError
-from .jobs import kill_on_host, uid_of
-from .launch import start_containers
-from .nodes import Nodes
-from .owner import OWNER_LABEL, container_name
-from .plan import NodeSpec
-from .ssh import fan_out
+from orchestrate.errors import JobError
+from orchestrate.jobs.control import kill_on_host, uid_of
+from orchestrate.jobs.owner import OWNER_LABEL, container_name
+from orchestrate.plan.jobplan import NodeSpec
+from orchestrate.remote.docker import JOB_LABEL
+from orchestrate.remote.session import Nodes
+from orchestrate.remote.ssh import fan_out
+from orchestrate.watch.launch import start_containers
 
 OUTLIER_FRACTION = 0.5
 PAIRS_UP_TO = 8  # every pair of up to this many nodes (28 pairs); above, the all-node figure only

@@ -6,13 +6,13 @@ from pathlib import Path
 
 from rich.console import Console
 
-from . import state
-from .config import JobsConfig
-from .errors import ConfigError, JobError, MultiHostError
-from .hosts import Host, parse_hosts_file
-from .jobs import kill_job, node0_ckpt_dir, print_status, rank_logs, stream_logs
-from .nodes import Nodes
-from .owner import print_all_jobs
+from orchestrate.config import JobsConfig
+from orchestrate.errors import ConfigError, JobError, MultiHostError
+from orchestrate.hosts import Host, parse_hosts_file
+from orchestrate.jobs import memory as state
+from orchestrate.jobs.control import kill_job, node0_ckpt_dir, print_status, rank_logs, stream_logs
+from orchestrate.jobs.owner import print_all_jobs
+from orchestrate.remote.session import Nodes
 
 
 def hosts_for(config: JobsConfig) -> list[Host]:

@@ -22,8 +22,8 @@ from typing import TypeVar
 
 import paramiko
 
-from .errors import HostKeyError, MultiHostError, SSHError
-from .hosts import Host
+from orchestrate.errors import HostKeyError, MultiHostError, SSHError
+from orchestrate.hosts import Host
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")

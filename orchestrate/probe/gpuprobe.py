@@ -6,7 +6,7 @@ NGC sets up CUDA forward compatibility) and answers: torch's CUDA and the driver
 NCCL's version, a tiny kernel. A failure is one line per host naming what is wrong: no NVIDIA runtime
 registered with the daemon, a CPU build of torch, a driver too old for the image's CUDA, fewer GPUs than
 asked, a kernel that fails. A probe that passed is remembered per (image ID, host, GPUs, device request) in
-$XDG_CACHE_HOME/ddp-cifar/gpu-probes, like the image check (orchestrate/entry.py): an image ID names its
+$XDG_CACHE_HOME/ddp-cifar/gpu-probes, like the image check (orchestrate/probe/imagecheck.py): an image ID names its
 content, and a host's GPUs and driver rarely change between two runs.
 """
 
@@ -22,15 +22,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from orchestrate.errors import PreflightError
+from orchestrate.jobs.memory import cache_root, write_atomically
+from orchestrate.jobs.owner import OWNER_LABEL, OWNER_UID_LABEL
+from orchestrate.plan.jobplan import NodeSpec
+from orchestrate.remote.docker import JOB_LABEL
+from orchestrate.remote.session import Nodes
+from orchestrate.remote.ssh import fan_out
 from trainer.contract import GPU_PROBE_FIELDS
-
-from .docker import JOB_LABEL
-from .errors import PreflightError
-from .nodes import Nodes
-from .owner import OWNER_LABEL, OWNER_UID_LABEL
-from .plan import NodeSpec
-from .ssh import fan_out
-from .state import cache_root, write_atomically
 
 PROBE_TIMEOUT_S = 180  # importing torch and starting CUDA on 8 GPUs takes seconds, never minutes
 # Docker's answer when a device request names GPUs and no runtime hook for them is registered with dockerd

@@ -18,15 +18,21 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from . import owner
-from .checkpoints import newest_manifest
-from .config import mask_text
-from .docker import JOB_LABEL, RANK_LABEL, RESTART_CAUSE_LABEL, RESTART_LABEL, job_containers
-from .errors import JobError, MultiHostError
-from .health import read_beat
-from .nodes import Nodes
-from .plan import CKPT_MOUNT, LOG_MOUNT
-from .ssh import fan_out
+from orchestrate.config import mask_text
+from orchestrate.errors import JobError, MultiHostError
+from orchestrate.jobs import owner
+from orchestrate.plan.jobplan import CKPT_MOUNT, LOG_MOUNT
+from orchestrate.probe.checkpoints import newest_manifest
+from orchestrate.remote.docker import (
+    JOB_LABEL,
+    RANK_LABEL,
+    RESTART_CAUSE_LABEL,
+    RESTART_LABEL,
+    job_containers,
+)
+from orchestrate.remote.session import Nodes
+from orchestrate.remote.ssh import fan_out
+from orchestrate.watch.health import read_beat
 
 PREFETCH_LABEL = "ddp-cifar.prefetch"
 
@@ -157,7 +163,7 @@ def _runs_trainer(container: Any) -> bool:
 
 
 def _secrets_of(container: Any) -> list[str]:
-    from .config import is_secret
+    from orchestrate.config import is_secret
 
     pairs = [e.split("=", 1) for e in container.attrs.get("Config", {}).get("Env", []) if "=" in e]
     return [v for k, v in pairs if is_secret(k) and v]

@@ -5,10 +5,10 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from .docker import client_over_ssh
-from .errors import SSHError
-from .hosts import Host
-from .ssh import Connection, connect_all, fan_out
+from orchestrate.errors import SSHError
+from orchestrate.hosts import Host
+from orchestrate.remote.docker import client_over_ssh
+from orchestrate.remote.ssh import Connection, connect_all, fan_out
 
 
 class Nodes:

@@ -13,18 +13,18 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from orchestrate.config import UpConfig
+from orchestrate.errors import SSHError
+from orchestrate.jobs.owner import owner_labels
+from orchestrate.plan.jobplan import host_dirs
+from orchestrate.remote import scripts
+from orchestrate.remote.ssh import Connection
 from trainer.contract import ARCHIVE_NAME, BASE_FOLDER
-
-from .config import UpConfig
-from .errors import SSHError
-from .owner import owner_labels
-from .plan import host_dirs
-from .ssh import Connection
 
 MARKER = ".ddp-cifar-verified"
 BATCHES = BASE_FOLDER
 ARCHIVE = ARCHIVE_NAME
-SCRIPT = (Path(__file__).parent / "_fetch_script.py").read_text()
+SCRIPT = scripts.text("fetch.py")
 
 
 @dataclass(frozen=True)
@@ -122,7 +122,7 @@ def shared_folders(conns: Sequence[Connection], folders: Sequence[str]) -> list[
 
     Each node writes a file with a random token and its index into its folder; a node that lists the files of
     others there shares the folder with them (an NFS home, a /data mount), whatever the paths are called."""
-    from .ssh import fan_out
+    from orchestrate.remote.ssh import fan_out
 
     prefix = f".ddp-cifar-share-{secrets.token_hex(8)}-"
     ranks = list(range(len(conns)))
@@ -146,7 +146,7 @@ def prefetch_all(conns: Sequence[Connection], client_for: Callable[[int], object
     it once), in parallel with one progress bar per node; every failure is reported."""
     from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn
 
-    from .ssh import fan_out
+    from orchestrate.remote.ssh import fan_out
 
     dirs = fan_out("data dirs", list(conns), lambda c: make_dirs(c, config), lambda c: c.host.label)
     leaders = shared_folders(conns, [d["data"] for d in dirs])

@@ -18,11 +18,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from .config import UpConfig
-from .docker import client_over_ssh
-from .errors import PreflightError
-from .ssh import Connection
-from .state import cache_root, write_atomically
+from orchestrate.config import UpConfig
+from orchestrate.errors import PreflightError
+from orchestrate.jobs.memory import cache_root, write_atomically
+from orchestrate.remote.docker import client_over_ssh
+from orchestrate.remote.ssh import Connection
 
 TORCHRUN = ("torchrun",)
 # sh finds a Python (python or python3), then Python answers in one JSON line. $1/$2: entry kind and target,

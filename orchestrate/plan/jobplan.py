@@ -11,13 +11,20 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from orchestrate import __version__
+from orchestrate.config import GPUS_ALL, UpConfig, mask_text, masked_env, secret_values
+from orchestrate.hosts import Host
+from orchestrate.jobs.owner import container_name, owner_labels
+from orchestrate.plan import gpus, transport
+from orchestrate.remote.docker import (
+    JOB_LABEL,
+    NNODES_LABEL,
+    RANK_LABEL,
+    RESTART_CAUSE_LABEL,
+    RESTART_LABEL,
+    VERSION_LABEL,
+)
 from trainer.contract import FR_DUMP_PREFIX
-
-from . import __version__, gpus, transport
-from .config import GPUS_ALL, UpConfig, mask_text, masked_env, secret_values
-from .docker import JOB_LABEL, NNODES_LABEL, RANK_LABEL, RESTART_CAUSE_LABEL, RESTART_LABEL, VERSION_LABEL
-from .hosts import Host
-from .owner import container_name, owner_labels
 
 DATA_MOUNT = "/data"
 CKPT_MOUNT = "/checkpoints"

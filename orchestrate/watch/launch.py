@@ -12,13 +12,23 @@ from typing import Any
 
 from rich.console import Console
 
-from trainer.contract import DIVERGED_LINE, EXIT_DIVERGED
-
-from .checkpoints import Checkpoint, Replicator, copy_checkpoint, last_metrics, newest_valid, validate
-from .config import UpConfig, secret_values
-from .errors import NoCheckpointError
-from .hangup import Hangup, TerminalGone
-from .health import (
+from orchestrate.config import UpConfig, secret_values
+from orchestrate.errors import NoCheckpointError
+from orchestrate.jobs.control import LogResume, follow_lines, kill_job, kill_on_host, print_lines, uid_of
+from orchestrate.plan.jobplan import NodeSpec
+from orchestrate.probe.checkpoints import (
+    Checkpoint,
+    Replicator,
+    copy_checkpoint,
+    last_metrics,
+    newest_valid,
+    validate,
+)
+from orchestrate.probe.hostboot import Boot, Change, change, read_boot
+from orchestrate.remote.session import Nodes
+from orchestrate.remote.ssh import fan_out
+from orchestrate.watch.hangup import Hangup, TerminalGone
+from orchestrate.watch.health import (
     STACK_WAIT_S,
     Beat,
     RankStack,
@@ -30,11 +40,7 @@ from .health import (
     read_stacks,
     signal_ranks,
 )
-from .hostboot import Boot, Change, change, read_boot
-from .jobs import LogResume, follow_lines, kill_job, kill_on_host, print_lines, uid_of
-from .nodes import Nodes
-from .plan import NodeSpec
-from .ssh import fan_out
+from trainer.contract import DIVERGED_LINE, EXIT_DIVERGED
 
 POLL_S = 2.0
 # The trainer's log line after a SIGTERM checkpoint (torchrun itself then exits 1, not 143).

@@ -7,8 +7,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from .errors import PreflightError
-from .ssh import fan_out
+from orchestrate.errors import PreflightError
+from orchestrate.remote.ssh import fan_out
 
 # uname -m (what `docker info` reports as Architecture) -> Docker's platform name (GOARCH, as in
 # `docker build --platform linux/<name>` and in an image's Architecture field).

@@ -39,8 +39,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from .errors import OrchestrateError
-from .state import cache_root
+from orchestrate.errors import OrchestrateError
+from orchestrate.jobs.memory import cache_root
 
 log = logging.getLogger(__name__)
 REGISTRY_BINARY = "docker-registry"

@@ -17,9 +17,9 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from .docker import JOB_LABEL, RANK_LABEL, job_containers
-from .nodes import Nodes
-from .ssh import fan_out
+from orchestrate.remote.docker import JOB_LABEL, RANK_LABEL, job_containers
+from orchestrate.remote.session import Nodes
+from orchestrate.remote.ssh import fan_out
 
 OWNER_LABEL = "ddp-cifar.owner"  # the login's name on the host
 OWNER_UID_LABEL = "ddp-cifar.owner-uid"  # its uid there: the one that decides (names can be reused)

@@ -12,12 +12,13 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from . import gpus, owner, transport
-from .config import UpConfig, socket_exposure
-from .docker import client_over_ssh, image_id
-from .errors import MultiHostError, PreflightError, SSHError
-from .plan import host_dirs
-from .ssh import Connection, Identity
+from orchestrate.config import UpConfig, socket_exposure
+from orchestrate.errors import MultiHostError, PreflightError, SSHError
+from orchestrate.jobs import owner
+from orchestrate.plan import gpus, transport
+from orchestrate.plan.jobplan import host_dirs
+from orchestrate.remote.docker import client_over_ssh, image_id
+from orchestrate.remote.ssh import Connection, Identity
 
 # Every shell fact preflight needs, gathered in ONE exec per host (each exec costs a process spawn on the
 # host, which is what limits fan-out on small machines). A fixed script: the values arrive as positional
@@ -339,7 +340,7 @@ def run_preflight(conns: Sequence[Connection], config: UpConfig, master_addr: st
                   console: Console, may_fail: bool = False) -> list[HostReport]:
     """Check all hosts in parallel; print the table; raise PreflightError (one line per host) on any failure,
     unless `may_fail` (a restart that may leave failing hosts out: the caller decides)."""
-    from .ssh import fan_out
+    from orchestrate.remote.ssh import fan_out
 
     master_port = conns[0].host.port
     reports: list[HostReport] = []

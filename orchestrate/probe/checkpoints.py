@@ -17,6 +17,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from orchestrate.errors import SSHError
+from orchestrate.jobs.memory import write_atomically
+from orchestrate.remote.ssh import Connection
 from trainer.contract import (
     CKPT_FOLDER_RE,
     MANIFEST_RE,
@@ -25,10 +28,6 @@ from trainer.contract import (
     Manifest,
     ShardedManifest,
 )
-
-from .errors import SSHError
-from .ssh import Connection
-from .state import write_atomically
 
 
 @dataclass(frozen=True)

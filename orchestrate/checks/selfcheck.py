@@ -18,16 +18,15 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
+from orchestrate.checks.netcheck import Verdict, measure, require_all_joined
+from orchestrate.config import UpConfig
+from orchestrate.jobs.owner import OWNER_LABEL, container_name
+from orchestrate.plan.jobplan import NodeSpec
+from orchestrate.probe import gpuprobe
+from orchestrate.remote.docker import JOB_LABEL
+from orchestrate.remote.session import Nodes
+from orchestrate.remote.ssh import fan_out
 from trainer.contract import SELFTEST_MARK
-
-from . import gpuprobe
-from .config import UpConfig
-from .docker import JOB_LABEL
-from .netcheck import Verdict, measure, require_all_joined
-from .nodes import Nodes
-from .owner import OWNER_LABEL, container_name
-from .plan import NodeSpec
-from .ssh import fan_out
 
 SELFTEST_TIMEOUT_S = 600  # import torch, build the model, 3 small steps, one checkpoint: a minute on a slow CPU
 

@@ -22,11 +22,10 @@ from pathlib import Path
 
 from rich.console import Console
 
+from orchestrate.config import UpConfig
+from orchestrate.errors import ConfigError, SSHError
+from orchestrate.remote.ssh import Connection
 from trainer.errors import shown
-
-from .config import UpConfig
-from .errors import ConfigError, SSHError
-from .ssh import Connection
 
 NODE_MANIFEST = ".ddp-staged.json"
 STAGING_PREFIX = ".ddp-staging."
@@ -206,8 +205,8 @@ def stage_all(conns: list[Connection], config: UpConfig, console: Console) -> li
     with a progress bar per node; one line per node saying what moved."""
     from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn
 
-    from .prefetch import make_dirs, shared_folders
-    from .ssh import fan_out
+    from orchestrate.apply.data import make_dirs, shared_folders
+    from orchestrate.remote.ssh import fan_out
 
     assert config.data_from is not None
     local = local_manifest(config.data_from)

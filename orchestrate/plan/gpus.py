@@ -11,8 +11,8 @@ import re
 from collections.abc import Sequence
 from typing import Any
 
-from .config import GPUS_ALL
-from .errors import ConfigError
+from orchestrate.config import GPUS_ALL
+from orchestrate.errors import ConfigError
 
 MAX_GPU_INDEX = 1023  # as MAX_SLOTS: an index above is a typo, not a machine
 _HELP = "give a number of GPUs per node, 'all', device indices (0,1,2,3 or 4-7), or 0 for CPU"

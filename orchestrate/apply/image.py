@@ -36,10 +36,7 @@ from typing import Any
 from rich.console import Console
 from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TransferSpeedColumn
 
-from .config import UpConfig
-from .docker import image_id
-from .errors import SSHError
-from .layercache import (
+from orchestrate.apply.layercache import (
     REGISTRY_BINARY,
     CachedImage,
     LayerCache,
@@ -48,8 +45,11 @@ from .layercache import (
     cache_dir,
     registry_binary,
 )
-from .nodes import Nodes
-from .ssh import fan_out
+from orchestrate.config import UpConfig
+from orchestrate.errors import SSHError
+from orchestrate.remote.docker import image_id
+from orchestrate.remote.session import Nodes
+from orchestrate.remote.ssh import fan_out
 
 log = logging.getLogger(__name__)
 CHUNK = 1 << 20

@@ -15,9 +15,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from orchestrate.remote.ssh import Connection
 from trainer.contract import FR_DUMP_PREFIX, HEARTBEAT_FILE, PEER_WAIT_FUNCTION
-
-from .ssh import Connection
 
 STALL_STEP_FACTOR = 3.0  # a stall is never declared before 3x the slowest step seen
 STACK_FILE = "stack-rank{rank}.txt"

@@ -18,8 +18,8 @@ import urllib3.connection
 import urllib3.connectionpool
 from docker.transport.sshconn import SSHHTTPAdapter
 
-from .errors import SSHError
-from .ssh import Connection, quote_command
+from orchestrate.errors import SSHError
+from orchestrate.remote.ssh import Connection, quote_command
 
 log = logging.getLogger(__name__)
 API_VERSION_MIN = "1.41"

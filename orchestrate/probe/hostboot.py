@@ -7,14 +7,14 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from enum import Enum
-from pathlib import Path
 
 from rich.console import Console
 
-from .hosts import Host
-from .ssh import Connection, fan_out
+from orchestrate.hosts import Host
+from orchestrate.remote import scripts
+from orchestrate.remote.ssh import Connection, fan_out
 
-SCRIPT = (Path(__file__).parent / "_boot_script.sh").read_text()
+SCRIPT = scripts.text("boot.sh")
 PROBE_TIMEOUT_S = 8.0
 BACK_WAIT_S = 120.0  # a restart waits this long at most for a rebooted host or a stopped daemon to answer again
 

@@ -1,0 +1,1 @@
+"""Apply: give the nodes the image and the data the plan says."""

@@ -1,0 +1,1 @@
+"""Checks before a job: the network check and the first-day self-test."""

@@ -1,0 +1,1 @@
+"""Plan (pure, no I/O): config + hosts + probe facts -> what every node gets."""
