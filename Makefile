@@ -56,8 +56,9 @@ image-cpu: cpu-base
 # pytest exits 5 when it collected nothing: that is a failure here too (make fails on any non-zero).
 # --durations: CI prints its 25 slowest tests, where its time goes (the 30-minute budget).
 # TEST_WORKERS: pytest-xdist workers. 0 (CI's): one test after another. 2: the 2-host and the 3-host cluster tests
-# run beside each other (tests/conftest.py keeps each group on one worker), 17 min instead of 33, but on 2 cores
-# the load has shown races the serial run does not (a dropped SSH connection, a gloo abort at exit): see README.
+# run beside each other (tests/conftest.py keeps each group on one worker), 17 min instead of 33. The two races it
+# showed (a dropped SSH connection, a gloo abort at exit) are fixed, but CI stays serial until several 2-worker runs
+# of the cluster groups pass on a 2-core machine: see docs/benchmarks.md (Tests and CI).
 TEST_WORKERS ?= 0
 test: setup image-cpu lint
 	DDP_TEST_IMAGE=$(CPU_IMAGE) $(PY) -m pytest -n $(TEST_WORKERS) --durations=25 tests

@@ -3,7 +3,8 @@
 A cluster made by a test session belongs to that process; once it is dead (killed test run), its
 cluster is garbage. Clusters made with `up` (persistent) are kept unless all_=True. Objects named
 like a cluster (netns, links, iptables rules, processes or mounts under the state root) but with no
-live cluster.json are removed too, e.g. after a run killed halfway through `create`.
+live cluster.json are removed too, e.g. after a run killed halfway through `create`. What a killed process left in
+the trash (folders of removed clusters, deleted in the background) is deleted again.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from . import net
 from .layout import LINK_RE, NETNS_RE, RULE_COMMENT, ClusterState, known_states, state_lock, state_root
 from .mounts import mounts_under
 from .proc import alive, cmdline, pids_matching, start_time
-from .teardown import teardown
+from .teardown import empty_trash, teardown
 
 log = logging.getLogger(__name__)
 
@@ -67,4 +68,5 @@ def gc(all_: bool = False) -> dict[str, list[str]]:
             state.n_hosts = max(state.n_hosts, n_hosts)
             log.info("removing cluster %s", name)
             removed[name] = teardown(state)
+        empty_trash()
     return removed

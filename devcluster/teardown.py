@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import logging
-import shutil
+import secrets
+import subprocess
 from collections.abc import Callable
+from pathlib import Path
 
 from . import dockerd, net, sshd
 from .layout import ClusterState, HostLayout, state_root
@@ -12,6 +14,11 @@ from .mounts import mounts_under, unmount_under
 from .proc import pids_in_netns, pids_matching, stop_pids
 
 log = logging.getLogger(__name__)
+
+# Under the state root: folders of removed clusters, deleted by a process of their own. Deleting a host's dockerd
+# data root takes ~40 s per GB of image on a disk mounted with `discard` (measured here: `rm -rf` of one 773 MB
+# image layer, 14.6k files, 36.5 s, 1 s of it CPU), and no one needs to wait for it.
+TRASH = ".trash"
 
 
 def teardown_host(host: HostLayout) -> None:
@@ -47,9 +54,35 @@ def teardown(state: ClusterState) -> list[str]:
     net.remove_rules(state.name)
     net.delete_link(state.bridge)
     # never delete a folder through a mount that is still there (it could be a bind of other data)
-    if not unmount_under(state.dir):
-        shutil.rmtree(state.dir, ignore_errors=True)
+    if state.dir.is_dir() and not unmount_under(state.dir):
+        discard(state.dir)
     return traces(state.name)
+
+
+def discard(folder: Path) -> None:
+    """Move folder into the trash (a rename on the same disk: at once) and delete it there in the background."""
+    trash = state_root() / TRASH
+    trash.mkdir(mode=0o700, exist_ok=True)
+    # a fresh name, never a folder made first: another session's gc may be emptying the trash right now
+    moved = trash / f"{folder.name}-{secrets.token_hex(4)}"
+    folder.rename(moved)
+    _delete_in_background(moved)
+
+
+def empty_trash() -> None:
+    """Delete what the trash holds in the background: folders whose deletion a killed process left unfinished."""
+    trash = state_root() / TRASH
+    if trash.is_dir():
+        for moved in trash.iterdir():
+            _delete_in_background(moved)
+
+
+def _delete_in_background(path: Path) -> None:
+    # `setsid -f`: rm in a session of its own, not our child (nothing to reap): it outlives this process (a test
+    # session ends while the disk still works) and no Ctrl-C of ours reaches it. --one-file-system: never through
+    # a mount, whatever was mounted there since. No pipes: rm would hold them open, and we would wait for it.
+    subprocess.run(["setsid", "-f", "rm", "-rf", "--one-file-system", str(path)], stdin=subprocess.DEVNULL,
+                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, check=True, timeout=10)
 
 
 def traces(name: str) -> list[str]:

@@ -28,7 +28,7 @@ from devcluster.gc import gc
 from devcluster.layout import LINK_RE, MAX_HOSTS, NETNS_RE, ClusterState, check_name, state_root
 from devcluster.proc import alive, cmdline, pids_in_netns
 from devcluster.sshd import SSHD
-from devcluster.teardown import traces
+from devcluster.teardown import TRASH, traces
 from devcluster.tinyimage import TINY_IMAGE, load_tiny_image
 
 REPO = Path(__file__).resolve().parents[2]
@@ -449,6 +449,27 @@ def test_gc_removes_the_cluster_of_a_killed_run() -> None:
     assert removed.get(name) == [], removed
     assert c.traces() == []
 
+
+@pytest.mark.cluster
+def test_close_does_not_wait_for_the_deletion_of_the_folder_and_gc_finishes_it(cluster_factory) -> None:
+    """A file that cannot be deleted yet (immutable, as a slow disk's deletion that has not got to it) in a host's
+    folder: close still leaves no trace, at once (the folder goes to the trash, deleted in the background; a
+    dockerd data root with an image takes ~40 s to delete on this disk). Once the file may go, gc deletes it."""
+    c = cluster_factory(1, fresh=True)
+    stuck = c.dir / "h0" / "stuck"
+    stuck.write_text("x")
+    subprocess.run(["chattr", "+i", str(stuck)], check=True)
+    try:
+        assert c.close() == []
+    finally:
+        moved = list((state_root() / TRASH).glob(f"{c.name}-*/h0/stuck"))
+        subprocess.run(["chattr", "-i", *map(str, moved or [stuck])], check=True)
+    assert len(moved) == 1, "the folder did not go to the trash"
+    gc()
+    deadline = time.monotonic() + 60
+    while moved[0].parents[1].exists():
+        assert time.monotonic() < deadline, f"{moved[0].parents[1]} was not deleted"
+        time.sleep(0.2)
 
 @pytest.mark.cluster
 def test_cli_up_ls_down() -> None:
