@@ -18,6 +18,7 @@ from rich.console import Console
 
 from trainer.config import PRECISIONS
 from trainer.config import Config as TrainerConfig
+from trainer.contract import METRICS_FILE
 
 from .config import (
     LAYER_CACHE_MODES,
@@ -164,7 +165,7 @@ def build_parser() -> argparse.ArgumentParser:
     for name, help_text in (("kill", "stop and remove the job's containers"),
                             ("status", "one row per node, the job's progress and restarts"),
                             ("logs", "print or follow the nodes' logs"),
-                            ("plot", "draw the job's metrics.jsonl (from node 0): loss, accuracy, images/s, "
+                            ("plot", f"draw the job's {METRICS_FILE} (from node 0): loss, accuracy, images/s, "
                                      "learning rate against step, restarts marked")):
         p = sub.add_parser(name, help=help_text, description=help_text, formatter_class=_Formatter)
         _ssh_args(p, hosts_required=False)

@@ -13,7 +13,7 @@ from typing import IO, NoReturn, TypeVar
 
 from . import checkpoint, data, dist, loop, models, state
 from .config import Config, parse
-from .contract import EXIT_DIVERGED
+from .contract import ENV_LOG_DIR, EXIT_DIVERGED, stack_file_name
 from .dist import DistContext
 from .errors import ConfigError, DivergedError, TrainerError
 from .metrics import Heartbeat, is_restart, record_resume, setup_logging
@@ -100,11 +100,11 @@ def _stack_dumps_on_sigusr1(rank: int) -> None:
     for them when the job stalls. faulthandler writes from the signal handler itself, so a rank blocked in a
     collective's C++ wait still answers; a rank that does not is frozen below Python (or stopped)."""
     global _stack_file
-    folder = os.environ.get("LOG_DIR")
+    folder = os.environ.get(ENV_LOG_DIR)
     if not hasattr(signal, "SIGUSR1"):
         return
     try:
-        _stack_file = open(Path(folder) / f"stack-rank{rank}.txt", "w") if folder else sys.stderr  # noqa: SIM115
+        _stack_file = open(Path(folder) / stack_file_name(rank), "w") if folder else sys.stderr  # noqa: SIM115
     except OSError:
         _stack_file = sys.stderr
     try:

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, NoReturn
 
+from .contract import BASE_FOLDER, EXIT_DIVERGED, EXIT_STOPPED, METRICS_FILE, STOP_LINE
 from .errors import ConfigError
 
 PRECISIONS = ("fp32", "bf16", "fp16")
@@ -174,15 +175,15 @@ class OneLineParser(argparse.ArgumentParser):
         raise ConfigError(f"{message} (see {self.prog} --help)")
 
 
-_EXAMPLES = """\
+_EXAMPLES = f"""\
 examples:
   python -m trainer.data synth --out /tmp/cifar --train 5000 --test 1000     # synthetic data, official layout
   python -m trainer --data-dir /tmp/cifar --ckpt-dir /tmp/ckpt --allow-unverified-data --model resnet20 --epochs 2
   torchrun --nproc_per_node 2 -m trainer --data-dir /data --ckpt-dir /ckpt --precision bf16
   torchrun --nproc_per_node 2 -m trainer --data-dir /data --ckpt-dir /ckpt --precision bf16 --resume
 
-exit codes: 0 done, 2 bad input (one 'error:' line), 3 diverged (non-finite loss; no checkpoint of it),
-143 stopped by SIGTERM after writing a checkpoint.
+exit codes: 0 done, 2 bad input (one 'error:' line), {EXIT_DIVERGED} diverged (non-finite loss; no checkpoint of it),
+{EXIT_STOPPED} {STOP_LINE} after writing a checkpoint.
 """
 
 
@@ -197,8 +198,8 @@ def build_parser() -> argparse.ArgumentParser:
                        description="DDP CIFAR-10 trainer: one process with python, N with torchrun "
                                    "(gloo on CPU, NCCL with one process per GPU).")
     d = Config.__dataclass_fields__
-    p.add_argument("--data-dir", type=Path, required=True, help="folder holding cifar-10-batches-py/")
-    p.add_argument("--ckpt-dir", type=Path, required=True, help="checkpoints and metrics.jsonl go here")
+    p.add_argument("--data-dir", type=Path, required=True, help=f"folder holding {BASE_FOLDER}/")
+    p.add_argument("--ckpt-dir", type=Path, required=True, help=f"checkpoints and {METRICS_FILE} go here")
     p.add_argument("--epochs", type=int, default=d["epochs"].default, help="passes over the training set")
     p.add_argument("--batch-size", type=int, default=d["batch_size"].default, help="per process")
     p.add_argument("--lr", type=float, default=d["lr"].default, help="peak learning rate")

@@ -20,7 +20,7 @@ from torch import nn
 from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 from trainer_helpers import base_args, metrics_lines
 
-from trainer import checkpoint, dist, loop, parallel, state
+from trainer import checkpoint, contract, dist, loop, parallel, state
 from trainer.__main__ import main
 from trainer.config import Config, cuda_only
 from trainer.dist import DistContext
@@ -324,7 +324,7 @@ def test_sigterm_on_an_epochs_last_step_keeps_its_metrics_line_and_resumes_exact
         return out
 
     monkeypatch.setattr(loop, "train_step", step_then_sigterm)
-    assert main(args) == loop.EXIT_SIGTERM
+    assert main(args) == contract.EXIT_STOPPED
     info = checkpoint.newest_valid(ck)
     assert info is not None and info.step == 8
     assert info.manifest["epoch"] == 1 and info.manifest["epoch_complete"] is True
