@@ -11,7 +11,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import IO, NoReturn, TypeVar
 
-from . import checkpoint, data, dist, loop, models, state
+from . import checkpoint, data, device, dist, loop, models, snapshot, state
 from .config import Config, parse
 from .contract import ENV_LOG_DIR, EXIT_DIVERGED, stack_file_name
 from .dist import DistContext
@@ -53,7 +53,7 @@ def _train(cfg: Config, ctx: DistContext) -> int:
     train, test = _prepare_data(cfg, ctx)
     _agreed(ctx, lambda: checkpoint.check_writable(cfg.ckpt_dir) if ctx.is_main else None)
     st = state.build(cfg, ctx)
-    saved_batch = _agreed(ctx, lambda: state.restore(cfg, ctx, st)) if cfg.resume else 0
+    saved_batch = _agreed(ctx, lambda: snapshot.restore(cfg, ctx, st)) if cfg.resume else 0
     state.wrap(cfg, ctx, st)
     per_rank, micro = _batch_split(cfg, ctx, saved_batch)
     loader = data.TrainLoader(train, per_rank, ctx.rank, ctx.world_size, cfg.seed)
@@ -119,7 +119,7 @@ def main(argv: list[str] | None = None) -> int:
         ctx = dist.context_from_env(cfg.device, legacy_local_rank)
         setup_logging(ctx.rank, ctx.is_main)
         _stack_dumps_on_sigusr1(ctx.rank)
-        state.check_device(cfg, ctx)
+        device.check_device(cfg, ctx)
         models.check_name(cfg.model)
     except TrainerError as e:
         sys.stderr.write(f"error: {e}\n")

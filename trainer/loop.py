@@ -21,10 +21,12 @@ from . import checkpoint, dist, metrics
 from .config import Config
 from .contract import DIVERGED_LINE, EXIT_STOPPED, STOP_LINE
 from .data import Split, TrainLoader, normalize
+from .device import memory_format
 from .dist import DistContext
 from .errors import CheckpointError, DivergedError
 from .precision import autocast
-from .state import TrainState, memory_format, save_sharded, to_checkpoint
+from .snapshot import save_sharded, to_checkpoint
+from .state import TrainState
 
 log = logging.getLogger(__name__)
 

@@ -20,7 +20,7 @@ from torch import nn
 from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 from trainer_helpers import base_args, metrics_lines
 
-from trainer import checkpoint, contract, dist, loop, parallel, state
+from trainer import checkpoint, contract, device, dist, loop, optim, parallel, snapshot, state
 from trainer.__main__ import main
 from trainer.config import Config, cuda_only
 from trainer.dist import DistContext
@@ -147,10 +147,10 @@ def test_autocast_computes_in_the_plans_dtype(precision: str, dtype: torch.dtype
 
 def test_resuming_a_checkpoint_without_scaler_state_into_fp16_starts_a_fresh_scale() -> None:
     scaler = torch.amp.GradScaler("cpu", enabled=True)  # stands in for the fp16 CUDA scaler
-    state._load_scaler(scaler, {})  # what a disabled (fp32/bf16) scaler saved
+    snapshot._load_scaler(scaler, {})  # what a disabled (fp32/bf16) scaler saved
     assert scaler.get_scale() == 65536.0
     disabled = torch.amp.GradScaler("cpu", enabled=False)
-    state._load_scaler(disabled, {"scale": 8.0})  # fp16 -> fp32: ignored, and no error
+    snapshot._load_scaler(disabled, {"scale": 8.0})  # fp16 -> fp32: ignored, and no error
     assert not disabled.is_enabled() and disabled.state_dict() == {}
 
 
@@ -158,15 +158,15 @@ def test_resuming_a_checkpoint_without_scaler_state_into_fp16_starts_a_fresh_sca
 
 @pytest.mark.parametrize("opts", [{"sync_bn": True}, {"grad_compression": "bf16"}, {"grad_compression": "fp16"}])
 def test_cuda_only_options_are_accepted_on_cuda_and_refused_on_cpu(opts: dict[str, Any]) -> None:
-    state.check_device(_cfg(**opts), _ctx(GPU3))
+    device.check_device(_cfg(**opts), _ctx(GPU3))
     if opts != {"grad_compression": "fp16"}:  # fp16 compression also runs on gloo
         with pytest.raises(DeviceError, match="CUDA"):
-            state.check_device(_cfg(**opts), _ctx(CPU))
+            device.check_device(_cfg(**opts), _ctx(CPU))
 
 
 def test_fp16_runs_on_the_cpu_too() -> None:
     """torch has fp16 autocast and a GradScaler on the CPU (tests/trainer/test_trainer_fp16_cpu.py runs them)."""
-    state.check_device(_cfg(precision="fp16"), _ctx(CPU))
+    device.check_device(_cfg(precision="fp16"), _ctx(CPU))
     assert cuda_only(_cfg(precision="fp16")) == []  # the orchestrator accepts it with --gpus 0 from this table
 
 
@@ -184,14 +184,14 @@ def test_sync_batch_norm_cannot_run_on_cpu_tensors(tmp_path: Path) -> None:
 def test_bf16_on_a_pre_ampere_gpu_warns(monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda d: (7, 0))
     with caplog.at_level(logging.WARNING):
-        state.check_device(_cfg(precision="bf16"), _ctx(GPU3))
+        device.check_device(_cfg(precision="bf16"), _ctx(GPU3))
     assert "emulated and slow" in caplog.text
 
 
 def test_apex_missing_is_refused_before_the_data_is_read(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setitem(sys.modules, "apex", None)  # import apex -> ImportError, whatever is installed
     with pytest.raises(ConfigError, match="NVIDIA apex.*--optimizer sgd"):
-        state.check_device(_cfg(optimizer="apex-fused-sgd"), _ctx(GPU3))
+        device.check_device(_cfg(optimizer="apex-fused-sgd"), _ctx(GPU3))
 
 
 def _fake_apex(monkeypatch: pytest.MonkeyPatch, fused_sgd: type) -> None:
@@ -208,22 +208,22 @@ def test_apex_without_its_cuda_extensions_is_a_clear_error(monkeypatch: pytest.M
             raise RuntimeError("apex.optimizers.FusedSGD requires cuda extensions")  # as apex says it
     _fake_apex(monkeypatch, NoExtensions)
     with pytest.raises(ConfigError, match="requires cuda extensions.*--optimizer sgd"):
-        state._optimizer(_cfg(optimizer="apex-fused-sgd"), [nn.Parameter(torch.zeros(1))])
+        optim.build(_cfg(optimizer="apex-fused-sgd"), [nn.Parameter(torch.zeros(1))])
 
 
 def test_apex_fused_sgd_gets_the_sgd_settings(monkeypatch: pytest.MonkeyPatch) -> None:
     class FusedSGD(torch.optim.SGD):
         pass
     _fake_apex(monkeypatch, FusedSGD)
-    opt = state._optimizer(_cfg(optimizer="apex-fused-sgd", lr=0.3), [nn.Parameter(torch.zeros(1))])
+    opt = optim.build(_cfg(optimizer="apex-fused-sgd", lr=0.3), [nn.Parameter(torch.zeros(1))])
     assert isinstance(opt, FusedSGD) and opt.defaults["lr"] == 0.3 and opt.defaults["nesterov"]
 
 
 # --- model placement and the DDP wrap -----------------------------------------------------------------------------
 
 def test_channels_last_on_cuda_only() -> None:
-    assert state.memory_format(GPU3) == torch.channels_last
-    assert state.memory_format(CPU) == torch.contiguous_format
+    assert device.memory_format(GPU3) == torch.channels_last
+    assert device.memory_format(CPU) == torch.contiguous_format
 
 
 def test_ddp_gets_the_gpu_index_and_nothing_on_cpu() -> None:
@@ -282,7 +282,7 @@ def _saved_run(tmp_path: Path) -> Config:
     st = state.build(cfg, _ctx(CPU))
     st.pos.step = 5
     checkpoint.check_writable(cfg.ckpt_dir)  # creates it, as rank 0 does before training
-    checkpoint.save(cfg.ckpt_dir, state.to_checkpoint(cfg, _ctx(CPU), st, 64), step=5, epoch=0,
+    checkpoint.save(cfg.ckpt_dir, snapshot.to_checkpoint(cfg, _ctx(CPU), st, 64), step=5, epoch=0,
                     epoch_complete=False, world_size=1, keep=3)
     return cfg
 
@@ -293,7 +293,7 @@ def test_rank_0_of_a_cuda_job_reads_the_checkpoint_into_cpu_memory(monkeypatch: 
     cfg, devices = _saved_run(tmp_path), []
     real = checkpoint.load
     monkeypatch.setattr(checkpoint, "load", lambda info, device: devices.append(device) or real(info, device))
-    loaded, err = state._load_on_main(cfg, _ctx(GPU3, rank=0, world=4))
+    loaded, err = snapshot._load_on_main(cfg, _ctx(GPU3, rank=0, world=4))
     assert err is None and devices == [CPU] and loaded["step"] == 5
     assert all(t.device == CPU for t in loaded["model"].values())
 
@@ -304,7 +304,7 @@ def test_restore_broadcasts_through_this_processs_own_gpu(monkeypatch: pytest.Mo
     monkeypatch.setattr(torch.distributed, "broadcast_object_list",
                         lambda objs, src, device: seen.update(src=src, device=device))
     st = state.build(cfg, _ctx(CPU))
-    state.restore(cfg, DistContext(0, 3, 4, GPU3), st)  # rank 0 on its node's fourth GPU
+    snapshot.restore(cfg, DistContext(0, 3, 4, GPU3), st)  # rank 0 on its node's fourth GPU
     assert seen == {"src": 0, "device": GPU3} and st.pos.step == 5
 
 
