@@ -63,9 +63,7 @@ def load(job: str) -> JobState | None:
 
 def mark_killed(job: str) -> None:
     """`kill` leaves this mark: an `up` of the job waiting to restart it (a backoff) sees it and stops."""
-    path = state_dir() / f"{job}.killed"
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(f"{time.time()}\n")
+    write_atomically(state_dir() / f"{job}.killed", [f"{time.time()}\n".encode()])
 
 
 def killed_since(job: str, since: float) -> bool:
