@@ -29,7 +29,7 @@ import torch.nn.functional as F
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from trainer import dcp_checkpoint, dist, parallel, state  # noqa: E402
+from trainer import dcp_checkpoint, dist, parallel, snapshot, state  # noqa: E402
 from trainer.config import Config  # noqa: E402
 
 torch.set_num_threads(1)
@@ -69,7 +69,7 @@ def _worker(ns: argparse.Namespace) -> None:
         _train(st, 1, 1)  # gradients and momentum buffers exist, as in training
         dist.barrier(ctx)
         t0 = time.perf_counter()
-        path = state.save_sharded(cfg, ctx, st, 0)
+        path = snapshot.save_sharded(cfg, ctx, st, 0)
         result["seconds"] = time.perf_counter() - t0
         result["bytes"] = sum(p.stat().st_size for p in path.iterdir())
     else:

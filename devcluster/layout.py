@@ -17,6 +17,8 @@ from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from trainer.atomic import write_atomic
+
 from .errors import DevclusterError, UnknownClusterError
 
 NAME_RE = re.compile(r"^[a-z0-9]{1,8}$")
@@ -167,9 +169,7 @@ class ClusterState:
 
     def save(self) -> None:
         self.dir.mkdir(mode=0o700, parents=True, exist_ok=True)
-        tmp = self.dir / "cluster.json.tmp"
-        tmp.write_text(json.dumps(asdict(self), indent=2))
-        tmp.rename(self.dir / "cluster.json")
+        write_atomic(self.dir / "cluster.json", json.dumps(asdict(self), indent=2).encode(), mode=0o644)
 
     @staticmethod
     def load(name: str) -> ClusterState:

@@ -27,6 +27,7 @@ from orchestrate.plan.gpus import parse_gpus, split
 from orchestrate.plan.transport import TRANSPORTS
 from trainer.config import PRECISIONS
 from trainer.config import Config as TrainerConfig
+from trainer.contract import METRICS_FILE
 
 EXAMPLES = """\
 examples:
@@ -163,7 +164,7 @@ def build_parser() -> argparse.ArgumentParser:
     for name, help_text in (("kill", "stop and remove the job's containers"),
                             ("status", "one row per node, the job's progress and restarts"),
                             ("logs", "print or follow the nodes' logs"),
-                            ("plot", "draw the job's metrics.jsonl (from node 0): loss, accuracy, images/s, "
+                            ("plot", f"draw the job's {METRICS_FILE} (from node 0): loss, accuracy, images/s, "
                                      "learning rate against step, restarts marked")):
         p = sub.add_parser(name, help=help_text, description=help_text, formatter_class=_Formatter)
         _ssh_args(p, hosts_required=False)

@@ -11,7 +11,7 @@ from pathlib import Path
 from orchestrate.errors import ConfigError
 from orchestrate.plan.transport import TRANSPORTS
 from trainer import config as trainer_config
-from trainer.contract import ARCHIVE_MD5
+from trainer.contract import ARCHIVE_MD5, ARCHIVE_NAME
 from trainer.errors import ConfigError as TrainerConfigError
 from trainer.errors import shown
 
@@ -33,7 +33,7 @@ LAYER_CACHE_MODES = ("auto", "on", "off")
 
 DEFAULT_JOB = "cifar"
 DEFAULT_IMAGE = "ddp-cifar:latest"
-DEFAULT_DATA_URL = "https://www.cs.toronto.edu/~kriz/cifar-10-python.tar.gz"
+DEFAULT_DATA_URL = f"https://www.cs.toronto.edu/~kriz/{ARCHIVE_NAME}"
 DEFAULT_DATA_MD5 = ARCHIVE_MD5
 # Per user on each node (~ is the SSH login's home there): never a fixed folder in world-writable /var/tmp.
 DEFAULT_DATA_DIR = "~/.cache/ddp-cifar/data"
@@ -158,7 +158,7 @@ class UpConfig:
                 raise ConfigError(f"{flag} {path!r}: {problem}")
         if self.data_from is not None and not (self.data_from.is_file() or self.data_from.is_dir()):
             raise ConfigError(f"--data-from {shown(self.data_from)}: no such file or folder; give a folder to sync to every "
-                              "node, or the path of cifar-10-python.tar.gz")
+                              f"node, or the path of {ARCHIVE_NAME}")
         if not re.fullmatch(r"(https?|ftp)://\S+", self.data_url):
             raise ConfigError(f"--data-url {url_masked(self.data_url)!r} is not an http(s) URL")
         if not MD5_RE.fullmatch(self.data_md5):

@@ -45,6 +45,7 @@ from orchestrate.watch.launch import (
     summary,
     watch,
 )
+from trainer.contract import ENV_RESUME
 
 
 def load_hosts(config: UpConfig) -> list[Host]:
@@ -359,7 +360,7 @@ def _resume(nodes: Nodes, specs: list[NodeSpec], config: UpConfig, console: Cons
         if config.is_trainer:
             raise
         # Another program that writes no manifest (docs/DESIGN.md §7) finds its own state: RESUME=1 only.
-        console.print("--resume: no valid checkpoint (manifest and matching .pt); the program gets RESUME=1 and "
+        console.print(f"--resume: no valid checkpoint (manifest and matching .pt); the program gets {ENV_RESUME}=1 and "
                       "finds its own state (resume by flag only)", markup=False, highlight=False)
         return config, None
 

@@ -11,9 +11,9 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import IO, NoReturn, TypeVar
 
-from . import checkpoint, data, dist, loop, models, state
+from . import checkpoint, data, device, dist, loop, models, snapshot, state
 from .config import Config, parse
-from .contract import EXIT_DIVERGED
+from .contract import ENV_LOG_DIR, EXIT_DIVERGED, stack_file_name
 from .dist import DistContext
 from .errors import ConfigError, DivergedError, TrainerError
 from .metrics import Heartbeat, is_restart, record_resume, setup_logging
@@ -53,7 +53,7 @@ def _train(cfg: Config, ctx: DistContext) -> int:
     train, test = _prepare_data(cfg, ctx)
     _agreed(ctx, lambda: checkpoint.check_writable(cfg.ckpt_dir) if ctx.is_main else None)
     st = state.build(cfg, ctx)
-    saved_batch = _agreed(ctx, lambda: state.restore(cfg, ctx, st)) if cfg.resume else 0
+    saved_batch = _agreed(ctx, lambda: snapshot.restore(cfg, ctx, st)) if cfg.resume else 0
     state.wrap(cfg, ctx, st)
     per_rank, micro = _batch_split(cfg, ctx, saved_batch)
     loader = data.TrainLoader(train, per_rank, ctx.rank, ctx.world_size, cfg.seed)
@@ -100,11 +100,11 @@ def _stack_dumps_on_sigusr1(rank: int) -> None:
     for them when the job stalls. faulthandler writes from the signal handler itself, so a rank blocked in a
     collective's C++ wait still answers; a rank that does not is frozen below Python (or stopped)."""
     global _stack_file
-    folder = os.environ.get("LOG_DIR")
+    folder = os.environ.get(ENV_LOG_DIR)
     if not hasattr(signal, "SIGUSR1"):
         return
     try:
-        _stack_file = open(Path(folder) / f"stack-rank{rank}.txt", "w") if folder else sys.stderr  # noqa: SIM115
+        _stack_file = open(Path(folder) / stack_file_name(rank), "w") if folder else sys.stderr  # noqa: SIM115
     except OSError:
         _stack_file = sys.stderr
     try:
@@ -119,7 +119,7 @@ def main(argv: list[str] | None = None) -> int:
         ctx = dist.context_from_env(cfg.device, legacy_local_rank)
         setup_logging(ctx.rank, ctx.is_main)
         _stack_dumps_on_sigusr1(ctx.rank)
-        state.check_device(cfg, ctx)
+        device.check_device(cfg, ctx)
         models.check_name(cfg.model)
     except TrainerError as e:
         sys.stderr.write(f"error: {e}\n")

@@ -21,13 +21,11 @@ from typing import Any
 
 import torch
 
+from .atomic import TMP_MARK, is_stale_temp, write_atomic
 from .contract import CKPT_NAME_RE, Manifest, manifest_name, pt_name
 from .errors import CheckpointError, shown
 
 log = logging.getLogger(__name__)
-
-_TMP_MARK = ".tmp-"
-
 
 @dataclass(frozen=True)
 class CheckpointInfo:
@@ -39,26 +37,12 @@ class CheckpointInfo:
         return int(self.manifest["step"])
 
 
-def fsync_dir(folder: Path) -> None:
-    fd = os.open(folder, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
 def _write_atomic(target: Path, blob: bytes | memoryview) -> None:
-    """Write to a temp name in the same folder, fsync, rename over target, fsync the folder."""
-    tmp = target.with_name(f".{target.name}{_TMP_MARK}{os.getpid()}")
+    """atomic.write_atomic, its failures as CheckpointError saying what to do. 0644: the orchestrator's login
+    (another account than the container's) reads the checkpoints to check and copy them."""
     try:
-        with tmp.open("wb") as f:
-            f.write(blob)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, target)
-        fsync_dir(target.parent)
+        write_atomic(target, blob, mode=0o644)
     except OSError as e:
-        tmp.unlink(missing_ok=True)
         if e.errno == errno.ENOSPC:
             raise CheckpointError(
                 f"checkpoint dir {target.parent} is full (no space left writing {target.name}); free space "
@@ -71,7 +55,7 @@ def check_writable(folder: Path) -> None:
     """Create the folder and prove a file can be written there (call on global rank 0 only)."""
     try:
         folder.mkdir(parents=True, exist_ok=True)
-        probe = folder / f".write-test{_TMP_MARK}{os.getpid()}"
+        probe = folder / f".write-test{TMP_MARK}{os.getpid()}-probe"
         probe.write_bytes(b"ok")
         probe.unlink()
     except OSError as e:
@@ -168,7 +152,7 @@ def prune(folder: Path, keep: int) -> None:
             (folder / pt_name(step)).unlink(missing_ok=True)  # orphan of an interrupted save
     for p in folder.iterdir():
         # Temp files of dead writers (only global rank 0 of one job writes here, so none is live).
-        if p.name.startswith(".") and _TMP_MARK in p.name and not p.name.endswith(f"{_TMP_MARK}{os.getpid()}"):
+        if is_stale_temp(p.name):
             p.unlink(missing_ok=True)
 
 

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, NoReturn
 
+from .contract import BASE_FOLDER, EXIT_DIVERGED, EXIT_STOPPED, METRICS_FILE, STOP_LINE
 from .errors import ConfigError
 
 PRECISIONS = ("fp32", "bf16", "fp16")
@@ -174,15 +175,15 @@ class OneLineParser(argparse.ArgumentParser):
         raise ConfigError(f"{message} (see {self.prog} --help)")
 
 
-_EXAMPLES = """\
+_EXAMPLES = f"""\
 examples:
   python -m trainer.data synth --out /tmp/cifar --train 5000 --test 1000     # synthetic data, official layout
   python -m trainer --data-dir /tmp/cifar --ckpt-dir /tmp/ckpt --allow-unverified-data --model resnet20 --epochs 2
   torchrun --nproc_per_node 2 -m trainer --data-dir /data --ckpt-dir /ckpt --precision bf16
   torchrun --nproc_per_node 2 -m trainer --data-dir /data --ckpt-dir /ckpt --precision bf16 --resume
 
-exit codes: 0 done, 2 bad input (one 'error:' line), 3 diverged (non-finite loss; no checkpoint of it),
-143 stopped by SIGTERM after writing a checkpoint.
+exit codes: 0 done, 2 bad input (one 'error:' line), {EXIT_DIVERGED} diverged (non-finite loss; no checkpoint of it),
+{EXIT_STOPPED} {STOP_LINE} after writing a checkpoint.
 """
 
 
@@ -197,8 +198,8 @@ def build_parser() -> argparse.ArgumentParser:
                        description="DDP CIFAR-10 trainer: one process with python, N with torchrun "
                                    "(gloo on CPU, NCCL with one process per GPU).")
     d = Config.__dataclass_fields__
-    p.add_argument("--data-dir", type=Path, required=True, help="folder holding cifar-10-batches-py/")
-    p.add_argument("--ckpt-dir", type=Path, required=True, help="checkpoints and metrics.jsonl go here")
+    p.add_argument("--data-dir", type=Path, required=True, help=f"folder holding {BASE_FOLDER}/")
+    p.add_argument("--ckpt-dir", type=Path, required=True, help=f"checkpoints and {METRICS_FILE} go here")
     p.add_argument("--epochs", type=int, default=d["epochs"].default, help="passes over the training set")
     p.add_argument("--batch-size", type=int, default=d["batch_size"].default, help="per process")
     p.add_argument("--lr", type=float, default=d["lr"].default, help="peak learning rate")
@@ -209,14 +210,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--model", default=d["model"].default,
                    help="resnet18 (CIFAR variant), resnet20, resnet18-gn, resnet20-gn, tiny, vit-cifar (25M params), "
                         "or a torchvision name")
-    p.add_argument("--precision", default="fp32", choices=PRECISIONS,
+    p.add_argument("--precision", default=d["precision"].default, choices=PRECISIONS,
                    help="autocast dtype; fp16 adds a gradient scaler")
     p.add_argument("--strategy", default=d["strategy"].default, choices=STRATEGIES,
                    help="ddp: a full model replica per process; fsdp: parameters, gradients and optimizer state "
                         "sharded over the processes (FSDP2), checkpoints in DCP folders that resume at any world size")
-    p.add_argument("--sync-bn", action="store_true", help="SyncBatchNorm across processes (CUDA only)")
-    p.add_argument("--grad-compression", default="none", choices=COMPRESSIONS, help="DDP communication hook")
-    p.add_argument("--optimizer", default="sgd", choices=OPTIMIZERS,
+    p.add_argument("--sync-bn", action="store_true", default=d["sync_bn"].default, help="SyncBatchNorm across processes (CUDA only)")
+    p.add_argument("--grad-compression", default=d["grad_compression"].default, choices=COMPRESSIONS, help="DDP communication hook")
+    p.add_argument("--optimizer", default=d["optimizer"].default, choices=OPTIMIZERS,
                    help="apex-fused-sgd needs NVIDIA apex built from source (never the PyPI 'apex')")
     p.add_argument("--eval-every", type=int, default=d["eval_every"].default, help="epochs")
     p.add_argument("--ckpt-every", type=int, default=d["ckpt_every"].default, help="epochs")
@@ -224,15 +225,16 @@ def build_parser() -> argparse.ArgumentParser:
                    help="also checkpoint when this many minutes passed since the last, mid-epoch if need be (0: off)")
     p.add_argument("--keep-checkpoints", type=int, default=d["keep_checkpoints"].default,
                    help="older checkpoints are deleted")
-    p.add_argument("--resume", action="store_true", help="continue from the newest valid checkpoint")
-    p.add_argument("--keep-global-batch", action="store_true",
+    p.add_argument("--resume", action="store_true", default=d["resume"].default, help="continue from the newest valid checkpoint")
+    p.add_argument("--keep-global-batch", action="store_true", default=d["keep_global_batch"].default,
                    help="with --resume on fewer processes: keep the checkpoint's global batch by gradient "
                         "accumulation (the orchestrator's restarts on fewer nodes pass it)")
-    p.add_argument("--seed", type=int, default=0, help="model init, data order and augmentation")
-    p.add_argument("--max-steps", type=int, default=0, help="stop after this many global steps (0: no limit)")
-    p.add_argument("--allow-unverified-data", action="store_true", help="accept data whose md5 is not official")
+    p.add_argument("--seed", type=int, default=d["seed"].default, help="model init, data order and augmentation")
+    p.add_argument("--max-steps", type=int, default=d["max_steps"].default, help="stop after this many global steps (0: no limit)")
+    p.add_argument("--allow-unverified-data", action="store_true", default=d["allow_unverified_data"].default,
+                   help="accept data whose md5 is not official")
     p.add_argument("--dist-timeout", type=float, default=d["dist_timeout"].default, help="seconds a collective waits for a lost peer")
-    p.add_argument("--device", default="auto", choices=DEVICES, help="auto: cuda:LOCAL_RANK if CUDA, else cpu")
+    p.add_argument("--device", default=d["device"].default, choices=DEVICES, help="auto: cuda:LOCAL_RANK if CUDA, else cpu")
     p.add_argument("--log-every", type=int, default=d["log_every"].default, help="steps")
     p.add_argument("--eval-batch-size", type=int, default=d["eval_batch_size"].default,
                    help="images per evaluation batch")

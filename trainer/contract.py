@@ -1,13 +1,16 @@
-"""The files the trainer and the orchestrator both read: CIFAR-10's on-disk table, the checkpoint manifest,
-the names of the metrics and heartbeat files. Standard library only: the orchestrator imports this module
-without torch (docs/DESIGN.md §2), so both sides check the same contract and neither keeps a copy of it.
+"""Everything the trainer and the orchestrator must agree on: CIFAR-10's on-disk table, the checkpoint manifest,
+the metrics, heartbeat and stack-dump files, the environment a program is started with, its exit codes and the
+log lines the orchestrator looks for. Standard library only: the orchestrator imports this module without torch
+(docs/DESIGN.md), so both sides check the same contract and neither keeps a copy of it. tests/test_contract.py
+fails when one of these values is spelled out anywhere else.
 """
 
 from __future__ import annotations
 
+import json
 import re
-from dataclasses import dataclass
-from typing import Any
+from dataclasses import asdict, dataclass, field
+from typing import Any, TypeVar
 
 # ---- CIFAR-10 as published (the same table torchvision checks) ----------------------------------------------
 BASE_FOLDER = "cifar-10-batches-py"
@@ -27,10 +30,28 @@ ALL_FILES = TRAIN_FILES + TEST_FILES + (META_FILE,)
 # ---- files global rank 0 writes into the checkpoint dir -------------------------------------------------------
 METRICS_FILE = "metrics.jsonl"
 HEARTBEAT_FILE = "heartbeat.json"
-# torch's NCCL flight-recorder dumps in the log dir (TORCH_FR_DUMP_TEMP_FILE is this prefix; torch adds the rank)
+
+# ---- files every rank writes into the log dir ($LOG_DIR) ---------------------------------------------------------
+# torch's NCCL flight-recorder dumps (TORCH_FR_DUMP_TEMP_FILE is this prefix; torch adds the rank)
 FR_DUMP_PREFIX = "nccl_trace_rank_"
 
+
+def stack_file_name(rank: int) -> str:
+    """Where a rank's faulthandler writes every thread's stack on SIGUSR1 (the orchestrator's stall report)."""
+    return f"stack-rank{rank}.txt"
+
+
+# ---- the environment the orchestrator starts every program with (docs/DESIGN.md §7) ------------------------------
+ENV_DATA_DIR, ENV_CKPT_DIR, ENV_LOG_DIR = "DATA_DIR", "CKPT_DIR", "LOG_DIR"
+ENV_RESUME = "RESUME"  # "1" on `up --resume` and on every automatic restart; absent otherwise
+# An automatic restart: its number and the failure it follows (one line). The trainer records both in metrics.jsonl.
+ENV_RESTART, ENV_RESTART_CAUSE = "DDP_RESTART", "DDP_RESTART_CAUSE"
+
 # ---- how a run ends, for the orchestrator's report -------------------------------------------------------------
+# SIGTERM (kill, docker stop, a failing peer node): every rank saves a checkpoint and exits with this code, and
+# global rank 0 logs STOP_LINE (torchrun itself then exits 1, so the orchestrator reads the log for the line).
+EXIT_STOPPED = 143
+STOP_LINE = "stopped by SIGTERM"
 # A non-finite loss: every rank exits with this code at the same step (torchrun itself then exits 1, whatever its
 # workers' codes, so the orchestrator reads each node's log for DIVERGED_LINE, which the trainer's error line holds).
 EXIT_DIVERGED = 3
@@ -176,3 +197,51 @@ GPU_PROBE_FIELDS = ("arch", "torch", "cuda", "driver_cuda", "driver", "count", "
 # (None, or the one line that says what failed).
 SELFTEST_MARK = "SELFTEST "
 SELFTEST_FIELDS = ("device", "precision", "scaler", "steps", "loss", "step_s", "ckpt_bytes", "ckpt_ok", "error")
+
+
+_B = TypeVar("_B", bound="Beat")
+
+
+# ---- the heartbeat: CKPT_DIR/heartbeat.json, rewritten atomically by global rank 0 (docs/DESIGN.md §2) -----------
+@dataclass(frozen=True)
+class Beat:
+    """One heartbeat. Only `step` is required: another program's (docs/DESIGN.md §7) may hold nothing else, and
+    the trainer leaves out what it does not know yet (loss, speed, ETA before the first timed window)."""
+
+    step: int
+    state: str = "training"  # starting | training | evaluating | checkpointing | stopped | done
+    total_steps: int | None = None
+    epoch: int | None = None
+    epochs: int | None = None
+    loss: float | None = None
+    images_per_s: float | None = None  # over the steps since the last beat
+    eta_s: float | None = None  # from the run's average step, evaluations and checkpoints included
+    slowest_step_s: float = 0.0  # the orchestrator's stall check waits at least 3x this
+    ckpt_step: int | None = None  # this run's newest checkpoint
+    time: float | None = None  # when it was written: epoch seconds by the writer's clock
+    raw: str = field(default="", compare=False)  # the file as read: any change in it is progress
+
+    def to_dict(self) -> dict[str, Any]:
+        """What the file holds: the fields known, not `raw`."""
+        return {k: v for k, v in asdict(self).items() if v is not None and k != "raw"}
+
+    @classmethod
+    def parse(cls: type[_B], text: str) -> _B | None:
+        """None for a file that is not a heartbeat (half written, another program's format)."""
+        try:
+            data = json.loads(text)
+            return cls(int(data["step"]), str(data.get("state", "training")), _int(data.get("total_steps")),
+                       _int(data.get("epoch")), _int(data.get("epochs")), _float(data.get("loss")),
+                       _float(data.get("images_per_s")), _float(data.get("eta_s")),
+                       _float(data.get("slowest_step_s")) or 0.0, _int(data.get("ckpt_step")),
+                       _float(data.get("time")), text)
+        except (ValueError, KeyError, TypeError):
+            return None
+
+
+def _int(value: Any) -> int | None:
+    return None if value is None else int(value)
+
+
+def _float(value: Any) -> float | None:
+    return None if value is None else float(value)

@@ -25,7 +25,7 @@ import numpy as np
 import torch
 
 from .config import OneLineParser
-from .contract import ALL_FILES, ARCHIVE_MD5, ARCHIVE_NAME, BASE_FOLDER, TEST_FILES, TRAIN_FILES
+from .contract import ALL_FILES, ARCHIVE_MD5, ARCHIVE_NAME, BASE_FOLDER, META_FILE, TEST_FILES, TRAIN_FILES
 from .errors import DataError, TrainerError, shown
 
 log = logging.getLogger(__name__)
@@ -316,9 +316,9 @@ def synth_files(n_train: int, n_test: int, seed: int) -> dict[str, bytes]:
         data, labels = synth_images(size, rng)
         files[f"data_batch_{i}"] = _batch_bytes(data, labels, f"training batch {i} of 5")
     data, labels = synth_images(n_test, rng)
-    files["test_batch"] = _batch_bytes(data, labels, "testing batch 1 of 1")
+    files[TEST_FILES[0][0]] = _batch_bytes(data, labels, "testing batch 1 of 1")
     meta = {"num_cases_per_batch": max(sizes), "label_names": list(CLASSES), "num_vis": 3072}
-    files["batches.meta"] = pickle.dumps(meta, protocol=2)
+    files[META_FILE[0]] = pickle.dumps(meta, protocol=2)
     return files
 
 
@@ -351,11 +351,11 @@ def main(argv: list[str] | None = None) -> int:
     p = OneLineParser(prog="python -m trainer.data", description="CIFAR-10 data tools")
     sub = p.add_subparsers(dest="cmd", required=True)
     s = sub.add_parser("synth", help="write a synthetic data set in the official layout")
-    s.add_argument("--out", type=Path, required=True, help="data dir (cifar-10-batches-py/ is created in it)")
+    s.add_argument("--out", type=Path, required=True, help=f"data dir ({BASE_FOLDER}/ is created in it)")
     s.add_argument("--train", type=int, default=50000)
     s.add_argument("--test", type=int, default=10000)
     s.add_argument("--seed", type=int, default=0)
-    s.add_argument("--archive", type=Path, default=None, help="also write this cifar-10-python.tar.gz")
+    s.add_argument("--archive", type=Path, default=None, help=f"also write this {ARCHIVE_NAME}")
     try:
         args = p.parse_args(argv)
         folder = write_synthetic(args.out, args.train, args.test, args.seed, args.archive)

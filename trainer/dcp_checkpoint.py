@@ -32,6 +32,7 @@ from torch import nn
 from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 
 from . import checkpoint, dist
+from .atomic import fsync_dir
 from .config import Config
 from .contract import (
     CKPT_FOLDER_RE,
@@ -180,12 +181,12 @@ def _seal(folder: Path, tmp: Path, final: Path, trainer_state: dict[str, Any], w
         created = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
         manifest = ShardedManifest(files, step, epoch, epoch_complete, world, created)
         _write_synced(tmp / SHARDED_MANIFEST, json.dumps(manifest.to_dict(), indent=1).encode())
-        checkpoint.fsync_dir(tmp)
+        fsync_dir(tmp)
         if final.exists():
             _replace_folder(tmp, final)
         else:
             os.replace(tmp, final)
-        checkpoint.fsync_dir(folder)
+        fsync_dir(folder)
     except OSError as e:
         raise CheckpointError(f"cannot write sharded checkpoint {final}: {e.strerror or e}; free space or fix "
                               "--ckpt-dir; the previous checkpoints are intact") from e

@@ -15,6 +15,7 @@ import torch
 import torch.distributed as dist
 
 from . import transport
+from .contract import ENV_LOG_DIR
 from .errors import DeviceError
 
 log = logging.getLogger(__name__)
@@ -100,7 +101,7 @@ def init(ctx: DistContext, timeout_s: float) -> None:
         return
     # Rank 0 asks NCCL to say which transport it picks (IB, RoCE, sockets): NCCL reads its log settings once,
     # when it starts, and says it only there.
-    nccl_log = transport.before_nccl(Path(os.environ.get("LOG_DIR") or tempfile.gettempdir())) \
+    nccl_log = transport.before_nccl(Path(os.environ.get(ENV_LOG_DIR) or tempfile.gettempdir())) \
         if ctx.is_main and ctx.backend == "nccl" else None
     dist.init_process_group(**init_kwargs(ctx, timeout_s))
     log.info("process group up: backend=%s world_size=%d timeout=%ss", ctx.backend, ctx.world_size, timeout_s)

@@ -19,17 +19,18 @@ from torch import nn
 
 from . import checkpoint, dist, metrics
 from .config import Config
-from .contract import DIVERGED_LINE
+from .contract import DIVERGED_LINE, EXIT_STOPPED, STOP_LINE
 from .data import Split, TrainLoader, normalize
+from .device import memory_format
 from .dist import DistContext
 from .errors import CheckpointError, DivergedError
 from .precision import autocast
-from .state import TrainState, memory_format, save_sharded, to_checkpoint
+from .snapshot import save_sharded, to_checkpoint
+from .state import TrainState
 
 log = logging.getLogger(__name__)
 
 EXIT_OK = 0
-EXIT_SIGTERM = 143
 
 
 def lr_at(cfg: Config, progress: float) -> float:
@@ -273,10 +274,10 @@ def _stop(cfg: Config, ctx: DistContext, st: TrainState, loader: TrainLoader, st
     path = save(cfg, ctx, st, loader, pace)
     _record_epoch(cfg, ctx, st, loader, stats, acc=None, partial=not stats.complete)
     pace.heartbeat.mark("stopped")
-    log.warning("stopped by SIGTERM at step %d (epoch %d, sample %d); checkpoint %s",
+    log.warning("%s at step %d (epoch %d, sample %d); checkpoint %s", STOP_LINE,
                 st.pos.step, st.pos.epoch + 1, st.pos.sample, path)
     dist.barrier(ctx)
-    return EXIT_SIGTERM
+    return EXIT_STOPPED
 
 
 def run(cfg: Config, ctx: DistContext, st: TrainState, loader: TrainLoader, test: Split, stop: StopRequest,

@@ -9,10 +9,12 @@ import os
 import sys
 import time
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from .contract import HEARTBEAT_FILE, METRICS_FILE
+from .atomic import write_atomic
+from .contract import ENV_RESTART, ENV_RESTART_CAUSE, HEARTBEAT_FILE, METRICS_FILE, Beat
 
 
 def setup_logging(rank: int, is_main: bool) -> None:
@@ -46,10 +48,8 @@ HEARTBEAT_S = 2.0  # at most one write per this many seconds: cheap next to a st
 
 
 def write_text_atomic(path: Path, text: str) -> None:
-    """Readers (the orchestrator over SSH) never see half a file: temp file in the same folder, then rename."""
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(text)
-    tmp.replace(path)
+    """Readers (the orchestrator over SSH) never see half a file. 0644: the orchestrator's login reads it."""
+    write_atomic(path, text.encode(), mode=0o644)
 
 
 def write_json_atomic(path: Path, data: dict[str, Any]) -> None:
@@ -63,11 +63,11 @@ class Heartbeat:
 
     def __init__(self, ckpt_dir: Path, enabled: bool, total_steps: int, epochs: int, global_batch: int) -> None:
         self.path, self.enabled = ckpt_dir / HEARTBEAT_FILE, enabled
-        self.total_steps, self.epochs, self.global_batch = total_steps, epochs, global_batch
+        self.total_steps, self.global_batch = total_steps, global_batch
         self.last_write = self.last_step_end = self.run_start = time.monotonic()
         self.window_steps, self.window_s, self.run_steps = 0, 0.0, 0
         self.slowest_step_s = 0.0
-        self.fields: dict[str, Any] = {"state": "starting", "step": 0, "epoch": 0, "ckpt_step": None}
+        self.beat = Beat(step=0, state="starting", total_steps=total_steps, epoch=0, epochs=epochs)
 
     def step_done(self, step: int, epoch: int, loss: Callable[[], float]) -> None:
         """After every global step. `loss` is called only when a beat is written (it syncs the device)."""
@@ -75,7 +75,7 @@ class Heartbeat:
             return
         now = time.monotonic()
         # Kept current on every step, written or not: a phase mark writes them too (else it shows a stale epoch).
-        self.fields.update(step=step, epoch=epoch)
+        self.beat = replace(self.beat, step=step, epoch=epoch)
         took = now - self.last_step_end  # this step alone: a phase mark restarts the clock
         self.slowest_step_s = max(self.slowest_step_s, took)
         self.last_step_end = now
@@ -86,9 +86,9 @@ class Heartbeat:
         # images/s over the steps since the last beat (what the run does now); the ETA from the whole run so far,
         # evaluations and checkpoints included: they are part of the wait, and the long average does not jump.
         run_step_s = (now - self.run_start) / self.run_steps
-        self.fields.update(state="training", step=step, epoch=epoch, loss=loss(),
-                           images_per_s=self.global_batch * self.window_steps / max(self.window_s, 1e-9),
-                           eta_s=max(0, self.total_steps - step) * run_step_s)
+        self.beat = replace(self.beat, state="training", loss=loss(),
+                            images_per_s=self.global_batch * self.window_steps / max(self.window_s, 1e-9),
+                            eta_s=max(0, self.total_steps - step) * run_step_s)
         self.window_steps, self.window_s, self.last_write = 0, 0.0, now
         self._write()
 
@@ -98,31 +98,27 @@ class Heartbeat:
         if not self.enabled:
             return
         now = time.monotonic()
-        self.fields.update(state=state, **fields)
+        self.beat = replace(self.beat, state=state, **fields)
         if "step" in fields and "eta_s" not in fields and self.run_steps:  # the ETA goes with the step shown
-            self.fields["eta_s"] = max(0, self.total_steps - fields["step"]) * (now - self.run_start) / self.run_steps
+            self.beat = replace(self.beat, eta_s=max(0, self.total_steps - fields["step"]) * (now - self.run_start)
+                                / self.run_steps)
         self._write()
         self.last_step_end = time.monotonic()
 
     def _write(self) -> None:
-        data = {**self.fields, "total_steps": self.total_steps, "epochs": self.epochs,
-                "slowest_step_s": round(self.slowest_step_s, 3), "time": time.time()}
+        beat = replace(self.beat, slowest_step_s=round(self.slowest_step_s, 3), time=time.time())
         try:
-            write_json_atomic(self.path, data)
+            write_json_atomic(self.path, beat.to_dict())
         except OSError as e:  # progress is not worth a crash of rank 0; the checkpoint save reports a full disk
             logging.getLogger(__name__).warning("cannot write %s: %s", self.path, e)
 
 
 # ---------------------------------------------------------------- resume records
 
-# Set by the orchestrator on an automatic restart (docs/DESIGN.md §7): its number and the failure it follows.
-RESTART_ENV, RESTART_CAUSE_ENV = "DDP_RESTART", "DDP_RESTART_CAUSE"
-
-
 def is_restart() -> bool:
     """The orchestrator started this run by itself after a failure (a resume, or from the beginning when the
     failure came before the first checkpoint)."""
-    return os.environ.get(RESTART_ENV, "").isdigit()
+    return os.environ.get(ENV_RESTART, "").isdigit()
 
 
 def record_resume(ckpt_dir: Path, step: int, epoch: int, world_size: int, global_batch: int) -> None:
@@ -138,7 +134,7 @@ def record_resume(ckpt_dir: Path, step: int, epoch: int, world_size: int, global
     record: dict[str, Any] = {"event": "restart" if is_restart() else "resume", "step": step, "epoch": epoch,
                               "world_size": world_size, "global_batch": global_batch}
     if is_restart():
-        record.update(restart=int(os.environ[RESTART_ENV]), cause=os.environ.get(RESTART_CAUSE_ENV, ""))
+        record.update(restart=int(os.environ[ENV_RESTART]), cause=os.environ.get(ENV_RESTART_CAUSE, ""))
     record["time"] = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
     try:
         write_text_atomic(path, "".join(f"{ln}\n" for ln in kept) + json.dumps(record) + "\n")

@@ -7,13 +7,16 @@ ImageNet stem downsamples 32x32 images 4x at once, which costs accuracy; resnet1
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
 
 import torch
 from torch import nn
 
-from .config import MODEL_NAMES
+from .config import MODEL_NAMES, Config
 from .errors import ConfigError
+
+log = logging.getLogger(__name__)
 
 Norm = Callable[[int], nn.Module]
 
@@ -160,6 +163,17 @@ def build(name: str, num_classes: int = 10) -> nn.Module:
     import torchvision.models as tvm
 
     return tvm.get_model(name, weights=None, num_classes=num_classes)
+
+
+def for_run(cfg: Config) -> nn.Module:
+    """Same initial weights on every rank (seeded); SyncBatchNorm swapped in before the move and the DDP wrap."""
+    torch.manual_seed(cfg.seed)
+    model = build(cfg.model)
+    if cfg.sync_bn:
+        if not has_batch_norm(model):
+            log.warning("--sync-bn: model %s has no BatchNorm layers; nothing to synchronise", cfg.model)
+        model = nn.SyncBatchNorm.convert_sync_batchnorm(model)
+    return model
 
 
 def has_batch_norm(model: nn.Module) -> bool:

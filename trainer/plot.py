@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from .config import OneLineParser
+from .contract import METRICS_FILE
 from .errors import ConfigError
 
 # (record field, panel title); the order of the panels.
@@ -80,7 +81,7 @@ def draw(run: Run, title: str) -> Any:
 
 def main(argv: Sequence[str] | None = None) -> int:
     p = OneLineParser(prog="python -m trainer.plot", description=__doc__.split("\n\n")[0])
-    p.add_argument("metrics", type=Path, help="a run's metrics.jsonl (in its checkpoint dir)")
+    p.add_argument("metrics", type=Path, help=f"a run's {METRICS_FILE} (in its checkpoint dir)")
     p.add_argument("--out", type=Path, default=None, help="PNG to write (default: metrics.png beside the input)")
     try:
         ns = p.parse_args(argv)
@@ -100,7 +101,7 @@ def plot_file(metrics: Path, out: Path, title: str) -> Path:
     try:
         text = metrics.read_text(errors="replace")
     except OSError as err:
-        raise PlotError(f"cannot read {metrics}: {err.strerror or err}; give a run's metrics.jsonl") from None
+        raise PlotError(f"cannot read {metrics}: {err.strerror or err}; give a run's {METRICS_FILE}") from None
     return plot_text(text, out, title, str(metrics))
 
 
@@ -108,7 +109,7 @@ def plot_text(text: str, out: Path, title: str, source: str) -> Path:
     run = parse(text)
     if not run.epochs:
         raise PlotError(f"{source} holds no epoch records ({run.skipped} unreadable line(s)); a run writes one "
-                        "per epoch into metrics.jsonl in its checkpoint dir")
+                        f"per epoch into {METRICS_FILE} in its checkpoint dir")
     fig = draw(run, title)
     try:
         fig.savefig(out)

@@ -22,7 +22,9 @@ import torch
 
 from . import checkpoint, config, dist, state
 from .contract import SELFTEST_FIELDS, SELFTEST_MARK
+from .device import check_device
 from .loop import train_step
+from .snapshot import to_checkpoint
 
 STEPS = 3
 BATCH = 16  # small: the self-test checks that a step runs, its speed is bench/'s business
@@ -56,7 +58,7 @@ def train_steps(cfg: config.Config, st: state.TrainState, device: torch.device) 
 def checkpoint_roundtrip(cfg: config.Config, ctx: dist.DistContext, st: state.TrainState) -> tuple[int, bool]:
     """Save as training does (atomic file + manifest), find it as a resume does, load it on the device:
     (its size in bytes, whether every weight came back equal)."""
-    path = checkpoint.save(cfg.ckpt_dir, state.to_checkpoint(cfg, ctx, st, cfg.batch_size), step=st.pos.step,
+    path = checkpoint.save(cfg.ckpt_dir, to_checkpoint(cfg, ctx, st, cfg.batch_size), step=st.pos.step,
                            epoch=0, epoch_complete=False, world_size=1, keep=1)
     info = checkpoint.newest_valid(cfg.ckpt_dir)
     if info is None:
@@ -74,7 +76,7 @@ def run(argv: list[str], folder: Path) -> dict[str, Any]:
                                *argv])
         ctx = dist.context_from_env(cfg.device)
         out.update(device=str(ctx.device), precision=cfg.precision)
-        state.check_device(cfg, ctx)
+        check_device(cfg, ctx)
         st = state.build(cfg, ctx)
         out["scaler"] = st.scaler.is_enabled()
         out["loss"], out["step_s"] = train_steps(cfg, st, ctx.device)

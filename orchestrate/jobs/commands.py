@@ -68,7 +68,7 @@ def plot(nodes: Nodes, config: JobsConfig, console: Console) -> int:
     try:
         text = nodes.conn(host).read_file(path).decode(errors="replace")
     except OSError:
-        raise JobError(f"no metrics.jsonl of job {config.job!r} at {nodes.hosts[host].label}:{path} (the trainer "
+        raise JobError(f"no {METRICS_FILE} of job {config.job!r} at {nodes.hosts[host].label}:{path} (the trainer "
                        "writes one record per epoch; another program may write none)") from None
     out = config.out or Path(f"{config.job}-metrics.png")
     try:

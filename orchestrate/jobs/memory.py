@@ -8,12 +8,13 @@ from __future__ import annotations
 
 import json
 import os
-import tempfile
 import time
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+from trainer.atomic import write_atomic
 
 
 def state_dir() -> Path:
@@ -27,20 +28,9 @@ def cache_root() -> Path:
 
 
 def write_atomically(path: Path, chunks: Iterable[bytes]) -> None:
-    """Temp file in the same folder, fsync, rename: a crash leaves the old file or the new one, and two
-    writers leave one of theirs whole."""
+    """trainer.atomic's write into a folder made first; 0600: what this machine keeps is its user's alone."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
-    try:
-        with os.fdopen(fd, "wb") as fh:
-            for chunk in chunks:
-                fh.write(chunk)
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    write_atomic(path, chunks, mode=0o600)
 
 
 @dataclass(frozen=True)
@@ -73,9 +63,7 @@ def load(job: str) -> JobState | None:
 
 def mark_killed(job: str) -> None:
     """`kill` leaves this mark: an `up` of the job waiting to restart it (a backoff) sees it and stops."""
-    path = state_dir() / f"{job}.killed"
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(f"{time.time()}\n")
+    write_atomically(state_dir() / f"{job}.killed", [f"{time.time()}\n".encode()])
 
 
 def killed_since(job: str, since: float) -> bool:

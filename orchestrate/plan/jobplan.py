@@ -24,7 +24,15 @@ from orchestrate.remote.docker import (
     RESTART_LABEL,
     VERSION_LABEL,
 )
-from trainer.contract import FR_DUMP_PREFIX
+from trainer.contract import (
+    ENV_CKPT_DIR,
+    ENV_DATA_DIR,
+    ENV_LOG_DIR,
+    ENV_RESTART,
+    ENV_RESTART_CAUSE,
+    ENV_RESUME,
+    FR_DUMP_PREFIX,
+)
 
 DATA_MOUNT = "/data"
 CKPT_MOUNT = "/checkpoints"
@@ -234,12 +242,12 @@ def _node(config: UpConfig, host: Host, rank: int, nnodes: int, master_addr: str
         "NNODES": str(nnodes), "NPROC_PER_NODE": str(nproc), "GLOO_SOCKET_IFNAME": iface,
         "DDP_CIFAR_JOB": config.job,
         # The contract with any program (docs/DESIGN.md §7); torchrun adds RANK, LOCAL_RANK, WORLD_SIZE.
-        "DATA_DIR": DATA_MOUNT, "CKPT_DIR": CKPT_MOUNT, "LOG_DIR": LOG_MOUNT, **user_env(facts),
+        ENV_DATA_DIR: DATA_MOUNT, ENV_CKPT_DIR: CKPT_MOUNT, ENV_LOG_DIR: LOG_MOUNT, **user_env(facts),
     }
     if config.resume:
-        env["RESUME"] = "1"
+        env[ENV_RESUME] = "1"
     if config.restart:  # the trainer records it in metrics.jsonl (docs/DESIGN.md §7)
-        env.update(DDP_RESTART=str(config.restart), DDP_RESTART_CAUSE=config.restart_cause)
+        env.update({ENV_RESTART: str(config.restart), ENV_RESTART_CAUSE: config.restart_cause})
     if not config.cpu_mode:
         env["NCCL_SOCKET_IFNAME"] = iface
         # The image's TORCH_NCCL_ASYNC_ERROR_HANDLING=3 stays (tear down on a failed collective, with the flight

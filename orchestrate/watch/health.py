@@ -16,10 +16,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from orchestrate.remote.ssh import Connection
-from trainer.contract import FR_DUMP_PREFIX, HEARTBEAT_FILE, PEER_WAIT_FUNCTION
+from trainer import contract
+from trainer.contract import FR_DUMP_PREFIX, HEARTBEAT_FILE, PEER_WAIT_FUNCTION, stack_file_name
 
 STALL_STEP_FACTOR = 3.0  # a stall is never declared before 3x the slowest step seen
-STACK_FILE = "stack-rank{rank}.txt"
 STACK_WAIT_S = 10.0  # how long the ranks get to write their dumps after SIGUSR1
 # Frames of a rank that waits for its peers: a collective called from Python (torch.distributed), DDP's gradient
 # all-reduce (it runs inside backward, where gloo blocks until every peer joins), and the trainer's one read of the
@@ -31,34 +31,8 @@ COLLECTIVE_MARKERS = ("torch/distributed/distributed_c10d.py", "torch/nn/paralle
 
 
 @dataclass(frozen=True)
-class Beat:
-    """One heartbeat as written by the trainer (fields may be missing in another program's)."""
-
-    step: int
-    total_steps: int | None
-    epoch: int | None
-    epochs: int | None
-    state: str
-    images_per_s: float | None
-    eta_s: float | None
-    loss: float | None
-    slowest_step_s: float
-    ckpt_step: int | None
-    raw: str  # the file as read: any change in it is progress
-    written_at: float | None = None  # its `time`: epoch seconds by node 0's clock, when the program wrote it
-
-    @classmethod
-    def parse(cls, text: str) -> Beat | None:
-        """PURE: None for a file that is not a heartbeat (half written, another program's format)."""
-        try:
-            data = json.loads(text)
-            return cls(int(data["step"]), _int(data.get("total_steps")), _int(data.get("epoch")),
-                       _int(data.get("epochs")), str(data.get("state", "training")), _float(data.get("images_per_s")),
-                       _float(data.get("eta_s")), _float(data.get("loss")),
-                       _float(data.get("slowest_step_s")) or 0.0, _int(data.get("ckpt_step")), text,
-                       _float(data.get("time")))
-        except (ValueError, KeyError, TypeError):
-            return None
+class Beat(contract.Beat):
+    """One heartbeat as the trainer writes it and contract.Beat reads it, and how `up` and `status` show it."""
 
     def progress_line(self) -> str:
         """PURE: `step 120/600 (20%) epoch 3/15 loss 1.234 412 img/s ETA 0h05m12s`."""
@@ -76,14 +50,6 @@ class Beat:
         if self.state not in ("training", "starting"):
             parts.append(self.state)
         return " ".join(parts)
-
-
-def _int(value: Any) -> int | None:
-    return None if value is None else int(value)
-
-
-def _float(value: Any) -> float | None:
-    return None if value is None else float(value)
 
 
 def hms(seconds: float) -> str:
@@ -127,7 +93,7 @@ class StallClock:
 
     @property
     def armed(self) -> bool:
-        written_at = self.last.written_at if self.last else None
+        written_at = self.last.time if self.last else None
         return self.seen or (self.started_at is not None and written_at is not None and written_at >= self.started_at)
 
     def this_run(self) -> Beat | None:
@@ -192,7 +158,7 @@ def read_stacks(conn: Connection, log_dir: str, node: int, ranks: Sequence[int])
     out = []
     for rank in ranks:
         try:
-            text = conn.read_file(posixpath.join(log_dir, STACK_FILE.format(rank=rank)), timeout=30).decode(
+            text = conn.read_file(posixpath.join(log_dir, stack_file_name(rank)), timeout=30).decode(
                 errors="replace")
         except OSError:
             text = ""

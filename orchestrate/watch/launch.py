@@ -40,11 +40,9 @@ from orchestrate.watch.health import (
     read_stacks,
     signal_ranks,
 )
-from trainer.contract import DIVERGED_LINE, EXIT_DIVERGED
+from trainer.contract import DIVERGED_LINE, EXIT_DIVERGED, METRICS_FILE, STOP_LINE
 
 POLL_S = 2.0
-# The trainer's log line after a SIGTERM checkpoint (torchrun itself then exits 1, not 143).
-SIGTERM_STOP_LINE = "stopped by SIGTERM"
 REMOVED = "removed"  # a pseudo-status: the daemon answered that the container no longer exists
 HOST_CHANGED = "host changed"  # a pseudo-status: the Docker API failed and the host rebooted or dockerd restarted
 NO_API = "no api"  # a pseudo-status: the Docker API failed while sshd answers
@@ -533,8 +531,8 @@ def _report_failure(watcher: Watcher, outcome: Outcome, config: UpConfig) -> Non
         lines = watcher.last_lines(rank)
         console.print(f"last lines of node {rank}:", markup=False)
         print_lines(console, rank, lines, watcher.secrets)
-        if SIGTERM_STOP_LINE in lines:
-            console.print("the trainer was stopped by SIGTERM (kill / docker stop) and wrote a checkpoint: "
+        if STOP_LINE in lines:
+            console.print("the trainer got SIGTERM (kill / docker stop) and wrote a checkpoint: "
                           f"continue with 'up --resume --job {config.job}'", markup=False)
 
 
@@ -609,7 +607,7 @@ def summary(nodes: Nodes, specs: Sequence[NodeSpec], console: Console) -> None:
                       f"test_acc={metrics.get('test_acc')} world_size={metrics.get('world_size')}",
                       markup=False, highlight=False)
     else:
-        console.print("finished (no metrics.jsonl found on node 0)", markup=False)
+        console.print(f"finished (no {METRICS_FILE} found on node 0)", markup=False)
     where = f"{specs[0].host.label}:{newest.path}" if newest else f"{specs[0].host.label}:{folder} (none valid)"
     console.print(f"checkpoint: {where}", markup=False, highlight=False)
 

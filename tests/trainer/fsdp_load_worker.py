@@ -1,5 +1,5 @@
 """Run under torchrun (any number of CPU processes): `fsdp_load_worker.py OUT.pt TRAINER-ARGS... --resume`.
-Builds the trainer's FSDP state, restores the newest sharded checkpoint through trainer.state.restore (the
+Builds the trainer's FSDP state, restores the newest sharded checkpoint through trainer.snapshot.restore (the
 trainer's own path, resharded to this world size), then gathers the full model state dict and the position
 and writes them to OUT.pt (global rank 0)."""
 
@@ -10,7 +10,7 @@ import sys
 import torch
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
-from trainer import dist, state
+from trainer import dist, snapshot, state
 from trainer.config import parse
 
 
@@ -20,7 +20,7 @@ def main() -> None:
     dist.init(ctx, cfg.dist_timeout)
     try:
         st = state.build(cfg, ctx)
-        state.restore(cfg, ctx, st)
+        snapshot.restore(cfg, ctx, st)
         full = get_model_state_dict(st.model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
         if ctx.is_main:
             torch.save({"model": full, "step": st.pos.step, "sample": st.pos.sample, "epoch": st.pos.epoch},

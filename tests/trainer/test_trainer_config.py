@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 import pytest
 
 from trainer.__main__ import main
-from trainer.config import Config, parse
+from trainer.config import Config, build_parser, parse
 from trainer.errors import ConfigError
 
 BASE = ["--data-dir", "/d", "--ckpt-dir", "/c"]
@@ -18,6 +19,16 @@ def test_defaults_parse_and_round_trip_to_plain_dict() -> None:
     assert legacy is None
     assert cfg.model == "resnet18" and cfg.precision == "fp32" and cfg.data_dir == Path("/d")
     assert cfg.to_dict()["ckpt_dir"] == "/c"  # plain str: loads with torch.load(weights_only=True)
+
+
+def test_every_parser_default_is_the_config_fields(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The defaults are written once, on Config: a field's default changed there is the option's default."""
+    fields = {f.name: f for f in dataclasses.fields(Config) if f.default is not dataclasses.MISSING}
+    for field in fields.values():
+        monkeypatch.setattr(field, "default", object())
+    actions = {a.dest: a for a in build_parser()._actions if a.dest in fields}
+    assert sorted(actions) == sorted(fields)
+    assert [name for name, a in actions.items() if a.default is not fields[name].default] == []
 
 
 @pytest.mark.parametrize("flag", ["--local_rank=3", "--local-rank=3"])

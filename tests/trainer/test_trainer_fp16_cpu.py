@@ -9,7 +9,7 @@ from pathlib import Path
 import torch
 from trainer_helpers import base_args, metrics_lines, newest_state
 
-from trainer import checkpoint, loop, state
+from trainer import checkpoint, loop, snapshot, state
 from trainer.__main__ import main
 from trainer.config import Config
 from trainer.dist import DistContext
@@ -55,14 +55,14 @@ def test_the_scalers_state_survives_a_resume(tmp_path: Path) -> None:
     for _ in range(3):
         loop.train_step(st, torch.randn(8, 3, 32, 32), torch.randint(0, 10, (8,)), lr=0.1, precision="fp16")
     st.scaler.update(1024.0)  # as after a few overflows
-    saved = state.to_checkpoint(cfg, CTX, st, 8)
+    saved = snapshot.to_checkpoint(cfg, CTX, st, 8)
     st.pos.step = 3
 
     checkpoint.check_writable(cfg.ckpt_dir)
     checkpoint.save(cfg.ckpt_dir, saved, step=3, epoch=0, epoch_complete=False, world_size=1, keep=3)
     _, fresh = _state(tmp_path, resume=True)
     assert fresh.scaler.get_scale() == 65536.0
-    state.restore(cfg, CTX, fresh)
+    snapshot.restore(cfg, CTX, fresh)
     assert fresh.scaler.state_dict() == st.scaler.state_dict() and fresh.scaler.get_scale() == 1024.0
 
 

@@ -5,11 +5,8 @@ plans (backend, precision, DDP arguments, memory format, comm hook) are asserted
 from __future__ import annotations
 
 import datetime
-import logging
 import os
 import signal
-import sys
-import types
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -18,24 +15,14 @@ import pytest
 import torch
 from torch import nn
 from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
-from trainer_helpers import base_args, metrics_lines
+from trainer_helpers import CPU, GPU3, base_args, metrics_lines, unit_cfg, unit_ctx
 
-from trainer import checkpoint, dist, loop, parallel, state
+from trainer import checkpoint, contract, dist, loop, parallel, snapshot, state
 from trainer.__main__ import main
-from trainer.config import Config, cuda_only
+from trainer.config import Config
 from trainer.dist import DistContext
-from trainer.errors import ConfigError, DeviceError
+from trainer.errors import DeviceError
 from trainer.precision import grad_scaler, precision_plan
-
-CPU, GPU3 = torch.device("cpu"), torch.device("cuda", 3)
-
-
-def _cfg(**kw: Any) -> Config:
-    return Config(data_dir=Path("/d"), ckpt_dir=Path("/c"), **kw)
-
-
-def _ctx(device: torch.device, rank: int = 0, world: int = 1) -> DistContext:
-    return DistContext(rank, device.index or 0, world, device)
 
 
 @pytest.fixture
@@ -58,8 +45,8 @@ def torchrun_env(monkeypatch: pytest.MonkeyPatch) -> Callable[[int, int, int], N
 # --- device and backend ------------------------------------------------------------------------------------
 
 def test_backend_is_nccl_on_cuda_and_gloo_on_cpu() -> None:
-    assert dist.choose_backend(GPU3) == "nccl" and _ctx(GPU3).backend == "nccl"
-    assert dist.choose_backend(CPU) == "gloo" and _ctx(CPU).backend == "gloo"
+    assert dist.choose_backend(GPU3) == "nccl" and unit_ctx(GPU3).backend == "nccl"
+    assert dist.choose_backend(CPU) == "gloo" and unit_ctx(CPU).backend == "gloo"
 
 
 def test_local_rank_3_takes_cuda_3(gpus: Callable[[int], None], torchrun_env: Callable[[int, int, int], None]) -> None:
@@ -90,9 +77,9 @@ def test_cpu_wins_over_visible_gpus(gpus: Callable[[int], None]) -> None:
 
 
 def test_init_process_group_args_bind_nccl_to_our_gpu() -> None:
-    kw = dist.init_kwargs(_ctx(GPU3, rank=3, world=4), 42)
+    kw = dist.init_kwargs(unit_ctx(GPU3, rank=3, world=4), 42)
     assert kw == {"backend": "nccl", "timeout": datetime.timedelta(seconds=42), "device_id": GPU3}
-    assert dist.init_kwargs(_ctx(CPU, world=2), 5) == {"backend": "gloo", "timeout": datetime.timedelta(seconds=5)}
+    assert dist.init_kwargs(unit_ctx(CPU, world=2), 5) == {"backend": "gloo", "timeout": datetime.timedelta(seconds=5)}
 
 
 def test_set_device_comes_before_init_process_group(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -100,7 +87,7 @@ def test_set_device_comes_before_init_process_group(monkeypatch: pytest.MonkeyPa
     calls: list[tuple[str, Any]] = []
     monkeypatch.setattr(torch.cuda, "set_device", lambda d: calls.append(("set_device", d)))
     monkeypatch.setattr(torch.distributed, "init_process_group", lambda **kw: calls.append(("init", kw)))
-    dist.init(_ctx(GPU3, rank=3, world=4), 30)
+    dist.init(unit_ctx(GPU3, rank=3, world=4), 30)
     assert [c[0] for c in calls] == ["set_device", "init"] and calls[0][1] == GPU3
     assert calls[1][1]["device_id"] == GPU3 and calls[1][1]["backend"] == "nccl"
 
@@ -110,8 +97,8 @@ def test_one_cuda_process_selects_its_gpu_and_joins_no_group(monkeypatch: pytest
     calls: list[str] = []
     monkeypatch.setattr(torch.cuda, "set_device", lambda d: calls.append("set_device"))
     monkeypatch.setattr(torch.distributed, "init_process_group", lambda **kw: calls.append("init"))
-    dist.init(_ctx(torch.device("cuda", 0)), 30)
-    dist.init(_ctx(CPU), 30)
+    dist.init(unit_ctx(torch.device("cuda", 0)), 30)
+    dist.init(unit_ctx(CPU), 30)
     assert calls == ["set_device"]
 
 
@@ -147,28 +134,14 @@ def test_autocast_computes_in_the_plans_dtype(precision: str, dtype: torch.dtype
 
 def test_resuming_a_checkpoint_without_scaler_state_into_fp16_starts_a_fresh_scale() -> None:
     scaler = torch.amp.GradScaler("cpu", enabled=True)  # stands in for the fp16 CUDA scaler
-    state._load_scaler(scaler, {})  # what a disabled (fp32/bf16) scaler saved
+    snapshot._load_scaler(scaler, {})  # what a disabled (fp32/bf16) scaler saved
     assert scaler.get_scale() == 65536.0
     disabled = torch.amp.GradScaler("cpu", enabled=False)
-    state._load_scaler(disabled, {"scale": 8.0})  # fp16 -> fp32: ignored, and no error
+    snapshot._load_scaler(disabled, {"scale": 8.0})  # fp16 -> fp32: ignored, and no error
     assert not disabled.is_enabled() and disabled.state_dict() == {}
 
 
 # --- which options the device accepts -------------------------------------------------------------------------
-
-@pytest.mark.parametrize("opts", [{"sync_bn": True}, {"grad_compression": "bf16"}, {"grad_compression": "fp16"}])
-def test_cuda_only_options_are_accepted_on_cuda_and_refused_on_cpu(opts: dict[str, Any]) -> None:
-    state.check_device(_cfg(**opts), _ctx(GPU3))
-    if opts != {"grad_compression": "fp16"}:  # fp16 compression also runs on gloo
-        with pytest.raises(DeviceError, match="CUDA"):
-            state.check_device(_cfg(**opts), _ctx(CPU))
-
-
-def test_fp16_runs_on_the_cpu_too() -> None:
-    """torch has fp16 autocast and a GradScaler on the CPU (tests/trainer/test_trainer_fp16_cpu.py runs them)."""
-    state.check_device(_cfg(precision="fp16"), _ctx(CPU))
-    assert cuda_only(_cfg(precision="fp16")) == []  # the orchestrator accepts it with --gpus 0 from this table
-
 
 def test_sync_batch_norm_cannot_run_on_cpu_tensors(tmp_path: Path) -> None:
     """Why --sync-bn stays CUDA-only: a real SyncBatchNorm forward in a real gloo group refuses CPU tensors
@@ -181,50 +154,7 @@ def test_sync_batch_norm_cannot_run_on_cpu_tensors(tmp_path: Path) -> None:
         torch.distributed.destroy_process_group()
 
 
-def test_bf16_on_a_pre_ampere_gpu_warns(monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
-    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda d: (7, 0))
-    with caplog.at_level(logging.WARNING):
-        state.check_device(_cfg(precision="bf16"), _ctx(GPU3))
-    assert "emulated and slow" in caplog.text
-
-
-def test_apex_missing_is_refused_before_the_data_is_read(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setitem(sys.modules, "apex", None)  # import apex -> ImportError, whatever is installed
-    with pytest.raises(ConfigError, match="NVIDIA apex.*--optimizer sgd"):
-        state.check_device(_cfg(optimizer="apex-fused-sgd"), _ctx(GPU3))
-
-
-def _fake_apex(monkeypatch: pytest.MonkeyPatch, fused_sgd: type) -> None:
-    apex, optimizers = types.ModuleType("apex"), types.ModuleType("apex.optimizers")
-    optimizers.FusedSGD = fused_sgd  # type: ignore[attr-defined]
-    apex.optimizers = optimizers  # type: ignore[attr-defined]
-    monkeypatch.setitem(sys.modules, "apex", apex)
-    monkeypatch.setitem(sys.modules, "apex.optimizers", optimizers)
-
-
-def test_apex_without_its_cuda_extensions_is_a_clear_error(monkeypatch: pytest.MonkeyPatch) -> None:
-    class NoExtensions(torch.optim.SGD):
-        def __init__(self, *a: Any, **k: Any) -> None:
-            raise RuntimeError("apex.optimizers.FusedSGD requires cuda extensions")  # as apex says it
-    _fake_apex(monkeypatch, NoExtensions)
-    with pytest.raises(ConfigError, match="requires cuda extensions.*--optimizer sgd"):
-        state._optimizer(_cfg(optimizer="apex-fused-sgd"), [nn.Parameter(torch.zeros(1))])
-
-
-def test_apex_fused_sgd_gets_the_sgd_settings(monkeypatch: pytest.MonkeyPatch) -> None:
-    class FusedSGD(torch.optim.SGD):
-        pass
-    _fake_apex(monkeypatch, FusedSGD)
-    opt = state._optimizer(_cfg(optimizer="apex-fused-sgd", lr=0.3), [nn.Parameter(torch.zeros(1))])
-    assert isinstance(opt, FusedSGD) and opt.defaults["lr"] == 0.3 and opt.defaults["nesterov"]
-
-
 # --- model placement and the DDP wrap -----------------------------------------------------------------------------
-
-def test_channels_last_on_cuda_only() -> None:
-    assert state.memory_format(GPU3) == torch.channels_last
-    assert state.memory_format(CPU) == torch.contiguous_format
-
 
 def test_ddp_gets_the_gpu_index_and_nothing_on_cpu() -> None:
     assert parallel.ddp_kwargs(GPU3) == {"device_ids": [3], "output_device": 3}
@@ -255,9 +185,9 @@ class _RecordingDDP(nn.Module):
 def test_sync_bn_is_converted_before_the_ddp_wrap_with_the_gpu_and_hook(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(parallel, "DistributedDataParallel", _RecordingDDP)
     _RecordingDDP.seen, _RecordingDDP.hooks = [], []
-    cfg = _cfg(model="resnet20", sync_bn=True, grad_compression="bf16")
-    st = state.build(cfg, _ctx(CPU))  # the CUDA move itself needs a GPU; the order does not
-    state.wrap(cfg, _ctx(GPU3, rank=3, world=4), st)
+    cfg = unit_cfg(model="resnet20", sync_bn=True, grad_compression="bf16")
+    st = state.build(cfg, unit_ctx(CPU))  # the CUDA move itself needs a GPU; the order does not
+    state.wrap(cfg, unit_ctx(GPU3, rank=3, world=4), st)
     (module, kwargs), = _RecordingDDP.seen
     assert module is st.model and kwargs == {"device_ids": [3], "output_device": 3,
                                                    parallel._FORWARD_SYNC_KW: False}
@@ -279,10 +209,10 @@ def test_checkpoint_load_maps_to_the_given_device(tmp_path: Path) -> None:
 
 def _saved_run(tmp_path: Path) -> Config:
     cfg = Config(data_dir=tmp_path, ckpt_dir=tmp_path / "ck", model="tiny")
-    st = state.build(cfg, _ctx(CPU))
+    st = state.build(cfg, unit_ctx(CPU))
     st.pos.step = 5
     checkpoint.check_writable(cfg.ckpt_dir)  # creates it, as rank 0 does before training
-    checkpoint.save(cfg.ckpt_dir, state.to_checkpoint(cfg, _ctx(CPU), st, 64), step=5, epoch=0,
+    checkpoint.save(cfg.ckpt_dir, snapshot.to_checkpoint(cfg, unit_ctx(CPU), st, 64), step=5, epoch=0,
                     epoch_complete=False, world_size=1, keep=3)
     return cfg
 
@@ -293,7 +223,7 @@ def test_rank_0_of_a_cuda_job_reads_the_checkpoint_into_cpu_memory(monkeypatch: 
     cfg, devices = _saved_run(tmp_path), []
     real = checkpoint.load
     monkeypatch.setattr(checkpoint, "load", lambda info, device: devices.append(device) or real(info, device))
-    loaded, err = state._load_on_main(cfg, _ctx(GPU3, rank=0, world=4))
+    loaded, err = snapshot._load_on_main(cfg, unit_ctx(GPU3, rank=0, world=4))
     assert err is None and devices == [CPU] and loaded["step"] == 5
     assert all(t.device == CPU for t in loaded["model"].values())
 
@@ -303,8 +233,8 @@ def test_restore_broadcasts_through_this_processs_own_gpu(monkeypatch: pytest.Mo
     cfg, seen = _saved_run(tmp_path), {}
     monkeypatch.setattr(torch.distributed, "broadcast_object_list",
                         lambda objs, src, device: seen.update(src=src, device=device))
-    st = state.build(cfg, _ctx(CPU))
-    state.restore(cfg, DistContext(0, 3, 4, GPU3), st)  # rank 0 on its node's fourth GPU
+    st = state.build(cfg, unit_ctx(CPU))
+    snapshot.restore(cfg, DistContext(0, 3, 4, GPU3), st)  # rank 0 on its node's fourth GPU
     assert seen == {"src": 0, "device": GPU3} and st.pos.step == 5
 
 
@@ -324,7 +254,7 @@ def test_sigterm_on_an_epochs_last_step_keeps_its_metrics_line_and_resumes_exact
         return out
 
     monkeypatch.setattr(loop, "train_step", step_then_sigterm)
-    assert main(args) == loop.EXIT_SIGTERM
+    assert main(args) == contract.EXIT_STOPPED
     info = checkpoint.newest_valid(ck)
     assert info is not None and info.step == 8
     assert info.manifest["epoch"] == 1 and info.manifest["epoch_complete"] is True

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from trainer import models, state
+from trainer import models
 from trainer.config import MODEL_NAMES, Config
 from trainer.errors import ConfigError
 from trainer.loop import autocast, lr_at
@@ -48,12 +48,6 @@ def test_a_name_no_model_can_have_is_refused_by_the_config() -> None:
     """Not a trainer model and not shaped like a torchvision name: refused before torch or any data."""
     with pytest.raises(ConfigError, match="--model 'does-not-exist' is not a model.*resnet18"):
         Config(data_dir=Path("/d"), ckpt_dir=Path("/c"), model="does-not-exist")
-
-
-def test_apex_optimizer_without_apex_is_a_clear_error() -> None:
-    cfg = Config(data_dir=Path("/d"), ckpt_dir=Path("/c"), optimizer="apex-fused-sgd")
-    with pytest.raises(ConfigError, match="NVIDIA apex.*--optimizer sgd"):
-        state._optimizer(cfg, [torch.nn.Parameter(torch.zeros(1))])
 
 
 def test_lr_warms_up_linearly_then_decays_with_a_cosine() -> None:

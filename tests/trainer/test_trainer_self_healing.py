@@ -15,7 +15,7 @@ import pytest
 import torch
 from trainer_helpers import REPO, base_args, child_env, metrics_lines, newest_state
 
-from trainer import checkpoint, loop, metrics
+from trainer import checkpoint, contract, loop, metrics
 from trainer.__main__ import main
 
 
@@ -70,8 +70,8 @@ def test_resume_drops_records_after_the_checkpoint_and_records_the_restart(
     assert main([*args, "--max-steps", "16"]) == 0  # epochs 1, 2 and their checkpoints at steps 8, 16
     # As if the run had gone on past its newest checkpoint before it died: a record the resume trains again.
     (ck / checkpoint.manifest_name(16)).unlink()
-    monkeypatch.setenv(metrics.RESTART_ENV, "1")
-    monkeypatch.setenv(metrics.RESTART_CAUSE_ENV, "node 1 (b) exited with code 1")
+    monkeypatch.setenv(contract.ENV_RESTART, "1")
+    monkeypatch.setenv(contract.ENV_RESTART_CAUSE, "node 1 (b) exited with code 1")
     assert main([*args, "--resume"]) == 0
     records = metrics_lines(ck)
     assert [(r.get("event"), r["step"]) for r in records] == [(None, 8), ("restart", 8), (None, 16), (None, 24)]
@@ -90,8 +90,8 @@ def test_a_restart_from_the_beginning_drops_every_record_and_records_the_restart
         main(args)
     assert [r["step"] for r in metrics_lines(ck)] == [8] and not list(ck.glob("ckpt-*.json"))
     monkeypatch.delenv(loop.CRASH_AT_STEP_ENV)
-    monkeypatch.setenv(metrics.RESTART_ENV, "1")
-    monkeypatch.setenv(metrics.RESTART_CAUSE_ENV, "node 1 (b) no training progress for 16 s after step 0")
+    monkeypatch.setenv(contract.ENV_RESTART, "1")
+    monkeypatch.setenv(contract.ENV_RESTART_CAUSE, "node 1 (b) no training progress for 16 s after step 0")
     assert main(args) == 0
     records = metrics_lines(ck)
     assert [(r.get("event"), r["step"]) for r in records] == [("restart", 0), (None, 8), (None, 16)]

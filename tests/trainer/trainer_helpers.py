@@ -14,6 +14,8 @@ from pathlib import Path
 import torch
 
 from trainer import checkpoint
+from trainer.config import Config
+from trainer.dist import DistContext
 
 REPO = Path(__file__).resolve().parents[2]
 N_TRAIN, N_TEST = 512, 255  # an odd test size: uneven evaluation shards across 2 ranks
@@ -70,3 +72,14 @@ def tmpfs(where: Path, options: str) -> Iterator[Path]:
         yield where
     finally:
         subprocess.run(["umount", str(where)], check=True)
+
+
+CPU, GPU3 = torch.device("cpu"), torch.device("cuda", 3)  # GPU3: a rank's device, never touched in unit tests
+
+
+def unit_cfg(**kw: object) -> Config:
+    return Config(data_dir=Path("/d"), ckpt_dir=Path("/c"), **kw)  # type: ignore[arg-type]
+
+
+def unit_ctx(device: torch.device, rank: int = 0, world: int = 1) -> DistContext:
+    return DistContext(rank, device.index or 0, world, device)
