@@ -22,10 +22,8 @@ from dataclasses import dataclass
 
 from orchestrate.config import GPUS_ALL
 from orchestrate.jobs.owner import OWNER_LABEL
-from orchestrate.remote.docker import JOB_LABEL
+from orchestrate.remote.docker import GPUS_LABEL, JOB_LABEL, PORT_LABEL
 
-GPUS_LABEL = "ddp-cifar.gpus"  # the device indices a container holds, "0,1" (absent: none)
-PORT_LABEL = "ddp-cifar.master-port"  # node 0's rendezvous port, on node 0's container only
 HOLDING = ("running", "restarting", "created")  # states in which a container holds its GPUs and its port
 _FRACTION = re.compile(r"\.([0-9]+)")
 

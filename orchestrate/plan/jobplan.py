@@ -15,10 +15,12 @@ from orchestrate import __version__
 from orchestrate.config import GPUS_ALL, UpConfig, mask_text, masked_env, secret_values
 from orchestrate.hosts import Host
 from orchestrate.jobs.owner import container_name, owner_labels
-from orchestrate.plan import gpus, gpuset, transport
+from orchestrate.plan import gpus, transport
 from orchestrate.remote.docker import (
+    GPUS_LABEL,
     JOB_LABEL,
     NNODES_LABEL,
+    PORT_LABEL,
     RANK_LABEL,
     RESTART_CAUSE_LABEL,
     RESTART_LABEL,
@@ -270,9 +272,9 @@ def _node(config: UpConfig, host: Host, rank: int, nnodes: int, master_addr: str
 
 def _claim_labels(rank: int, gpu_set: tuple[int, ...], port: int | None) -> dict[str, str]:
     """The GPU set every container holds, and node 0's master port: what the next job's preflight reads."""
-    labels = {gpuset.GPUS_LABEL: gpus.gpus_text(gpu_set)} if gpu_set else {}
+    labels = {GPUS_LABEL: gpus.gpus_text(gpu_set)} if gpu_set else {}
     if rank == 0 and port is not None:
-        labels[gpuset.PORT_LABEL] = str(port)
+        labels[PORT_LABEL] = str(port)
     return labels
 
 

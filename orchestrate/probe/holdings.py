@@ -11,8 +11,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from orchestrate.jobs.owner import is_mine
-from orchestrate.plan.gpuset import GPUS_LABEL, PORT_LABEL, Held, held, label_ids
-from orchestrate.remote.docker import JOB_LABEL
+from orchestrate.plan.gpuset import Held, held, label_ids
+from orchestrate.remote.docker import GPUS_LABEL, JOB_LABEL, PORT_LABEL
 
 
 @dataclass(frozen=True)
