@@ -257,7 +257,7 @@ def _attempt(config: UpConfig, hosts: list[Host], console: Console, timings: Tim
     if config.restart:
         console.print(f"--- restart {config.restart} of {config.max_restarts} ---", markup=False)
     ready = _ready(config, hosts, console, timings)
-    config = dataclasses.replace(config, master_port=ready.port)
+    asked, config = config, dataclasses.replace(config, master_port=ready.port)
     nodes, reports, master, facts = ready.nodes, ready.reports, ready.master, ready.facts
     try:
         specs = build_plan(config, nodes.hosts, master, facts)
@@ -283,12 +283,13 @@ def _attempt(config: UpConfig, hosts: list[Host], console: Console, timings: Tim
             _data(nodes, config, console)
         with timings.phase("start"):
             remove_leftovers(nodes, config, config.grace, [i for i, r in enumerate(reports) if r.containers])
-            remember(config)
-            claim = start_claimed(nodes, config, specs, facts, [r.present for r in reports], reports[0].listening,
+            as_asked = dataclasses.replace(config, master_port=asked.master_port)  # the port chosen is not kept
+            remember(as_asked)
+            claim = start_claimed(nodes, as_asked, specs, facts, [r.present for r in reports], reports[0].listening,
                                   lambda port, f: build_plan(dataclasses.replace(config, master_port=port),
                                                              nodes.hosts, master, f, launcher), console)
-            specs, containers, config = claim.specs, claim.containers, dataclasses.replace(config,
-                                                                                           master_port=claim.port)
+            specs, containers = claim.specs, claim.containers
+            config = dataclasses.replace(config, master_port=claim.port)
         console.print(f"job {config.job!r} started: {len(specs)} node(s), master {master}:{config.master_port}",
                       markup=False, highlight=False)
         if config.detach:

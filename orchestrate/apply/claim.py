@@ -22,7 +22,7 @@ from orchestrate.jobs.owner import OWNER_UID_LABEL
 from orchestrate.plan import gpuset, ports
 from orchestrate.plan.jobplan import NodeFacts, NodeSpec
 from orchestrate.probe.holdings import created_claim, read_holdings
-from orchestrate.remote.docker import JOB_LABEL
+from orchestrate.remote.docker import JOB_LABEL, PORT_LABEL
 from orchestrate.remote.session import Nodes
 from orchestrate.remote.ssh import fan_out
 from orchestrate.watch.launch import start_containers
@@ -53,8 +53,9 @@ Replan = Callable[[int | None, Sequence[NodeFacts]], list[NodeSpec]]
 def start_claimed(nodes: Nodes, config: UpConfig, specs: list[NodeSpec], facts: Sequence[NodeFacts],
                   present: Sequence[tuple[int, ...]], listening: set[int], replan: Replan,
                   console: Console) -> Claim:
-    """Create, check the claim, start; on a lost claim remove, wait and plan again (fresh labels)."""
-    claim = Claim([], specs, config.master_port)
+    """Create, check the claim, start; on a lost claim remove, wait and plan again (fresh labels). `config`
+    is the user's: its master port None when preflight chose one (a lost claim chooses again)."""
+    claim = Claim([], specs, _port_of(specs))
     while True:
         try:
             claim.containers = start_containers(nodes, claim.specs, lambda made: _check(nodes, claim.specs, made))
@@ -72,6 +73,12 @@ def start_claimed(nodes: Nodes, config: UpConfig, specs: list[NodeSpec], facts: 
             claim.tries += 1
             claim.port, new_facts = regrant(nodes, config, facts, present, listening)
             claim.specs = replan(claim.port, new_facts)
+
+
+def _port_of(specs: Sequence[NodeSpec]) -> int | None:
+    """The master port the plan gives node 0 (its label)."""
+    text = specs[0].labels.get(PORT_LABEL, "") if specs else ""
+    return int(text) if text.isdigit() else None
 
 
 def regrant(nodes: Nodes, config: UpConfig, facts: Sequence[NodeFacts], present: Sequence[tuple[int, ...]],
