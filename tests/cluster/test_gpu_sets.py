@@ -30,7 +30,7 @@ def image(target: Cluster, tmp_path_factory: pytest.TempPathFactory) -> str:
     image transfers at once."""
     tag, work = example_image("minimal"), tmp_path_factory.mktemp("warm")
     hosts = target.write_hosts_file(work / "hosts.txt")
-    warm = ["up", "--hosts", str(hosts), "--job", "warm", "--gpus", "0", "--image", tag, "--entry",
+    warm = ["up", "--hosts", str(hosts), "--job", "warm", "--gpus", "0", "--image", tag, "--layer-cache", "off", "--entry",
             "/app/minimal/train.py", "--", "--steps", "1"]
     assert orchestrate(target, work, *warm).returncode == 0
     assert orchestrate(target, work, "kill", "--hosts", str(hosts), "--job", "warm").returncode == 0
