@@ -18,7 +18,7 @@ from .layout import known_states
 def cmd_up(args: argparse.Namespace) -> int:
     t0 = time.monotonic()
     c = Cluster.create(args.hosts, args.name, persistent=True, root_login=args.root_login,
-                       no_sftp=args.no_sftp, shared=args.shared)
+                       no_sftp=args.no_sftp, shared=args.shared, gpus=args.gpus)
     print(f"cluster {c.name}: {len(c.hosts)} hosts on {c.subnet} in {time.monotonic() - t0:.1f} s")
     print(f"state folder: {c.dir}")
     print(f"login user: {c.user}" + (f"; {c.shared} is one folder on every host ({c.dir / 'shared'})"
@@ -26,6 +26,8 @@ def cmd_up(args: argparse.Namespace) -> int:
     for h in c.hosts:
         print(f"  {h.name}  {h.addr}  sftp {'on' if h.sftp else 'off'}  files {h.layout.fs_dir}  "
               f"DOCKER_HOST={h.docker_host}")
+    if c.state.gpus:
+        print(f"each host reports {c.state.gpus} simulated GPU(s) (nvidia-smi in /usr/games)")
     print(f"try: ssh -F {c.ssh_config} {c.hosts[0].name} docker info")
     print(f"     HOME={c.home} python -m orchestrate ... --hosts {c.hosts_file}")
     print(f"remove: python -m devcluster down --name {c.name}")
@@ -85,6 +87,9 @@ def parser() -> argparse.ArgumentParser:
                     help="indices of hosts whose sshd has no sftp subsystem (e.g. --no-sftp 1)")
     up.add_argument("--shared", metavar="PATH",
                     help="one folder seen at PATH by every host, as an NFS mount (e.g. /mnt/shared)")
+    up.add_argument("--gpus", type=int, default=0, metavar="N",
+                    help="each host reports N GPUs through a simulated nvidia-smi (jobs then run with "
+                         "orchestrate's --gpus-on-cpu)")
     up.set_defaults(func=cmd_up)
     down = sub.add_parser("down", help="remove one cluster")
     down.add_argument("--name", required=True)

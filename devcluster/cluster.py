@@ -29,6 +29,7 @@ from .teardown import stop_leftovers, teardown, traces
 
 log = logging.getLogger(__name__)
 
+MAX_FAKE_GPUS = 16  # a GPU machine's most; more is a typo
 TOOLS = ("ip", "nsenter", "unshare", "iptables", "ssh-keygen", "dockerd", "containerd", "runc", "umount", sshd.SSHD, *hostfs.TOOLS)
 
 
@@ -174,13 +175,13 @@ class Cluster:
 
     @classmethod
     def create(cls, n_hosts: int, name: str | None = None, *, persistent: bool = False, root_login: bool = False,
-               no_sftp: Sequence[int] = (), shared: str | None = None) -> Cluster:
+               no_sftp: Sequence[int] = (), shared: str | None = None, gpus: int = 0) -> Cluster:
         """Bring up n_hosts hosts. Unless persistent, the cluster belongs to this process: once the
         process is gone, `gc` removes it. On any failure everything made so far is removed.
 
         Variants: root_login (log in as root instead of the non-root `ddp`), no_sftp (indices of hosts
         whose sshd has no sftp subsystem), shared (a path, e.g. "/mnt/shared", that is one folder seen
-        by every host, as an NFS mount)."""
+        by every host, as an NFS mount), gpus (each host's simulated nvidia-smi reports that many GPUs)."""
         if os.geteuid() != 0:
             raise NotRootError("devcluster needs root (netns, bridge, iptables, dockerd); run it as root")
         if not 1 <= n_hosts <= MAX_HOSTS:
@@ -190,11 +191,13 @@ class Cluster:
             raise DevclusterError(f"no_sftp {bad}: host indices are 0 to {n_hosts - 1}")
         if shared is not None:
             hostfs.check_shared(shared)
+        if not 0 <= gpus <= MAX_FAKE_GPUS:
+            raise DevclusterError(f"--gpus {gpus}: choose 0 to {MAX_FAKE_GPUS} simulated GPUs per host")
         need_tools(*TOOLS)
         _check_disk()
         user = "root" if root_login else ensure_user().pw_name
         state = _claim(n_hosts, name, None if persistent else os.getpid(),
-                       user=user, no_sftp=sorted(set(no_sftp)), shared=shared)
+                       user=user, no_sftp=sorted(set(no_sftp)), shared=shared, gpus=gpus)
         try:
             _bring_up(state)
         except BaseException:
@@ -346,6 +349,8 @@ def _bring_up(state: ClusterState) -> None:
         h.log_dir.mkdir(mode=0o700, exist_ok=True)
         hostfs.make_host_dirs(state, h, user_pub)
         hostfs.make_mount_ns(state, h)
+        if state.gpus:
+            hostfs.install_fake_gpus(h, state.gpus)
         net.create_host_net(state, h, resolvers)
     ctrd = {h.index: dockerd.spawn_containerd(h) for h in hosts}
     for h in hosts:

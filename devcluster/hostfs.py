@@ -17,6 +17,7 @@ from __future__ import annotations
 import grp
 import os
 import pwd
+import shutil
 import uuid
 from pathlib import Path, PurePosixPath
 
@@ -30,7 +31,10 @@ DOCKER_GROUP = "docker"
 TOOLS = ("useradd", "usermod", "setpriv", "mount")
 BOOT_ID = "/proc/sys/kernel/random/boot_id"
 PER_HOST = {"/home": ("home", 0o755), "/root": ("root", 0o700), "/tmp": ("tmp", 0o1777),
-            "/var/tmp": ("var-tmp", 0o1777), "/mnt": ("mnt", 0o755), "/run": ("run", 0o755)}
+            "/var/tmp": ("var-tmp", 0o1777), "/mnt": ("mnt", 0o755), "/run": ("run", 0o755),
+            # where `up --gpus N` puts the simulated nvidia-smi: a folder on sshd's default PATH
+            # (/usr/local/bin:/usr/bin:/bin:/usr/games) that is empty on the machine, so each host has its own
+            "/usr/games": ("games", 0o755)}
 
 
 def ensure_user(name: str = LOGIN_USER) -> pwd.struct_passwd:
@@ -165,3 +169,12 @@ def as_user(user: str, argv: list[str]) -> list[str]:
     return ["setpriv", f"--reuid={entry.pw_uid}", f"--regid={entry.pw_gid}", "--init-groups", "--",
             "env", "-i", f"HOME={entry.pw_dir}", f"USER={user}", f"LOGNAME={user}",
             "PATH=/usr/local/bin:/usr/bin:/bin", *argv]
+
+
+def install_fake_gpus(host: HostLayout, count: int) -> None:
+    """The simulated nvidia-smi (devcluster/scripts/nvidia-smi) in the host's own /usr/games, reporting `count`
+    GPUs; the host's index makes its GPU UUIDs its own."""
+    games = host.fs_dir / PER_HOST["/usr/games"][0]
+    shutil.copy(Path(__file__).with_name("scripts") / "nvidia-smi", games / "nvidia-smi")
+    (games / "nvidia-smi").chmod(0o755)
+    (games / "gpus").write_text(f"{count} {host.index}\n")

@@ -131,6 +131,7 @@ class ClusterState:
     user: str = "ddp"  # the login user of every host ("root" for the root-login variant)
     no_sftp: list[int] = field(default_factory=list)  # hosts whose sshd has no sftp subsystem
     shared: str | None = None  # a path every host sees as the same folder (<dir>/shared), as with NFS
+    gpus: int = 0  # GPUs each host's simulated nvidia-smi reports (0: no nvidia-smi)
 
     @property
     def dir(self) -> Path:

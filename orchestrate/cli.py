@@ -90,7 +90,11 @@ def build_parser() -> argparse.ArgumentParser:
     up.add_argument("--nccl-transport", choices=TRANSPORTS, default=UP["nccl_transport"], help=TRANSPORT_HELP)
     up.add_argument("--nproc-per-node", type=int, default=None, help="processes per node (default: GPUs, or 1 on CPU)")
     up.add_argument("--master-addr", default=None, help="rendezvous address (default: node 0's address)")
-    up.add_argument("--master-port", type=int, default=UP["master_port"], help="rendezvous port on node 0 (must be free)")
+    up.add_argument("--master-port", type=int, default=UP["master_port"],
+                    help="rendezvous port on node 0 (default: one free there and held by no other job)")
+    up.add_argument("--gpus-on-cpu", action="store_true",
+                    help="hold the GPUs of --gpus (labels, CUDA_VISIBLE_DEVICES) but run on CPU: for test hosts "
+                         "whose nvidia-smi is simulated (python -m devcluster up --gpus N)")
     up.add_argument("--data-dir", default=UP["data_dir"], help="CIFAR-10 on each node (data_dir= per host wins)")
     up.add_argument("--ckpt-dir", default=UP["ckpt_dir"], help="{job} expands to the job name")
     up.add_argument("--log-dir", default=UP["log_dir"],
@@ -155,7 +159,8 @@ def build_parser() -> argparse.ArgumentParser:
     check.add_argument("--gpus", type=parse_gpus, default=UP["gpus"], help=GPUS_HELP)
     check.add_argument("--nccl-transport", choices=TRANSPORTS, default=UP["nccl_transport"], help=TRANSPORT_HELP)
     check.add_argument("--master-addr", default=None, help="rendezvous address (default: node 0's address)")
-    check.add_argument("--master-port", type=int, default=UP["master_port"], help="rendezvous port on node 0 (must be free)")
+    check.add_argument("--master-port", type=int, default=UP["master_port"],
+                       help="rendezvous port on node 0 (default: one free there and held by no other job)")
     check.add_argument("--max-mb", type=int, default=UP["check_max_mb"], help="largest message (MB)")
     check.add_argument("--precision", choices=PRECISIONS, default="bf16",
                        help="of the self-test's training steps (fp16 runs with a gradient scaler)")
@@ -214,8 +219,8 @@ def _gpu_fields(value: int | Sequence[int]) -> dict[str, Any]:
 def up_config(ns: argparse.Namespace) -> UpConfig:
     return UpConfig(
         ssh=SSHOptions(ns.hosts, ns.ssh_config, ns.accept_new_host_keys), job=ns.job, image=ns.image,
-        **_gpu_fields(ns.gpus), nccl_transport=ns.nccl_transport, nproc_per_node=ns.nproc_per_node,
-        master_addr=ns.master_addr,
+        **_gpu_fields(ns.gpus), gpus_on_cpu=ns.gpus_on_cpu, nccl_transport=ns.nccl_transport,
+        nproc_per_node=ns.nproc_per_node, master_addr=ns.master_addr,
         master_port=ns.master_port, data_dir=ns.data_dir, ckpt_dir=ns.ckpt_dir, log_dir=ns.log_dir,
         data_url=ns.data_url, data_from=ns.data_from, data_md5=ns.data_md5, env=_env(ns.env), pull=ns.pull, layer_cache=ns.layer_cache,
         detach=ns.detach, dry_run=ns.dry_run, timings=ns.timings, resume=ns.resume, replace=ns.replace,

@@ -93,10 +93,12 @@ class UpConfig:
     image: str = DEFAULT_IMAGE
     gpus: int = GPUS_ALL  # GPUS_ALL = every GPU of each host; 0 = CPU mode
     gpu_ids: tuple[int, ...] = ()  # --gpus 0,1 or 4-7: these device indices (gpus is then their count)
+    # Hold the GPU set (labels, CUDA_VISIBLE_DEVICES) but run on CPU: test hosts whose nvidia-smi is simulated.
+    gpus_on_cpu: bool = False
     nccl_transport: str = "auto"  # NCCL between the nodes: ib, socket, or auto (IB where every node has it)
     nproc_per_node: int | None = None
     master_addr: str | None = None
-    master_port: int = 29500
+    master_port: int | None = None  # None: node 0 gets a free port at plan time (plan/ports.py)
     data_dir: str = DEFAULT_DATA_DIR
     ckpt_dir: str = DEFAULT_CKPT_DIR
     log_dir: str = DEFAULT_LOG_DIR
@@ -147,7 +149,10 @@ class UpConfig:
                               "it applies to GPU jobs (NCCL), --gpus 0 runs on gloo")
         if self.gpus > 0 and self.nproc_per_node is not None and self.nproc_per_node > self.gpus:
             raise ConfigError(f"--nproc-per-node {self.nproc_per_node} exceeds --gpus {self.gpus}: one process per GPU")
-        check_port(self.master_port, "--master-port")
+        if self.master_port is not None:
+            check_port(self.master_port, "--master-port")
+        if self.gpus_on_cpu and self.gpus == 0:
+            raise ConfigError("--gpus-on-cpu holds GPUs while running on CPU: give --gpus N, 'all' or indices with it")
         if self.layer_cache not in LAYER_CACHE_MODES:
             raise ConfigError(f"--layer-cache {self.layer_cache!r}: choose one of {', '.join(LAYER_CACHE_MODES)}")
         if self.master_addr is not None and not re.fullmatch(r"[A-Za-z0-9.:-]+", self.master_addr):
@@ -208,7 +213,8 @@ class UpConfig:
 
     @property
     def cpu_mode(self) -> bool:
-        return self.gpus == 0
+        """The containers run on CPU (gloo): no GPUs asked for, or GPUs held on a simulated host."""
+        return self.gpus == 0 or self.gpus_on_cpu
 
     @property
     def env_dict(self) -> dict[str, str]:

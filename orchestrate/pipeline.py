@@ -16,6 +16,7 @@ from typing import Any
 from rich.console import Console
 
 from orchestrate import jobfile
+from orchestrate.apply.claim import start_claimed
 from orchestrate.apply.data import make_dirs, prefetch_all
 from orchestrate.apply.image import ensure_images
 from orchestrate.apply.layercache import REGISTRY_BINARY, registry_binary
@@ -41,7 +42,6 @@ from orchestrate.watch.launch import (
     find_resume_checkpoint,
     newest_step,
     remove_leftovers,
-    start_containers,
     summary,
     watch,
 )
@@ -213,6 +213,7 @@ class Ready:
     facts: list[NodeFacts]
     local: Any  # the local Docker client (None: no local daemon)
     local_id: str | None  # the image's ID here
+    port: int | None  # node 0's master port, given or chosen by preflight (plan/ports.py)
 
     def images(self, config: UpConfig, console: Console) -> None:
         ensure_images(self.nodes, config, self.local, self.local_id, console, [r.image_id for r in self.reports])
@@ -235,15 +236,16 @@ def _ready(config: UpConfig, hosts: list[Host], console: Console, timings: Timin
     for rank, report in enumerate(reports):
         nodes.adopt_docker(rank, report.docker)
     facts = [NodeFacts(iface=r.iface, gpus=r.gpus, home=r.identity.home, user=r.identity.user_spec,
-                       login=r.identity.name, addr=r.addr, ib=r.ib) if r.identity else
-             NodeFacts(iface=r.iface, gpus=r.gpus, addr=r.addr, ib=r.ib) for r in reports]
-    return Ready(nodes, reports, master, facts, local, local_id)
+                       login=r.identity.name, addr=r.addr, ib=r.ib, gpu_set=r.gpu_set) if r.identity else
+             NodeFacts(iface=r.iface, gpus=r.gpus, addr=r.addr, ib=r.ib, gpu_set=r.gpu_set) for r in reports]
+    return Ready(nodes, reports, master, facts, local, local_id, reports[0].port)
 
 
 def check(config: UpConfig, console: Console) -> int:
     """`check`: the first-day self-test (preflight, the image where missing, then per node the GPU probe, a
     training step and a checkpoint, and the network check); exit 1 when a part failed or a node is an outlier."""
     ready = _ready(config, load_hosts(config), console, Timings())
+    config = dataclasses.replace(config, master_port=ready.port)
     try:
         specs = build_plan(config, ready.nodes.hosts, ready.master, ready.facts)
         ready.images(config, console)
@@ -256,6 +258,7 @@ def _attempt(config: UpConfig, hosts: list[Host], console: Console, timings: Tim
     if config.restart:
         console.print(f"--- restart {config.restart} of {config.max_restarts} ---", markup=False)
     ready = _ready(config, hosts, console, timings)
+    asked, config = config, dataclasses.replace(config, master_port=ready.port)
     nodes, reports, master, facts = ready.nodes, ready.reports, ready.master, ready.facts
     try:
         specs = build_plan(config, nodes.hosts, master, facts)
@@ -281,8 +284,13 @@ def _attempt(config: UpConfig, hosts: list[Host], console: Console, timings: Tim
             _data(nodes, config, console)
         with timings.phase("start"):
             remove_leftovers(nodes, config, config.grace, [i for i, r in enumerate(reports) if r.containers])
-            remember(config)
-            containers = start_containers(nodes, specs)
+            as_asked = dataclasses.replace(config, master_port=asked.master_port)  # the port chosen is not kept
+            remember(as_asked)
+            claim = start_claimed(nodes, as_asked, specs, facts, [r.present for r in reports], reports[0].listening,
+                                  lambda port, f: build_plan(dataclasses.replace(config, master_port=port),
+                                                             nodes.hosts, master, f, launcher), console)
+            specs, containers = claim.specs, claim.containers
+            config = dataclasses.replace(config, master_port=claim.port)
         console.print(f"job {config.job!r} started: {len(specs)} node(s), master {master}:{config.master_port}",
                       markup=False, highlight=False)
         if config.detach:

@@ -17,7 +17,7 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from orchestrate.remote.docker import JOB_LABEL, RANK_LABEL, job_containers
+from orchestrate.remote.docker import GPUS_LABEL, JOB_LABEL, RANK_LABEL, job_containers
 from orchestrate.remote.session import Nodes
 from orchestrate.remote.ssh import fan_out
 
@@ -87,7 +87,11 @@ class JobRow:
 
 
 def gpus_of(attrs: Mapping[str, Any]) -> str:
-    """PURE: the GPUs a container asked Docker for (its device requests): `all`, a count, device IDs, or `-`."""
+    """PURE: the GPUs a container holds: its GPU-set label (also on a simulated host, where Docker gets no
+    request), else what it asked Docker for (its device requests): `all`, a count, device IDs, or `-`."""
+    held = ((attrs.get("Config") or {}).get("Labels") or {}).get(GPUS_LABEL)
+    if held:
+        return held
     parts: list[str] = []
     for req in (attrs.get("HostConfig") or {}).get("DeviceRequests") or []:
         if req.get("DeviceIDs"):

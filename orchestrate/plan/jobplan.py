@@ -17,8 +17,10 @@ from orchestrate.hosts import Host
 from orchestrate.jobs.owner import container_name, owner_labels
 from orchestrate.plan import gpus, transport
 from orchestrate.remote.docker import (
+    GPUS_LABEL,
     JOB_LABEL,
     NNODES_LABEL,
+    PORT_LABEL,
     RANK_LABEL,
     RESTART_CAUSE_LABEL,
     RESTART_LABEL,
@@ -59,6 +61,7 @@ class NodeFacts:
     login: str | None = None  # the login's name, for programs that ask who they are (getpass)
     addr: str | None = None  # the node's address toward the master (its peers see connections from it)
     ib: bool | None = None  # an active InfiniBand/RoCE port and its verbs devices (None: not probed)
+    gpu_set: tuple[int, ...] = ()  # the device indices granted here beside the other jobs' (gpuset.py)
 
 
 @dataclass(frozen=True)
@@ -186,6 +189,8 @@ def user_env(facts: NodeFacts) -> dict[str, str]:
 def nproc_for(config: UpConfig, host: Host, facts: NodeFacts) -> int | str:
     if config.nproc_per_node is not None:
         return config.nproc_per_node
+    if facts.gpu_set:  # one process per GPU granted, on CPU too (--gpus-on-cpu)
+        return len(facts.gpu_set)
     if config.cpu_mode:
         return host.slots or 1
     if config.gpus > 0:
@@ -224,9 +229,10 @@ def _node(config: UpConfig, host: Host, rank: int, nnodes: int, master_addr: str
     nproc = nproc_for(config, host, facts)
     iface = host.iface or facts.iface or UNKNOWN
     dirs = host_dirs(config, host, facts.home)
+    port = UNKNOWN if config.master_port is None else str(config.master_port)
     command = [
         *launcher, "--nnodes", str(nnodes), "--node_rank", str(rank), "--master_addr", master_addr,
-        "--master_port", str(config.master_port), "--nproc_per_node", str(nproc), *TORCHRUN_LOG_ARGS,
+        "--master_port", port, "--nproc_per_node", str(nproc), *TORCHRUN_LOG_ARGS,
         *config.entry_argv,
     ]
     if config.is_trainer:
@@ -238,7 +244,7 @@ def _node(config: UpConfig, host: Host, rank: int, nnodes: int, master_addr: str
     else:
         command += config.trainer_args
     env = {
-        "MASTER_ADDR": master_addr, "MASTER_PORT": str(config.master_port), "NODE_RANK": str(rank),
+        "MASTER_ADDR": master_addr, "MASTER_PORT": port, "NODE_RANK": str(rank),
         "NNODES": str(nnodes), "NPROC_PER_NODE": str(nproc), "GLOO_SOCKET_IFNAME": iface,
         "DDP_CIFAR_JOB": config.job,
         # The contract with any program (docs/DESIGN.md §7); torchrun adds RANK, LOCAL_RANK, WORLD_SIZE.
@@ -254,8 +260,10 @@ def _node(config: UpConfig, host: Host, rank: int, nnodes: int, master_addr: str
         # recorder dumped first; 1 would skip the dump). The dumps go to the node's log dir, not the container's
         # /tmp that goes away with it.
         env["TORCH_FR_DUMP_TEMP_FILE"] = f"{LOG_MOUNT}/{FR_DUMP_PREFIX}"
+    env.update(_simulated_devices(config, facts.gpu_set))
     env.update(config.env_dict)  # the user's --env last: it may override the defaults on purpose
-    n_gpus = 0 if config.cpu_mode else config.gpus if config.gpus > 0 else host.slots or GPUS_ALL
+    ids = facts.gpu_set or config.gpu_ids
+    n_gpus = 0 if config.cpu_mode else len(ids) if ids else config.gpus if config.gpus > 0 else host.slots or GPUS_ALL
     return NodeSpec(
         rank=rank, host=host, name=container_name(config.job, rank, facts.login), image=config.image, command=tuple(command),
         env=env,
@@ -263,11 +271,29 @@ def _node(config: UpConfig, host: Host, rank: int, nnodes: int, master_addr: str
                 Mount(dirs["log"], LOG_MOUNT)),
         labels={JOB_LABEL: config.job, RANK_LABEL: str(rank), NNODES_LABEL: str(nnodes), VERSION_LABEL: __version__,
                 RESTART_LABEL: str(config.restart), RESTART_CAUSE_LABEL: config.restart_cause,
-                **owner_labels(facts.user, facts.login)},
-        gpus=n_gpus, gpu_ids=config.gpu_ids, ipc_mode=None if config.shm_size else "host", shm_size=config.shm_size,
+                **owner_labels(facts.user, facts.login), **_claim_labels(rank, facts.gpu_set, config.master_port)},
+        gpus=n_gpus, gpu_ids=ids, ipc_mode=None if config.shm_size else "host", shm_size=config.shm_size,
         memory=config.memory, dirs=dirs,
         ulimits=CPU_ULIMITS if config.cpu_mode else GPU_ULIMITS, user=facts.user,
     )
+
+
+def _claim_labels(rank: int, gpu_set: tuple[int, ...], port: int | None) -> dict[str, str]:
+    """The GPU set every container holds, and node 0's master port: what the next job's preflight reads."""
+    labels = {GPUS_LABEL: gpus.gpus_text(gpu_set)} if gpu_set else {}
+    if rank == 0 and port is not None:
+        labels[PORT_LABEL] = str(port)
+    return labels
+
+
+def _simulated_devices(config: UpConfig, gpu_set: tuple[int, ...]) -> dict[str, str]:
+    """--gpus-on-cpu: what a container on a GPU node sees without a DeviceRequest to make it so. Docker's NVIDIA
+    device driver sets NVIDIA_VISIBLE_DEVICES to the requested device IDs (moby daemon/nvidia_linux.go); CUDA in
+    the container then numbers those GPUs 0..k-1. On a real GPU node neither is set here: Docker does it."""
+    if not (config.gpus_on_cpu and gpu_set):
+        return {}
+    return {"NVIDIA_VISIBLE_DEVICES": gpus.gpus_text(gpu_set),
+            "CUDA_VISIBLE_DEVICES": gpus.gpus_text(range(len(gpu_set)))}
 
 
 def render_plan(specs: Sequence[NodeSpec]) -> str:

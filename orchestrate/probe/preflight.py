@@ -15,8 +15,9 @@ from rich.table import Table
 from orchestrate.config import UpConfig, socket_exposure
 from orchestrate.errors import MultiHostError, PreflightError, SSHError
 from orchestrate.jobs import owner
-from orchestrate.plan import gpus, transport
+from orchestrate.plan import gpus, gpuset, ports, transport
 from orchestrate.plan.jobplan import host_dirs
+from orchestrate.probe.holdings import Holdings, read_holdings
 from orchestrate.remote.docker import client_over_ssh, image_id
 from orchestrate.remote.ssh import Connection, Identity
 
@@ -80,7 +81,7 @@ def probe_host(conn: Connection, config: UpConfig, rank: int, master_addr: str, 
     """Run PROBE_SCRIPT once on the host; return its facts."""
     dirs = host_dirs(config, conn.host, conn.identity().home)
     argv = ["sh", "-c", PROBE_SCRIPT, "probe", dirs["data"], dirs["ckpt"], master_addr,
-            "0" if rank == 0 else str(master_ssh_port), "1" if rank == 0 else "0", "0" if config.cpu_mode else "1",
+            "0" if rank == 0 else str(master_ssh_port), "1" if rank == 0 else "0", "1" if config.gpus else "0",
             dirs["log"]]
     sent = time.time()
     res = conn.run(argv, timeout=60)
@@ -115,6 +116,11 @@ class HostReport:
     identity: Identity | None = None  # the SSH login there: containers run as it, ~ in the dirs is its home
     dirs: dict[str, str] = field(default_factory=dict)  # the data/ckpt/log dirs, ~ resolved
     clock_skew: float = 0.0  # seconds the host's clock is ahead (+) or behind (-) this machine's, at least
+    holdings: Holdings = field(default_factory=Holdings)  # what the containers on the daemon hold (labels)
+    present: tuple[int, ...] = ()  # the device indices nvidia-smi lists
+    gpu_set: tuple[int, ...] = ()  # the device indices this job gets here (empty: CPU, or refused)
+    port: int | None = None  # node 0: the master port chosen or given (None: refused, or not node 0)
+    listening: set[int] = field(default_factory=set)  # node 0: ports something listens on
 
     def add(self, name: str, ok: bool, text: str, warn: bool = False) -> None:
         self.checks[name] = Check(ok, text, warn)
@@ -141,6 +147,7 @@ def check_host(conn: Connection, rank: int, config: UpConfig, master_addr: str, 
         return report
     facts = probe_host(conn, config, rank, master_addr, master_ssh_port)
     report.clock_skew = clock_skew(facts)
+    report.holdings = read_holdings(report.docker, config.job, report.identity.uid)  # type: ignore[union-attr]
     judge_gpus(facts, report, config, conn.host.slots)
     judge_transport(facts, report, config)
     exposed = socket_exposure(report.dirs, conn.host.docker_host)
@@ -179,10 +186,10 @@ def clock_warnings(reports: Sequence[HostReport]) -> list[str]:
 
 
 def judge_gpus(facts: dict[str, str], report: HostReport, config: UpConfig, slots: int | None) -> None:
-    """PURE: GPUs visible (nvidia-smi); skipped in CPU mode. Whether containers can use them (the runtime
-    registered with the daemon, the driver new enough for the image's CUDA) is the GPU probe's fact, once the
-    image is on the node (gpuprobe.py)."""
-    if config.cpu_mode:
+    """PURE: GPUs visible (nvidia-smi), and the set this job gets beside the other jobs' (gpuset.py); skipped
+    with --gpus 0. Whether containers can use them (the runtime registered with the daemon, the driver new
+    enough for the image's CUDA) is the GPU probe's fact, once the image is on the node (gpuprobe.py)."""
+    if not config.gpus:
         report.add("gpus", True, "CPU mode")
         return
     smi = facts.get("smi", "missing")
@@ -202,8 +209,17 @@ def judge_gpus(facts: dict[str, str], report: HostReport, config: UpConfig, slot
     if absent:
         report.add("gpus", False, absent)
         return
-    busy = gpus.busy_warning(config.gpus, config.gpu_ids, facts.get("gpu_list", ""), facts.get("compute_apps", ""))
-    report.add("gpus", True, f"{count} GPU(s)" + (f"; {busy}" if busy else ""), warn=bool(busy))
+    present = report.present = tuple(gpus.gpu_indices(facts.get("gpu_list", "")))
+    grant = gpuset.allocate(config.gpus, config.gpu_ids, present, report.holdings.others, report.holdings.own_gpus)
+    if grant.problem:
+        report.add("gpus", False, grant.problem)
+        return
+    report.gpu_set = grant.gpus
+    busy = gpus.busy_warning(config.gpus, grant.gpus, facts.get("gpu_list", ""), facts.get("compute_apps", ""))
+    text = f"GPU {gpus.gpus_text(grant.gpus)} of {count}"
+    rest = gpuset.holders_of(present, report.holdings.others)
+    report.add("gpus", True, text + (f"; others: {rest}" if rest else "") + (f"; {busy}" if busy else ""),
+               warn=bool(busy))
 
 
 def judge_transport(facts: dict[str, str], report: HostReport, config: UpConfig) -> None:
@@ -265,19 +281,16 @@ def judge_disk(facts: dict[str, str], report: HostReport, config: UpConfig, dirs
     report.add("disk", True, " ".join(texts))
 
 
-def judge_port(facts: dict[str, str], report: HostReport, port: int, replaced: bool = False) -> None:
-    """PURE: the master port is not listening on node 0, or the job that `--replace` removes first runs there
-    (its torchrun holds the port: the replacement refused itself once torchrun was up)."""
+def judge_port(facts: dict[str, str], report: HostReport, port: int | None, replaced: bool = False) -> None:
+    """PURE: node 0's master port (ports.py): the one given, or one free there and claimed by no other job's
+    label. A given port the job that `--replace` removes first listens on is not taken (its torchrun holds it)."""
     if facts.get("ss_ok") != "1":
         report.add("port", False, "cannot list listening ports (ss from iproute2 missing?)")
         return
-    used = {addr.rsplit(":", 1)[-1] for addr in facts.get("listening", "").split()}
-    if str(port) in used and replaced:
-        report.add("port", True, f"{port} in use (the job being replaced?)")
-    elif str(port) in used:
-        report.add("port", False, f"master port {port} already in use on node 0; pick another with --master-port")
-    else:
-        report.add("port", True, f"{port} free")
+    report.listening = ports.listening_ports(facts.get("listening", ""))
+    report.port, text = ports.choose(port, report.listening, report.holdings.others, report.holdings.own_port,
+                                     replaced)
+    report.add("port", report.port is not None, text)
 
 
 def judge_master(facts: dict[str, str], report: HostReport, rank: int, addr: str, ssh_port: int,

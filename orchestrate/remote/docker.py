@@ -29,6 +29,8 @@ NNODES_LABEL = "ddp-cifar.nnodes"
 VERSION_LABEL = "ddp-cifar.version"
 RESTART_LABEL = "ddp-cifar.restart"  # the automatic restart this container belongs to (0: the first start)
 RESTART_CAUSE_LABEL = "ddp-cifar.restart-cause"
+GPUS_LABEL = "ddp-cifar.gpus"  # the device indices a container holds, "0,1" (absent: none); plan/gpuset.py
+PORT_LABEL = "ddp-cifar.master-port"  # node 0's rendezvous port, on node 0's container only; plan/ports.py
 
 
 class _ChannelConnection(urllib3.connection.HTTPConnection):

@@ -5,7 +5,7 @@ from __future__ import annotations
 import datetime
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from enum import Enum
 from typing import Any
@@ -101,9 +101,12 @@ def remove_leftovers(nodes: Nodes, config: UpConfig, grace: float, ranks: Sequen
             lambda r: nodes.hosts[r].label)
 
 
-def start_containers(nodes: Nodes, specs: Sequence[NodeSpec]) -> list[Any]:
+def start_containers(nodes: Nodes, specs: Sequence[NodeSpec],
+                     before_start: Callable[[list[Any]], None] | None = None) -> list[Any]:
     """Create every container first, then start them all. If a create or a start fails on any node, every
-    container already created (on the other nodes too) is removed: a failed launch leaves nothing behind."""
+    container already created (on the other nodes too) is removed: a failed launch leaves nothing behind.
+    `before_start` sees every created container before any starts; what it raises removes them the same way
+    (the GPU-set claim check, apply/claim.py)."""
     created: list[Any] = [None] * len(specs)
 
     def create(r: int) -> Any:
@@ -113,6 +116,8 @@ def start_containers(nodes: Nodes, specs: Sequence[NodeSpec]) -> list[Any]:
     ranks = list(range(len(specs)))
     try:
         fan_out("create", ranks, create, lambda r: specs[r].host.label)
+        if before_start is not None:
+            before_start(created)
         fan_out("start", ranks, lambda r: created[r].start(), lambda r: specs[r].host.label)
     except Exception:
         for c in created:

@@ -14,10 +14,11 @@ killed earlier run left behind):
   session. Tests that change it must undo what they did (remove their containers and files,
   ``link_up()``, ``start_docker()``), best in a ``finally``. Images loaded into its hosts stay.
 - ``cluster_factory`` (session): ``cluster_factory(n_hosts, fresh=False, *, root_login=False, no_sftp=(),
-  shared=None) -> Cluster``. ``fresh=False`` returns a cluster of that size and variant shared by the
+  shared=None, gpus=0) -> Cluster``. ``fresh=False`` returns a cluster of that size and variant shared by the
   session (made on first use); ``fresh=True`` makes a new one for the caller (about 1 s), which may
   ``close()`` it itself. Variants: ``root_login=True`` (log in as root), ``no_sftp=[1]`` (host 1's sshd
-  has no sftp subsystem), ``shared="/mnt/shared"`` (one folder at that path on every host, as NFS).
+  has no sftp subsystem), ``shared="/mnt/shared"`` (one folder at that path on every host, as NFS), ``gpus=4`` (each host's simulated
+  ``nvidia-smi`` reports 4 GPUs).
 - ``cluster_no_sftp`` (session): 2 hosts, host 1 without SFTP. ``cluster_shared`` (session): 2 hosts
   sharing ``/mnt/shared``. ``cluster_root`` (session): 2 hosts, root login.
 
@@ -78,11 +79,11 @@ def cluster_factory(_devcluster_session: list[Cluster]) -> ClusterFactory:
     kept: dict[tuple[object, ...], Cluster] = {}
 
     def make(n_hosts: int, fresh: bool = False, *, root_login: bool = False, no_sftp: Sequence[int] = (),
-             shared: str | None = None) -> Cluster:
-        key = (n_hosts, root_login, tuple(sorted(no_sftp)), shared)
+             shared: str | None = None, gpus: int = 0) -> Cluster:
+        key = (n_hosts, root_login, tuple(sorted(no_sftp)), shared, gpus)
         if not fresh and key in kept:
             return kept[key]
-        c = Cluster.create(n_hosts, root_login=root_login, no_sftp=no_sftp, shared=shared)
+        c = Cluster.create(n_hosts, root_login=root_login, no_sftp=no_sftp, shared=shared, gpus=gpus)
         _devcluster_session.append(c)
         if not fresh:
             kept[key] = c

@@ -37,16 +37,18 @@ def test_two_logins_share_hosts(target: Cluster, tmp_path: Path) -> None:
     alice, bob = first_login(target, tmp_path), add_login(target, "ddp2", tmp_path)
     hosts = target.write_hosts_file(tmp_path / "hosts.txt")
     with serve_data(tmp_path / "served", target.gateway) as data:
-        runs = [alice.start(*default_up(hosts, data)), bob.start(*default_up(hosts, data, "--master-port", "29501"))]
+        runs = [alice.start(*default_up(hosts, data)), bob.start(*default_up(hosts, data))]  # no --master-port
         outs = [p.communicate(timeout=500)[0] for p in runs]
         for login, p, out in zip((alice, bob), runs, outs, strict=True):
             print(f"[{login.name}] up rc={p.returncode}\n{out}")
         assert [p.returncode for p in runs] == [0, 0]
         assert all("finished: epochs=1" in out for out in outs)
+        # Each node 0 got its own port without one given (the second to claim 29500 chose again).
+        ports = {out.split("started: 2 node(s), master ", 1)[1].split()[0] for out in outs}
+        assert len(ports) == 2, ports
 
         # Bob's job runs on; Alice's kill and --replace must leave it alone.
-        assert bob.orchestrate(*default_up(hosts, data, "--detach", "--replace", "--master-port", "29501",
-                                           epochs="40")).returncode == 0
+        assert bob.orchestrate(*default_up(hosts, data, "--detach", "--replace", epochs="40")).returncode == 0
         bobs = owned(target, bob)
         assert len(bobs) == 2 and {s for _, s in bobs.values()} == {"running"}
         assert len(owned(target, alice)) == 2  # her finished job's containers stay until she removes them

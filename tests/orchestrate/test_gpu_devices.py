@@ -130,10 +130,10 @@ def test_preflight_refuses_indices_the_host_lacks_and_warns_on_busy_gpus() -> No
     r = HostReport("h0")
     judge_gpus({**facts, "gpus": "8", "gpu_list": GPU_LIST, "compute_apps": APPS}, r, parse("--gpus", "0-3"), None)
     assert not r.problems and r.checks["gpus"].warn
-    assert r.checks["gpus"].text == "8 GPU(s); busy: GPU 1 (pid 48121 /usr/bin/python3)"
+    assert r.checks["gpus"].text == "GPU 0,1,2,3 of 8; busy: GPU 1 (pid 48121 /usr/bin/python3)"
     r = HostReport("h0")  # GPU 1 is not ours: no warning
     judge_gpus({**facts, "gpus": "8", "gpu_list": GPU_LIST, "compute_apps": APPS}, r, parse("--gpus", "4-7"), None)
-    assert r.checks["gpus"].text == "8 GPU(s)" and not r.checks["gpus"].warn
+    assert r.checks["gpus"].text == "GPU 4,5,6,7 of 8" and not r.checks["gpus"].warn
     r = HostReport("h0")  # a count means Docker's first N: GPU 1 is among the first 2
     judge_gpus({**facts, "gpus": "8", "gpu_list": GPU_LIST, "compute_apps": APPS}, r, parse("--gpus", "2"), None)
     assert r.checks["gpus"].warn

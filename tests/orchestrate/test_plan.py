@@ -26,7 +26,8 @@ def config(**kw: object) -> UpConfig:
 
 def test_gpu_plan_all_gpus() -> None:
     facts = [NodeFacts(iface="eth0", gpus=8), NodeFacts(iface="eth9", gpus=4)]
-    specs = build_plan(config(gpus=GPUS_ALL, trainer_args=("--epochs", "3")), HOSTS, "10.0.0.11", facts)
+    specs = build_plan(config(gpus=GPUS_ALL, master_port=29500, trainer_args=("--epochs", "3")), HOSTS, "10.0.0.11",
+                       facts)
     n0, n1 = specs
     assert n0.name == "exp1-node0" and n1.name == "exp1-node1"
     assert n0.command == ("torchrun", "--nnodes", "2", "--node_rank", "0", "--master_addr", "10.0.0.11",
@@ -44,7 +45,8 @@ def test_gpu_plan_all_gpus() -> None:
     assert (n1.env["MASTER_ADDR"], n1.env["MASTER_PORT"], n1.env["NODE_RANK"], n1.env["NNODES"]) == \
         ("10.0.0.11", "29500", "1", "2")
     assert n0.labels == {"ddp-cifar.job": "exp1", "ddp-cifar.node-rank": "0", "ddp-cifar.nnodes": "2",
-                         "ddp-cifar.version": "0.1.0", "ddp-cifar.restart": "0", "ddp-cifar.restart-cause": ""}
+                         "ddp-cifar.version": "0.1.0", "ddp-cifar.restart": "0", "ddp-cifar.restart-cause": "",
+                         "ddp-cifar.master-port": "29500"}
     assert "DDP_RESTART" not in n0.env and "--keep-global-batch" not in n0.command
     assert n0.gpus == GPUS_ALL and ("memlock", -1, -1) in n0.ulimits and ("stack", 67108864, 67108864) in n0.ulimits
     assert n0.ipc_mode == "host" and n0.init and n0.network_mode == "host"
@@ -122,8 +124,8 @@ def test_dry_run_prints_every_node_masked_and_quoted(tmp_path: Path, capsys: pyt
     argv = shlex.split(lines[1])  # the printed command is valid, quoted shell
     assert "--env=EVIL=$(touch /tmp/owned)" in argv and "j1-node1" in argv
     assert argv[argv.index("ddp-cifar:cpu"):][:12] == ["ddp-cifar:cpu", "torchrun", "--nnodes", "2", "--node_rank", "1",
-                                                        "--master_addr", "node-a", "--master_port", "29500",
-                                                        "--nproc_per_node", "1"]
+                                                        "--master_addr", "node-a", "--master_port",
+                                                        "<detected at launch>", "--nproc_per_node", "1"]
     assert argv[-4:] == ["--epochs", "2", "--batch-size", "32"]
 
 

@@ -1,0 +1,117 @@
+"""GPU sets on shared hosts: which device indices a job gets on a node, and who yields when two claim one. PURE.
+
+Every job container carries the label `ddp-cifar.gpus` with the device indices it holds (docs/shared-hosts.md).
+The labels of every container on a daemon that still holds its GPUs (running, restarting, or created and not yet
+started) are the truth: `--gpus N` takes N indices no other job holds, `--gpus all` and indices given by hand
+are refused while another job holds any of theirs, and the refusal names the holders (owner/job).
+
+Two `up`s that read the labels at the same moment could pick the same GPUs. The claim is therefore checked
+after the containers exist: each `up` creates its containers (not started), reads the other containers' labels
+on the same daemon again, and where two overlap (a GPU, or node 0's master port), the one created later (by
+Docker's creation time, ties by container ID) removes its containers and plans again after a short random
+wait. Why this and not a lock file on the host: it needs nothing shared but the daemon both already talk to
+(no folder every login can write, no lock left behind by a killed `up`), and the order is the daemon's own
+(creation time, ID), which both sides read alike, so exactly one of two overlapping claims survives.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+
+from orchestrate.config import GPUS_ALL
+from orchestrate.jobs.owner import OWNER_LABEL
+from orchestrate.remote.docker import GPUS_LABEL, JOB_LABEL, PORT_LABEL
+
+HOLDING = ("running", "restarting", "created")  # states in which a container holds its GPUs and its port
+_FRACTION = re.compile(r"\.([0-9]+)")
+
+
+@dataclass(frozen=True)
+class Held:
+    """One container on a daemon, as far as GPU sets and ports go."""
+
+    id: str
+    who: str  # "bob/cifar": owner login and job, for people to read
+    gpus: tuple[int, ...]
+    port: int | None
+    created: str  # Docker's RFC 3339 creation time
+
+
+def held(cid: str, labels: Mapping[str, str], status: str, created: str) -> Held | None:
+    """PURE: what a container holds, from its labels and state; None when it holds nothing (exited, or no GPU
+    and no port label)."""
+    if status not in HOLDING:
+        return None
+    ids = label_ids(labels.get(GPUS_LABEL, ""))
+    port_text = labels.get(PORT_LABEL, "")
+    port = int(port_text) if port_text.isdigit() else None
+    if not ids and port is None:
+        return None
+    who = f"{labels.get(OWNER_LABEL) or '?'}/{labels.get(JOB_LABEL, '?')}"
+    return Held(cid, who, ids, port, created)
+
+
+def label_ids(text: str) -> tuple[int, ...]:
+    """PURE: the indices of a `ddp-cifar.gpus` label ("0,1")."""
+    return tuple(int(i) for i in text.split(",") if i.strip().isdigit())
+
+
+def holders_of(indices: Iterable[int], others: Sequence[Held]) -> str:
+    """PURE: the holders of these GPUs, for one line: `ddp2/cifar (GPU 0,1), bob/r18 (GPU 2)`."""
+    wanted = set(indices)
+    parts: dict[str, set[int]] = {}
+    for h in others:
+        hit = sorted(wanted & set(h.gpus))
+        if hit:
+            parts.setdefault(h.who, set()).update(hit)
+    return ", ".join(f"{who} (GPU {','.join(map(str, sorted(ids)))})" for who, ids in sorted(parts.items()))
+
+
+@dataclass(frozen=True)
+class Grant:
+    """The GPUs a job gets on one node, or why it gets none (one line)."""
+
+    gpus: tuple[int, ...] = ()
+    problem: str | None = None
+
+
+def allocate(count: int, ids: Sequence[int], present: Sequence[int], others: Sequence[Held],
+             keep: Sequence[int] = ()) -> Grant:
+    """PURE: the device indices a request gets on a node whose GPUs are `present`, given what the other jobs'
+    containers hold. `keep`: the indices this job held before (a restart keeps them while they are free)."""
+    taken = {i for h in others for i in h.gpus}
+    if ids:
+        clash = [i for i in ids if i in taken]
+        if clash:
+            return Grant(problem=f"--gpus {','.join(map(str, ids))}: held by {holders_of(clash, others)}; choose "
+                                 "free GPUs or ask for a count (--gpus N)")
+        return Grant(tuple(ids))
+    if count == GPUS_ALL:
+        if taken & set(present):
+            return Grant(problem=f"--gpus all: held by {holders_of(present, others)}; ask for a count of free "
+                                 "GPUs (--gpus N), or wait until they are free")
+        return Grant(tuple(sorted(present)))
+    free = [i for i in keep if i in present and i not in taken]
+    free += [i for i in sorted(present) if i not in taken and i not in free]
+    if len(free) < count:
+        return Grant(problem=f"--gpus {count}: {len(free)} of {len(present)} GPU(s) free here, held by "
+                             f"{holders_of(present, others)}; ask for fewer or wait until they are free")
+    return Grant(tuple(free[:count]))
+
+
+def created_key(h: Held) -> tuple[str, str]:
+    """PURE: the order of creation as the daemon recorded it. Docker trims trailing zeros of the fraction
+    (RFC 3339 nano), so the fraction is padded to 9 digits before the strings are compared; ties by ID."""
+    return _FRACTION.sub(lambda m: "." + m.group(1).ljust(9, "0"), h.created, count=1), h.id
+
+
+def overlaps(a: Held, b: Held) -> bool:
+    """PURE: two claims that cannot both stand on one daemon: a GPU in common, or the same master port."""
+    return bool(set(a.gpus) & set(b.gpus)) or (a.port is not None and a.port == b.port)
+
+
+def yields_to(mine: Held, others: Sequence[Held]) -> list[Held]:
+    """PURE: the containers created before `mine` whose claim overlaps it (empty: mine stands)."""
+    return [o for o in others if o.id != mine.id and overlaps(mine, o) and created_key(o) < created_key(mine)]
