@@ -33,12 +33,15 @@ def _port() -> int:
         return int(s.getsockname()[1])
 
 
+TEXT = "to be or not to be, that is the question. " * 40
+
+
 def _env(tmp_path: Path, ckpt: Path, **extra: str) -> dict[str, str]:
     """DATA_DIR with a small text, CKPT_DIR, LOG_DIR and PROBE_DIR under tmp_path; loopback for gloo."""
     for sub in ("data", "logs", "probe"):
         (tmp_path / sub).mkdir(exist_ok=True)
     ckpt.mkdir(exist_ok=True)
-    (tmp_path / "data" / "input.txt").write_text("to be or not to be, that is the question. " * 40)
+    (tmp_path / "data" / "input.txt").write_text(TEXT)
     return {**os.environ, "OMP_NUM_THREADS": "1", "GLOO_SOCKET_IFNAME": "lo", "DATA_DIR": str(tmp_path / "data"),
             "CKPT_DIR": str(ckpt), "LOG_DIR": str(tmp_path / "logs"), "PROBE_DIR": str(tmp_path / "probe"),
             "PYTHONPATH": os.pathsep.join([str(PROBE), str(REPO / "examples/charlm"), str(REPO / "examples")]),
@@ -137,6 +140,41 @@ def test_charlm_tp_shards_its_mlp_stops_with_a_checkpoint_and_resumes_in_another
         assert tp[step] == pytest.approx(ddp[step], abs=2e-4), (tp, ddp)
     assert DONE_RE.findall(runs["tp"]) == DONE_RE.findall(runs["ddp"])
     assert float(DONE_RE.findall(runs["tp"])[0][1]) < min(losses[4])
+
+
+def _charlm_alone(tmp_path: Path, args: list[str], **env: str) -> subprocess.CompletedProcess[str]:
+    """charlm as one process without torchrun (rank 0 of 1, or WORLD_SIZE as given)."""
+    base = _env(tmp_path, tmp_path / "ckpt", RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", MASTER_ADDR="127.0.0.1",
+                MASTER_PORT=str(_port()))
+    return subprocess.run([sys.executable, *CHARLM, *CHARLM_ARGS, *args], cwd=REPO, env=base | env,
+                          capture_output=True, text=True, timeout=120)
+
+
+def test_charlm_refuses_a_tp_that_does_not_divide_the_processes(tmp_path: Path) -> None:
+    res = _charlm_alone(tmp_path, ["--tp", "3"], WORLD_SIZE="4")
+    assert res.returncode == 2
+    assert res.stderr.strip().splitlines() == [
+        "error: --tp 3 does not divide the 4 processes (WORLD_SIZE); give a divisor of it"]
+
+
+def test_charlm_refuses_a_checkpoint_from_before_tp_with_one_line(tmp_path: Path) -> None:
+    """torch's own optimizer state_dict (keyed by index, as charlm wrote before --tp) is refused, not a KeyError."""
+    sys.path[:0] = [str(REPO / "examples"), str(REPO / "examples/charlm")]
+    import example_ckpt
+    import torch
+    from charlm.train import CharModel
+
+    vocab = sorted(set(TEXT))
+    model = CharModel(len(vocab), 4)  # what charlm wrote then: the module's and Adam's own state_dict, one step in
+    opt = torch.optim.Adam(model.parameters())
+    model(torch.zeros(1, 4, dtype=torch.long)).sum().backward()
+    opt.step()
+    old = {"model": model.state_dict(), "optimizer": opt.state_dict(), "step": 3, "vocab": vocab}
+    example_ckpt.save(str(tmp_path / "ckpt"), old, 3, epoch=0, epoch_complete=False, world_size=1)
+    res = _charlm_alone(tmp_path, ["--steps", "6"], RESUME="1")
+    assert res.returncode == 2, res.stderr[-2000:]
+    assert res.stderr.strip().splitlines()[-1] == ("error: the checkpoint is from charlm before --tp (optimizer state "
+                                                   "by index, not by name); start without --resume")
 
 
 @pytest.mark.parametrize("cuda", [True, False])

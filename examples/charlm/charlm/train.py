@@ -22,6 +22,7 @@ import os
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -97,6 +98,16 @@ def layout(model: nn.Module) -> dict[str, dict[str, object]]:
     return out
 
 
+def refusal(state: dict[str, Any], vocab: list[str]) -> str | None:
+    """Why a checkpoint cannot be resumed here, or None."""
+    if state["vocab"] != vocab:
+        return "the text's characters differ from the checkpoint's"
+    if any(not isinstance(key, str) for key in state["optimizer"]["state"]):
+        # get_state_dict keys the optimizer state by parameter name; torch's own state_dict (before --tp) by index.
+        return "the checkpoint is from charlm before --tp (optimizer state by index, not by name)"
+    return None
+
+
 def main(argv: list[str]) -> int:
     args = parse(argv)
     world_env = int(os.environ.get("WORLD_SIZE", "1"))
@@ -129,9 +140,9 @@ def main(argv: list[str]) -> int:
         box = [load_newest(os.environ["CKPT_DIR"]) if rank == 0 else None]
         dist.broadcast_object_list(box, src=0, device=device)
         if box[0] is not None:
-            if box[0]["vocab"] != vocab:
-                print("error: the text's characters differ from the checkpoint's; start without --resume",
-                      file=sys.stderr)
+            refused = refusal(box[0], vocab)
+            if refused:
+                print(f"error: {refused}; start without --resume", file=sys.stderr)
                 return 2
             # Every rank has the full state; set_state_dict keeps its own shards of it (DDP: all of it).
             set_state_dict(model, opt, model_state_dict=box[0]["model"], optim_state_dict=box[0]["optimizer"],
