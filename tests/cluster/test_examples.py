@@ -34,15 +34,18 @@ pytestmark = [pytest.mark.cluster, pytest.mark.docker, pytest.mark.slow]
 
 # An image with Python but no torch: the raw Debian base `make cpu-base` imports before installing torch.
 NO_TORCH_IMAGE = os.environ.get("DDP_TEST_NO_TORCH_IMAGE", "ddp-cifar-rootfs:bookworm")
-# name → (entry, its own arguments; the minimal one passes unknown ones through, to show they arrive)
+# name → (its folder under examples/, entry, its own arguments; the minimal one passes unknown ones through, to
+# show they arrive). charlm-tp: tensor parallelism over the two hosts (dp=1 x tp=2), each rank's MLP half on its own.
 EXAMPLES = {
-    "minimal": ("/app/minimal/train.py", ["--ckpt-every", "1000", "--extra", "x"]),
-    "charlm": ("-m charlm.train", ["--ckpt-every", "1000", "--text", "input.txt", "--context", "4"]),
+    "minimal": ("minimal", "/app/minimal/train.py", ["--ckpt-every", "1000", "--extra", "x"]),
+    "charlm": ("charlm", "-m charlm.train", ["--ckpt-every", "1000", "--text", "input.txt", "--context", "4"]),
+    "charlm-tp": ("charlm", "-m charlm.train", ["--ckpt-every", "1000", "--text", "input.txt", "--context", "4",
+                                                "--tp", "2"]),
 }
 
 
 def args_for(name: str, steps: int, step_seconds: float) -> list[str]:
-    return ["--steps", str(steps), "--step-seconds", str(step_seconds), *EXAMPLES[name][1]]
+    return ["--steps", str(steps), "--step-seconds", str(step_seconds), *EXAMPLES[name][2]]
 
 
 def example_image(name: str) -> str:
@@ -84,8 +87,9 @@ def container_log(cluster: Cluster, job: str, node: int) -> str:
 
 @pytest.mark.parametrize("name", sorted(EXAMPLES))
 def test_example_contract_rank_logs_kill_and_resume(cluster: Cluster, work: Path, hosts: Path, name: str) -> None:
-    entry, args = EXAMPLES[name][0], args_for(name, 400, 0.2)  # slow enough to stop halfway
-    image, job = example_image(name), f"ex-{name}"
+    folder, entry, _ = EXAMPLES[name]
+    args = args_for(name, 400, 0.2)  # slow enough to stop halfway
+    image, job = example_image(folder), f"ex-{name}"
     text = work / f"text-{name}"  # the charlm's text, staged into every node's data dir with --data-from
     text.mkdir(exist_ok=True)
     (text / "input.txt").write_text("to be or not to be, that is the question. " * 40)
