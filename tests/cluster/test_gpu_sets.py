@@ -4,6 +4,7 @@ only a GPU node shows CUDA honouring the set. The program is examples/minimal (i
 
 from __future__ import annotations
 
+import os
 import time
 from pathlib import Path
 
@@ -15,7 +16,8 @@ from devcluster import Cluster
 
 pytestmark = [pytest.mark.cluster, pytest.mark.docker, pytest.mark.slow]
 
-PAIRS = 3  # simultaneous pairs of `up --detach` here; the note's figures come from a run of 10 (docs/shared-hosts.md)
+PAIRS = int(os.environ.get("GPU_SET_PAIRS", "3"))  # simultaneous pairs of `up --detach`; CI runs 3, the figures in
+# docs/shared-hosts.md come from a run with GPU_SET_PAIRS=10
 HOLD = ("--steps", "3000", "--step-seconds", "0.2", "--ckpt-every", "100000")  # runs until killed
 
 
