@@ -23,6 +23,7 @@ from orchestrate.errors import JobError, MultiHostError
 from orchestrate.jobs import owner
 from orchestrate.plan.jobplan import CKPT_MOUNT, LOG_MOUNT
 from orchestrate.probe.checkpoints import newest_manifest
+from orchestrate.remote import scripts
 from orchestrate.remote.docker import (
     JOB_LABEL,
     RANK_LABEL,
@@ -285,7 +286,7 @@ def stream_logs(nodes: Nodes, job: str, console: Console, follow: bool, node: in
 # torchrun's --log-dir holds one folder per start, <run id>_<random>/attempt_<n>/<local rank>/{stdout,stderr}.log.
 # The run folder is mkdtemp's (0700, owned by the container's user), so a non-root login may list the log dir
 # but not enter it: the files are read through the job's container (Docker's archive API, exited ones too).
-NEWEST_RUN = 'ls -t -- "$1" 2>/dev/null | head -n 1'
+NEWEST_RUN = scripts.text("newest_run.sh")
 STREAMS = ("stdout.log", "stderr.log")
 
 
