@@ -8,7 +8,7 @@ import re
 import tarfile
 import threading
 import time
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import Any
@@ -90,7 +90,7 @@ def _unless_gone(action: Callable[[], object]) -> bool:
 
 
 def kill_job(nodes: Nodes, job: str, grace: float, console: Console,
-             unreachable: dict[str, str] | None = None) -> list[KillResult]:
+             unreachable: Mapping[str, BaseException | str] | None = None) -> list[KillResult]:
     """Kill on every reachable host in parallel; report unreachable hosts and failures (non-zero exit)."""
     ranks = nodes.reachable()
     failures: dict[str, BaseException | str] = dict(unreachable or {})
