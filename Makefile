@@ -23,7 +23,7 @@ SYNTH_TEST   ?= 500
 
 help:
 	@echo "make setup      create $(VENV) with the project and its dev dependencies"
-	@echo "make lint       ruff check . and mypy (type hints of orchestrate/, trainer/, devcluster/)"
+	@echo "make lint       ruff check ., mypy (type hints of orchestrate/, trainer/, devcluster/), shellcheck (every *.sh, .ci/run)"
 	@echo "make image      build $(IMAGE) on $(BASE_IMAGE) (override with BASE_IMAGE=...)"
 	@echo "make cpu-base   build $(CPU_BASE) from nothing (debootstrap + local CPU torch wheel)"
 	@echo "make image-cpu  build $(CPU_IMAGE) on $(CPU_BASE)"
@@ -40,9 +40,13 @@ $(VENV)/.installed: pyproject.toml
 	$(PY) -m pip install --quiet -e '.[dev]'
 	@touch $@
 
+# Every shell script of the repo: the image's, the machine's, the ones run on hosts, CI's.
+SHELL_SCRIPTS = $(shell find docker scripts orchestrate devcluster .ci -name '*.sh') .ci/run
+
 lint: setup
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/mypy
+	shellcheck $(SHELL_SCRIPTS)
 
 image:
 	docker build --build-arg BASE_IMAGE=$(BASE_IMAGE) --build-arg VERSION=$(VERSION) -t $(IMAGE) .

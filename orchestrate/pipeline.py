@@ -27,6 +27,7 @@ from orchestrate.config import UpConfig, url_masked
 from orchestrate.errors import ConfigError, JobError, NoCheckpointError
 from orchestrate.hosts import Host, match_exec_blocks, parse_hosts_file, ssh_config_path
 from orchestrate.jobs import memory as state
+from orchestrate.jobs import stops
 from orchestrate.plan.jobplan import NodeFacts, NodeSpec, build_plan, render_plan
 from orchestrate.probe import gpuprobe
 from orchestrate.probe.hostboot import await_hosts
@@ -118,6 +119,7 @@ def up(config: UpConfig, console: Console) -> int:
 
 BACKOFF_S = 10.0  # before the first automatic restart; doubled each time, at most MAX_BACKOFF_S
 MAX_BACKOFF_S = 60.0
+KILLED_IN_BACKOFF = "job {job!r} was stopped with 'kill' during the restart backoff; nothing runs, no restart follows"
 
 
 @dataclass
@@ -153,12 +155,12 @@ def _up(config: UpConfig, console: Console, timings: Timings, hangup: Hangup) ->
         if note:
             console.print(note, markup=False, highlight=False, soft_wrap=True)
         return 0
-    began, current, previous = time.time(), config, None
+    current, previous = config, None
     while True:
         attempt = _attempt(current, hosts, console, timings, hangup)
         if attempt.outcome.ok:
             return 0
-        _restart_or_raise(config, current, attempt, previous, began, console)
+        _restart_or_raise(config, current, attempt, previous, hosts, console)
         if attempt.outcome.end in (End.HOST, End.UNREACHABLE) and not config.min_nodes:
             # Without --min-nodes every host is needed: a rebooting host or a restarting daemon is waited for.
             await_hosts(hosts, config.ssh.accept_new_host_keys, console)
@@ -168,9 +170,9 @@ def _up(config: UpConfig, console: Console, timings: Timings, hangup: Hangup) ->
 
 
 def _restart_or_raise(config: UpConfig, current: UpConfig, attempt: Attempt, previous: Attempt | None,
-                      began: float, console: Console) -> None:
-    """Raise the job's failure unless an automatic restart is due; then wait out the backoff (a `kill` or
-    Ctrl-C meanwhile ends it all)."""
+                      hosts: list[Host], console: Console) -> None:
+    """Raise the job's failure unless an automatic restart is due; then wait out the backoff (a `kill` from any
+    machine, seen as its stop record on the hosts, or Ctrl-C meanwhile ends it all)."""
     outcome = attempt.outcome
     failure = _failure_text(config, outcome)
     if not outcome.end.restartable or current.restart >= config.max_restarts:
@@ -186,15 +188,18 @@ def _restart_or_raise(config: UpConfig, current: UpConfig, attempt: Attempt, pre
     console.print(f"restart {current.restart + 1} of {config.max_restarts} in {wait:.0f} s, from the newest valid "
                   f"checkpoint; cause: {outcome.cause}", markup=False, highlight=False)
     deadline = time.monotonic() + wait
+    nodes, _ = Nodes.connect_reachable(hosts, config.ssh.accept_new_host_keys)  # a host still down is not waited for
     try:
         while time.monotonic() < deadline:
-            if state.killed_since(config.job, began):
-                raise JobError(f"job {config.job!r} was stopped with 'kill' during the restart backoff; "
-                               "nothing runs, no restart follows")
-            time.sleep(0.5)
+            looked = time.monotonic()
+            if stops.seen(nodes, config.job):
+                raise JobError(KILLED_IN_BACKOFF.format(job=config.job))
+            time.sleep(max(0.0, min(stops.POLL_S - (time.monotonic() - looked), deadline - time.monotonic())))
     except KeyboardInterrupt:
         raise JobError(f"job {config.job!r}: Ctrl-C during the restart backoff; nothing runs, no restart "
                        "follows") from None
+    finally:
+        nodes.close()
 
 
 def _failure_text(config: UpConfig, outcome: Outcome) -> str:
@@ -261,6 +266,8 @@ def _attempt(config: UpConfig, hosts: list[Host], console: Console, timings: Tim
     asked, config = config, dataclasses.replace(config, master_port=ready.port)
     nodes, reports, master, facts = ready.nodes, ready.reports, ready.master, ready.facts
     try:
+        if not config.restart:  # only a kill typed while this `up` runs stops it (jobs/stops.py)
+            stops.clear(nodes, config.job)
         specs = build_plan(config, nodes.hosts, master, facts)
         resumed_from = None
         if config.resume:
@@ -291,6 +298,7 @@ def _attempt(config: UpConfig, hosts: list[Host], console: Console, timings: Tim
                                                              nodes.hosts, master, f, launcher), console)
             specs, containers = claim.specs, claim.containers
             config = dataclasses.replace(config, master_port=claim.port)
+            _unless_stopped(nodes, config)
         console.print(f"job {config.job!r} started: {len(specs)} node(s), master {master}:{config.master_port}",
                       markup=False, highlight=False)
         if config.detach:
@@ -310,6 +318,15 @@ def _attempt(config: UpConfig, hosts: list[Host], console: Console, timings: Tim
     finally:
         timings.channels = {c.host.label: c.peak_channels for c in nodes.conns if c is not None}
         nodes.close()
+
+
+def _unless_stopped(nodes: Nodes, config: UpConfig) -> None:
+    """A kill that listed no container before they were created left its stop record first: seen here, the
+    containers just started are removed and the job ends as the kill asked (the races: jobs/stops.py)."""
+    if stops.seen(nodes, config.job):
+        remove_leftovers(nodes, config, config.grace, nodes.reachable())
+        raise JobError(f"job {config.job!r} was stopped with 'kill' as it started; its containers were removed, "
+                       "nothing runs, no restart follows")
 
 
 def _connect(config: UpConfig, hosts: list[Host], console: Console) -> Nodes:

@@ -36,7 +36,7 @@ say "2/6 synthetic data in the official archive format (labels learnable from th
 $PY -m trainer.data synth --out "$WORK/synth" --train 4000 --test 1000 --archive "$WORK/cifar-10-python.tar.gz"
 MD5="$(md5sum "$WORK/cifar-10-python.tar.gz" | cut -d' ' -f1)"
 
-ORCH=($PY -m orchestrate)
+ORCH=("$PY" -m orchestrate)
 UP=("${ORCH[@]}" up --hosts "$WORK/hosts.txt" --ssh-config "$STATE/ssh_config" --job "$JOB" --gpus 0
     --image ddp-cifar:cpu --data-from "$WORK/cifar-10-python.tar.gz" --data-md5 "$MD5")
 TRAIN=(--model resnet20 --batch-size 64 --lr 0.05 --allow-unverified-data)

@@ -24,26 +24,16 @@ from rich.console import Console
 
 from orchestrate.config import UpConfig
 from orchestrate.errors import ConfigError, SSHError
+from orchestrate.remote import scripts
 from orchestrate.remote.ssh import Connection
 from trainer.errors import shown
 
 NODE_MANIFEST = ".ddp-staged.json"
 STAGING_PREFIX = ".ddp-staging."
 
-# $1: the data dir. Every regular file but ours, NUL-separated: "<size> <mtime> <path relative to $1>".
-LIST_SCRIPT = r"""
-cd -- "$1" 2>/dev/null || exit 0
-find . -path "./$2*" -prune -o -type f ! -name "$3" -printf '%s %T@ %P\0'
-"""
-# $1: the data dir. stdin: a tar of the changed files. Unpacked beside them, then renamed into place.
-PUT_SCRIPT = r"""
-set -e
-t=$(mktemp -d -- "$1/$2XXXXXX")
-trap 'rm -rf -- "$t"' EXIT
-tar -x -C "$t" -f -
-cd -- "$t"
-find . -type f -exec sh -c 'for f; do mkdir -p -- "$0/$(dirname -- "$f")"; mv -f -- "$f" "$0/$f"; done' "$1" {} +
-"""
+LIST_SCRIPT = scripts.text("stage_list.sh")
+HASH_SCRIPT = scripts.text("stage_hash.sh")
+PUT_SCRIPT = scripts.text("stage_put.sh")
 
 
 @dataclass(frozen=True)
@@ -137,7 +127,7 @@ def _hash_on_node(conn: Connection, data_dir: str, rels: list[str],
     out: dict[str, Entry] = {}
     for start in range(0, len(rels), 500):  # bounded command lines
         chunk = rels[start:start + 500]
-        res = conn.run(["sh", "-c", 'cd -- "$1" && shift && sha256sum -z -- "$@"', "hash", data_dir, *chunk],
+        res = conn.run(["sh", "-c", HASH_SCRIPT, "hash", data_dir, *chunk],
                        timeout=3600)
         for record in res.out.split("\0"):
             digest, _, rel = record.partition("  ")

@@ -10,6 +10,7 @@ from orchestrate.config import JobsConfig
 from orchestrate.errors import ConfigError, JobError, MultiHostError
 from orchestrate.hosts import Host, parse_hosts_file
 from orchestrate.jobs import memory as state
+from orchestrate.jobs import stops
 from orchestrate.jobs.control import kill_job, node0_ckpt_dir, print_status, rank_logs, stream_logs
 from orchestrate.jobs.owner import print_all_jobs
 from orchestrate.remote.session import Nodes
@@ -27,12 +28,10 @@ def hosts_for(config: JobsConfig) -> list[Host]:
 
 def run_jobs_command(command: str, config: JobsConfig, console: Console) -> int:
     hosts = hosts_for(config)
-    if command == "kill":  # first: an `up` between two attempts (a restart backoff) must not start another
-        state.mark_killed(config.job)
     nodes, unreachable = Nodes.connect_reachable(hosts, config.ssh.accept_new_host_keys)
     try:
         if command == "kill":
-            kill_job(nodes, config.job, config.grace, console, unreachable)
+            kill(nodes, config, console, unreachable)
             return 0
         if command == "status":
             ok = (print_all_jobs(nodes, console, unreachable) if config.all_jobs
@@ -53,6 +52,17 @@ def run_jobs_command(command: str, config: JobsConfig, console: Console) -> int:
         return 0
     finally:
         nodes.close()
+
+
+def kill(nodes: Nodes, config: JobsConfig, console: Console, unreachable: dict[str, str]) -> None:
+    """The stop record first, on every host (an `up` waiting to restart the job, from any machine, then starts
+    nothing more: see jobs/stops.py), then the job's containers. A host where either fails is reported."""
+    not_left = stops.leave(nodes, config.job)
+    left = len(nodes.reachable()) - len(not_left)
+    if left:
+        console.print(f"left a stop record on {left} host(s): an 'up' of job {config.job!r} waiting to restart it "
+                      "starts nothing more", markup=False, highlight=False)
+    kill_job(nodes, config.job, config.grace, console, {**unreachable, **not_left})
 
 
 def plot(nodes: Nodes, config: JobsConfig, console: Console) -> int:

@@ -8,7 +8,7 @@ import re
 import tarfile
 import threading
 import time
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import Any
@@ -23,6 +23,7 @@ from orchestrate.errors import JobError, MultiHostError
 from orchestrate.jobs import owner
 from orchestrate.plan.jobplan import CKPT_MOUNT, LOG_MOUNT
 from orchestrate.probe.checkpoints import newest_manifest
+from orchestrate.remote import scripts
 from orchestrate.remote.docker import (
     JOB_LABEL,
     RANK_LABEL,
@@ -89,7 +90,7 @@ def _unless_gone(action: Callable[[], object]) -> bool:
 
 
 def kill_job(nodes: Nodes, job: str, grace: float, console: Console,
-             unreachable: dict[str, str] | None = None) -> list[KillResult]:
+             unreachable: Mapping[str, BaseException | str] | None = None) -> list[KillResult]:
     """Kill on every reachable host in parallel; report unreachable hosts and failures (non-zero exit)."""
     ranks = nodes.reachable()
     failures: dict[str, BaseException | str] = dict(unreachable or {})
@@ -285,7 +286,7 @@ def stream_logs(nodes: Nodes, job: str, console: Console, follow: bool, node: in
 # torchrun's --log-dir holds one folder per start, <run id>_<random>/attempt_<n>/<local rank>/{stdout,stderr}.log.
 # The run folder is mkdtemp's (0700, owned by the container's user), so a non-root login may list the log dir
 # but not enter it: the files are read through the job's container (Docker's archive API, exited ones too).
-NEWEST_RUN = 'ls -t -- "$1" 2>/dev/null | head -n 1'
+NEWEST_RUN = scripts.text("newest_run.sh")
 STREAMS = ("stdout.log", "stderr.log")
 
 

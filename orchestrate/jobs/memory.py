@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 import os
-import time
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
@@ -59,16 +58,3 @@ def load(job: str) -> JobState | None:
         return JobState(data["job"], data["hosts_file"], data.get("ssh_config"), data.get("options", {}))
     except (OSError, ValueError, KeyError):
         return None
-
-
-def mark_killed(job: str) -> None:
-    """`kill` leaves this mark: an `up` of the job waiting to restart it (a backoff) sees it and stops."""
-    write_atomically(state_dir() / f"{job}.killed", [f"{time.time()}\n".encode()])
-
-
-def killed_since(job: str, since: float) -> bool:
-    """Whether `kill` ran for the job after `since` (time.time()) on this machine."""
-    try:
-        return float((state_dir() / f"{job}.killed").read_text().strip()) >= since
-    except (OSError, ValueError):
-        return False

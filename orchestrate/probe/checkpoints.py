@@ -19,6 +19,7 @@ from typing import Any
 
 from orchestrate.errors import SSHError
 from orchestrate.jobs.memory import write_atomically
+from orchestrate.remote import scripts
 from orchestrate.remote.ssh import Connection
 from trainer.contract import (
     CKPT_FOLDER_RE,
@@ -73,9 +74,7 @@ def validate(conn: Connection, folder: str, name: str) -> Checkpoint | None:
     try:
         m = Manifest.parse(_read_json(conn, posixpath.join(folder, name)))
         pt = posixpath.join(folder, m.file)
-        # One exec: a regular file (-f, not a planted symlink: -L) of the manifest's size, then its hash.
-        res = conn.run(["sh", "-c", 'test -f "$1" && ! test -L "$1" && stat -c %s -- "$1" && sha256sum -- "$1"',
-                        "check", pt], timeout=300)
+        res = conn.run(["sh", "-c", CHECK_FILE, "check", pt], timeout=300)  # one exec: size, then hash
         words = res.out.split()
         if res.rc != 0 or words[:2] != [str(m.bytes), m.sha256]:
             return None
@@ -85,8 +84,9 @@ def validate(conn: Connection, folder: str, name: str) -> Checkpoint | None:
         return None
 
 
-# One exec per folder: each listed file's type and size (stat does not follow a planted symlink), then its hash.
-_CHECK_FOLDER = 'cd -- "$1" && shift && stat -c "%F %s %n" -- "$@" && sha256sum -- "$@"'
+# One exec per checkpoint: each file's type and size (stat does not follow a planted symlink), then its hash.
+CHECK_FILE = scripts.text("checkpoint_file.sh")
+CHECK_FOLDER = scripts.text("checkpoint_folder.sh")
 
 
 def validate_folder(conn: Connection, folder: str, step_dir: str) -> Checkpoint | None:
@@ -96,7 +96,7 @@ def validate_folder(conn: Connection, folder: str, step_dir: str) -> Checkpoint 
     try:
         m = ShardedManifest.parse(_read_json(conn, posixpath.join(where, SHARDED_MANIFEST)))
         names = sorted(m.files)
-        res = conn.run(["sh", "-c", _CHECK_FOLDER, "check", where, *names], timeout=300)
+        res = conn.run(["sh", "-c", CHECK_FOLDER, "check", where, *names], timeout=300)
         if res.rc != 0 or _folder_seen(res.out, len(names)) != {n: m.files[n] for n in names}:
             return None
     except (OSError, ValueError):
@@ -107,7 +107,7 @@ def validate_folder(conn: Connection, folder: str, step_dir: str) -> Checkpoint 
 
 
 def _folder_seen(out: str, count: int) -> dict[str, tuple[int, str]]:
-    """_CHECK_FOLDER's output as name -> (bytes, sha256), regular files only."""
+    """CHECK_FOLDER's output as name -> (bytes, sha256), regular files only."""
     lines = out.splitlines()
     sizes: dict[str, int] = {}
     for line in lines[:count]:

@@ -21,29 +21,14 @@ from typing import Any
 from orchestrate.config import UpConfig
 from orchestrate.errors import PreflightError
 from orchestrate.jobs.memory import cache_root, write_atomically
+from orchestrate.remote import scripts
 from orchestrate.remote.docker import client_over_ssh
 from orchestrate.remote.ssh import Connection
 
 TORCHRUN = ("torchrun",)
-# sh finds a Python (python or python3), then Python answers in one JSON line. $1/$2: entry kind and target,
-# only ever passed as arguments, never pasted into code.
-CHECK_SCRIPT = r"""
-py=$(command -v python || command -v python3) || { echo '{"python": null}'; exit 0; }
-exec "$py" -c '
-import importlib.metadata, importlib.util, json, os, shutil, sys
-kind, target = sys.argv[1], sys.argv[2]
-out = {"python": sys.executable, "torch": None, "torchrun": shutil.which("torchrun"), "entry": False}
-try:
-    out["torch"] = importlib.metadata.version("torch")
-except importlib.metadata.PackageNotFoundError:
-    pass
-try:
-    out["entry"] = importlib.util.find_spec(target) is not None if kind == "module" else os.path.isfile(target)
-except Exception as err:  # a package whose __init__ fails to import: the entry cannot start either
-    out["entry_error"] = f"{type(err).__name__}: {err}"
-print(json.dumps(out))
-' "$1" "$2"
-"""
+# sh finds a Python (python or python3), then check_image.py answers in one JSON line.
+FIND_PYTHON = scripts.text("find_python.sh")
+CHECK_IMAGE = scripts.text("check_image.py")
 
 
 @dataclass(frozen=True)
@@ -130,7 +115,7 @@ def _run_check(client: Any, config: UpConfig) -> str:
 
     kind, target = entry_target(config)
     try:
-        out = client.containers.run(config.image, command=[kind, target], entrypoint=["sh", "-c", CHECK_SCRIPT, "check"],
+        out = client.containers.run(config.image, command=[kind, target], entrypoint=["sh", "-c", FIND_PYTHON, "check", CHECK_IMAGE],
                                     network_mode="none", remove=True, stdout=True, stderr=True)
     except docker.errors.ContainerError as err:
         stderr = err.stderr.decode(errors="replace").strip() if isinstance(err.stderr, bytes) else ""

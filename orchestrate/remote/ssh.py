@@ -24,6 +24,7 @@ import paramiko
 
 from orchestrate.errors import HostKeyError, MultiHostError, SSHError
 from orchestrate.hosts import Host
+from orchestrate.remote import scripts
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -119,19 +120,9 @@ CHANNELS_PER_CONNECTION = 8
 MAX_CONNECTIONS_PER_HOST = 4
 
 # Files are read and written through exec channels: it works on hosts without the SFTP subsystem (hardened sites
-# remove it) and is one code path everywhere. A write goes to an unpredictable temporary name made by mktemp
-# (O_EXCL: a planted file or symlink is never opened) in the target's folder, then is renamed into place
-# (rename replaces a symlink at the target instead of following it). Paths arrive as positional arguments.
-WRITE_SCRIPT = r"""
-set -e
-t=$(mktemp -- "$(dirname -- "$1")/.ddp-cifar.XXXXXXXXXX")
-trap 'rm -f -- "$t"' EXIT
-cat > "$t"
-chmod 0644 -- "$t"
-mv -f -- "$t" "$1"
-trap - EXIT
-"""
-IDENTITY_SCRIPT = 'id -u && id -g && id -un && printf "%s\\n" "$HOME"'
+# remove it) and is one code path everywhere. Paths arrive as positional arguments.
+WRITE_SCRIPT = scripts.text("write.sh")
+IDENTITY_SCRIPT = scripts.text("identity.sh")
 
 
 @dataclass(frozen=True)

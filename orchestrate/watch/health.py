@@ -15,6 +15,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from orchestrate.remote import scripts
 from orchestrate.remote.ssh import Connection
 from trainer import contract
 from trainer.contract import FR_DUMP_PREFIX, HEARTBEAT_FILE, PEER_WAIT_FUNCTION, stack_file_name
@@ -114,24 +115,8 @@ class StallClock:
 
 # ---- stack dumps ---------------------------------------------------------------------------------------
 
-# Run with the container's Python inside the job's container: SIGUSR1 to every process torchrun started (they
-# have RANK in their environment; torchrun itself has not), and their global ranks printed as JSON.
-SIGNAL_RANKS = r"""
-import json, os, signal
-found = {}
-for pid in filter(str.isdigit, os.listdir('/proc')):
-    try:
-        env = dict(kv.split('=', 1) for kv in open('/proc/%s/environ' % pid).read().split('\0') if '=' in kv)
-    except OSError:
-        continue
-    if 'RANK' in env and 'LOCAL_RANK' in env and int(pid) != os.getpid():
-        try:
-            os.kill(int(pid), signal.SIGUSR1)
-            found[env['RANK']] = int(pid)
-        except OSError:
-            pass
-print(json.dumps(found))
-"""
+# Run with the container's Python inside the job's container: SIGUSR1 to every rank process.
+SIGNAL_RANKS = scripts.text("signal_ranks.py")
 
 
 @dataclass(frozen=True)

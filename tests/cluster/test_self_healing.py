@@ -176,6 +176,22 @@ def test_kill_during_the_backoff_stops_everything_and_nothing_restarts(
     assert "--- restart 1" not in up.text and job_containers(target, job) == []
 
 
+def test_kill_from_another_machine_during_the_backoff_stops_everything(
+        target: Cluster, work: Path, data: Data, hosts: Path) -> None:
+    """The kill runs with another local state dir (another XDG_STATE_HOME: another laptop of the same login), so it
+    shares nothing with `up` but the hosts: its stop record there ends the backoff."""
+    job = "heal-elsewhere"
+    up = Up(start(target, work / "state-here", *up_args(hosts, data, job, "--max-restarts", "2", "--env",
+                                                         "DDP_CIFAR_TEST_CRASH_AT_STEP=2", trainer=("--epochs", "5"))))
+    up.wait_for_line("restart 1 of 2 in", 420, "the restart backoff")  # the first start; slow on a loaded machine
+    killed = orchestrate(target, work / "state-elsewhere", "kill", "--job", job, "--hosts", str(hosts))
+    assert killed.returncode == 0
+    assert up.wait(120) == 1
+    assert f"job {job!r} was stopped with 'kill' during the restart backoff" in up.text
+    assert "--- restart 1" not in up.text and job_containers(target, job) == []
+    assert "left a stop record on 2 host(s)" in killed.stdout
+
+
 def rank_1_worker(cluster: Cluster, job: str) -> int:
     """The host PID of node 1's training process (not torchrun's agent), once it runs."""
     def find() -> list[int]:

@@ -1,3 +1,4 @@
+# shellcheck shell=sh
 # Run on a host over SSH (orchestrate/probe/hostboot.py): what tells this boot of the host and this start of its
 # Docker daemon from any other. Line 1: the kernel's boot id (new on every boot). Line 2, only while dockerd
 # runs: its pid and start time (clock ticks since boot) from the pid file a stock install keeps.
