@@ -267,7 +267,7 @@ def test_node_0s_host_cut_off_the_job_finishes_on_the_others_from_the_replica(
                                              trainer=("--epochs", "20", "--strategy", strategy))))
         replica = job_dir(three, 1, job)
         wanted = 2 if strategy == "ddp" else 1  # ddp: one replica to corrupt, one to resume from
-        wait_for(lambda: len(manifests(replica)) >= wanted, 300, "replicas of checkpoints on node 1", every=0.5)
+        wait_for(lambda: len(manifests(replica)) >= wanted, 600, "replicas of checkpoints on node 1", every=0.5)
         three.hosts[0].link_down()
         cut = time.monotonic()
         replicated = max(int(m["step"]) for m in manifests(replica))  # type: ignore[call-overload]
