@@ -13,6 +13,7 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from orchestrate.apply.datalock import data_lock
 from orchestrate.config import UpConfig
 from orchestrate.errors import SSHError
 from orchestrate.jobs.owner import owner_labels
@@ -49,11 +50,22 @@ def has_verified_copy(conn: Connection, data_dir: str, md5: str) -> bool:
 
 
 def prefetch_node(conn: Connection, docker_client: Callable[[], object], config: UpConfig,
-                  progress: Callable[[int, int], None]) -> PrefetchResult:
-    """A verified CIFAR-10 copy in the node's (existing) data dir. Raises SSHError saying what went wrong."""
+                  progress: Callable[[int, int], None], say: Callable[[str], None]) -> PrefetchResult:
+    """A verified CIFAR-10 copy in the node's (existing) data dir, made under the folder's lock (another `up`
+    filling it is waited for, then its copy is used). Raises SSHError saying what went wrong."""
     data_dir = host_dirs(config, conn.host, conn.identity().home)["data"]
     if has_verified_copy(conn, data_dir, config.data_md5):
         return PrefetchResult(conn.host.label, "present", 0)
+    with data_lock(conn, data_dir, say) as held:
+        if has_verified_copy(conn, data_dir, config.data_md5):  # made by the up that held the lock before us
+            return PrefetchResult(conn.host.label, "present", 0)
+        if not held.writable:
+            raise held.refuse(data_dir, "holds no verified copy")
+        return _fill(conn, docker_client, config, data_dir, progress)
+
+
+def _fill(conn: Connection, docker_client: Callable[[], object], config: UpConfig, data_dir: str,
+          progress: Callable[[int, int], None]) -> PrefetchResult:
     sent = 0
     url = config.data_url
     if config.data_from is not None:
@@ -126,8 +138,7 @@ def shared_folders(conns: Sequence[Connection], folders: Sequence[str]) -> list[
 
     prefix = f".ddp-cifar-share-{secrets.token_hex(8)}-"
     ranks = list(range(len(conns)))
-    fan_out("shared-storage check", ranks,
-            lambda i: conns[i].write_file(posixpath.join(folders[i], f"{prefix}{i}"), iter((b"",)), timeout=30),
+    fan_out("shared-storage check", ranks, lambda i: _token(conns[i], posixpath.join(folders[i], f"{prefix}{i}")),
             lambda i: conns[i].host.label)
     try:
         seen = fan_out("shared-storage check", ranks, lambda i: conns[i].list_dir(folders[i]),
@@ -138,6 +149,12 @@ def shared_folders(conns: Sequence[Connection], folders: Sequence[str]) -> list[
                 lambda i: conns[i].host.label)
     return [min([i] + [int(n[len(prefix):]) for n in seen[i] if n.startswith(prefix) and n[len(prefix):].isdigit()])
             for i in ranks]
+
+
+def _token(conn: Connection, path: str) -> None:
+    """An empty file; none in a folder the login may not write (another person's, only read: datalock.py)."""
+    if conn.run(["test", "-w", posixpath.dirname(path)], timeout=30).rc == 0:
+        conn.write_file(path, iter((b"",)), timeout=30)
 
 
 def prefetch_all(conns: Sequence[Connection], client_for: Callable[[int], object], config: UpConfig,
@@ -155,10 +172,13 @@ def prefetch_all(conns: Sequence[Connection], client_for: Callable[[int], object
                   console=console, transient=True) as bars:  # type: ignore[arg-type]
         tasks = {i: bars.add_task(conns[i].host.label, total=None) for i in fetching}
 
+        def say(line: str) -> None:
+            bars.console.print(line, markup=False, highlight=False)
+
         def one(i: int) -> PrefetchResult:
             def update(done: int, total: int) -> None:
                 bars.update(tasks[i], completed=done, total=total or None)
-            return prefetch_node(conns[i], lambda: client_for(i), config, update)
+            return prefetch_node(conns[i], lambda: client_for(i), config, update, say)
 
         fetched = dict(zip(fetching, fan_out("data prefetch", fetching, one, lambda i: conns[i].host.label),
                            strict=True))

@@ -22,6 +22,7 @@ from pathlib import Path
 
 from rich.console import Console
 
+from orchestrate.apply.datalock import data_lock
 from orchestrate.config import UpConfig
 from orchestrate.errors import ConfigError, SSHError
 from orchestrate.remote import scripts
@@ -30,6 +31,11 @@ from trainer.errors import shown
 
 NODE_MANIFEST = ".ddp-staged.json"
 STAGING_PREFIX = ".ddp-staging."
+
+
+class NoSpaceError(SSHError):
+    """The data folder cannot hold the files to stage."""
+
 
 LIST_SCRIPT = scripts.text("stage_list.sh")
 HASH_SCRIPT = scripts.text("stage_hash.sh")
@@ -100,7 +106,7 @@ def node_state(conn: Connection, data_dir: str) -> dict[str, Entry]:
     does not vouch for it (size and mtime unchanged)."""
     listing = conn.run(["sh", "-c", LIST_SCRIPT, "list", data_dir, STAGING_PREFIX, NODE_MANIFEST], timeout=600)
     if listing.rc != 0:
-        raise SSHError(f"{conn.host.label}: cannot list {data_dir}: {listing.err.strip()[-200:]}")
+        raise SSHError(f"cannot list {data_dir}: {listing.err.strip()[-200:]}")
     stats: dict[str, tuple[int, str]] = {}
     for record in listing.out.split("\0"):
         size, _, rest = record.partition(" ")
@@ -161,22 +167,54 @@ def tar_stream(source: Path, rels: list[str], progress: Callable[[int], None]) -
 
 
 def stage_node(conn: Connection, data_dir: str, source: Path, local: dict[str, Entry],
-               progress: Callable[[int, int], None]) -> StageResult:
-    """Bring the node's data dir up to `local`; record what it now holds for the next `up`."""
-    changed = changed_files(local, node_state(conn, data_dir))
-    total = sum(local[rel].size for rel in changed)
-    if changed:
-        res = conn.run_streaming(["sh", "-c", PUT_SCRIPT, "put", data_dir, STAGING_PREFIX],
-                                 tar_stream(source, changed, lambda n: progress(min(n, total), total)),
-                                 timeout=24 * 3600)
-        if res.rc != 0:
-            raise SSHError(f"{conn.host.label}: unpacking into {data_dir} failed: {res.err.strip()[-300:]}")
-        after = node_state(conn, data_dir)
-        wrong = [rel for rel in changed if after.get(rel) != local[rel]]
-        if wrong:
-            raise SSHError(f"{conn.host.label}: {wrong[0]} in {data_dir} does not match the source after the copy")
-    _write_record(conn, data_dir, local)
+               progress: Callable[[int, int], None], say: Callable[[str], None]) -> StageResult:
+    """Bring the node's data dir up to `local` under the folder's lock (another `up` staging there is waited
+    for, then only what still differs moves); record what it now holds for the next `up`."""
+    with data_lock(conn, data_dir, say) as held:
+        changed = changed_files(local, node_state(conn, data_dir))
+        if changed and not held.writable:
+            raise held.refuse(data_dir, f"{len(changed)} files of --data-from differ there")
+        total = sum(local[rel].size for rel in changed)
+        if changed:
+            _put(conn, data_dir, source, changed, total, progress)
+            after = node_state(conn, data_dir)
+            wrong = [rel for rel in changed if after.get(rel) != local[rel]]
+            if wrong:
+                raise SSHError(f"{wrong[0]} in {data_dir} does not match the source after the copy")
+        if held.writable:
+            _write_record(conn, data_dir, local)
     return StageResult(conn.host.label, len(local), changed, total)
+
+
+def _put(conn: Connection, data_dir: str, source: Path, changed: list[str], total: int,
+         progress: Callable[[int, int], None]) -> None:
+    """Send the changed files when the folder can hold them; a failed unpack leaves nothing partial (PUT_SCRIPT
+    removes its temporary folder), and one that ran out of room says how much was needed."""
+    _check_space(conn, data_dir, total)
+    res = conn.run_streaming(["sh", "-c", PUT_SCRIPT, "put", data_dir, STAGING_PREFIX],
+                             tar_stream(source, changed, lambda n: progress(min(n, total), total)),
+                             timeout=24 * 3600)
+    if res.rc != 0:
+        _check_space(conn, data_dir, total)  # the disk filled meanwhile: say so, with the figures
+        raise SSHError(f"unpacking into {data_dir} failed: {res.err.strip()[-300:]}")
+
+
+def _check_space(conn: Connection, data_dir: str, need: int) -> None:
+    free = free_bytes(conn, data_dir)
+    if need > free:
+        raise NoSpaceError(f"data staging into {data_dir} failed: no space left for the changed "
+                           f"files: they need {need / 1e6:.1f} MB, the folder had {free / 1e6:.1f} MB free; free some "
+                           "space there or choose another data dir")
+
+
+def free_bytes(conn: Connection, folder: str) -> int:
+    """Bytes the login may still write in `folder` (df's available blocks, POSIX format)."""
+    res = conn.run(["df", "-Pk", "--", folder], timeout=60, check=True)
+    fields = (res.out.strip().splitlines()[-1:] or [""])[0].split()
+    try:
+        return int(fields[3]) * 1024
+    except (IndexError, ValueError):
+        raise SSHError(f"cannot read the free space of {folder} (df printed {res.out!r})") from None
 
 
 def _write_record(conn: Connection, data_dir: str, local: dict[str, Entry]) -> None:
@@ -206,10 +244,14 @@ def stage_all(conns: list[Connection], config: UpConfig, console: Console) -> li
     with Progress(TextColumn("data {task.description}"), BarColumn(), DownloadColumn(), console=console,
                   transient=True) as bars:
         tasks = {i: bars.add_task(conns[i].host.label, total=None) for i in syncing}
+
+        def say(line: str) -> None:
+            bars.console.print(line, markup=False, highlight=False)
         results = dict(zip(syncing, fan_out(
             "data staging", syncing,
             lambda i: stage_node(conns[i], dirs[i]["data"], config.data_from, local,  # type: ignore[arg-type]
-                                 lambda done, total: bars.update(tasks[i], completed=done, total=total or None)),
+                                 lambda done, total: bars.update(tasks[i], completed=done, total=total or None),
+                                 say),
             lambda i: conns[i].host.label), strict=True))
     return [f"data on {conns[i].host.label}: " + (results[i].describe() if i in results else
             f"same folder as on {conns[leaders[i]].host.label} (shared storage), nothing moved")

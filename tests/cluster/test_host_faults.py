@@ -7,16 +7,20 @@ With the test data (256 images) and --batch-size 16, one process per node: 8 ste
 
 from __future__ import annotations
 
+import subprocess
 import time
 from pathlib import Path
 
 import pytest
 from orchestrate_kit import Data, job_containers, job_dir, manifests, orchestrate, start, up_args, wait_for
+from test_examples import example_image
 from test_self_healing import Up, epochs_of, metrics
 
 from devcluster import Cluster
 
 pytestmark = [pytest.mark.cluster, pytest.mark.docker, pytest.mark.slow]
+
+CHARLM_ARGS = ["--steps", "3", "--step-seconds", "0", "--ckpt-every", "1000", "--text", "input.txt", "--context", "4"]
 
 
 def newest_manifest_step(cluster: Cluster, node: int, job: str) -> int:
@@ -90,4 +94,46 @@ def test_a_data_folder_that_fills_during_extraction_fails_in_one_line_and_the_ne
         assert h1.run(["cat", f"{folder}/data/.ddp-cifar-verified"]).stdout.strip() == data.md5
     finally:
         orchestrate(target, state, "kill", "--hosts", str(hosts), "--job", job, "--grace", "5")
+        h1.run(["umount", folder], check=False)
+
+
+def test_a_data_folder_too_small_for_staging_fails_in_one_line_and_the_next_up_completes(
+        target: Cluster, work: Path) -> None:
+    """`--data-from DIR` into host 1's data folder, a 2 MB tmpfs in its own mount namespace, with 3 MB to send:
+    one line with the host, the folder and the MB needed and free; nothing partial left, nothing recorded as
+    staged; with more room the next `up` completes."""
+    state, h1 = work / "state-stage-full", target.hosts[1]
+    folder = "/mnt/stage-full"
+    hosts = target.write_hosts_file(work / "hosts-stage-full.txt", keys={0: {"data_dir": "/tmp/stage-full/data"},
+                                                                        1: {"data_dir": f"{folder}/data"}})
+    src = work / "stage-full-src"
+    src.mkdir()
+    (src / "input.txt").write_text("to be or not to be, that is the question. " * 40)
+    (src / "big.bin").write_bytes(bytes(range(256)) * 12_000)  # 3,072,000 bytes
+    uid = h1.run(["id", "-u", target.user]).stdout.strip()
+    h1.run(["mkdir", "-p", folder])
+    h1.run(["mount", "-t", "tmpfs", "-o", f"size=2m,uid={uid},mode=0755", "tmpfs", folder])
+
+    def stage() -> subprocess.CompletedProcess[str]:
+        return orchestrate(target, state, "up", "--hosts", str(hosts), "--job", "stage-full", "--gpus", "0",
+                           "--image", example_image("charlm"), "--entry", "-m charlm.train", "--data-from", str(src),
+                           "--min-free-gb", "0", "--grace", "30", "--", *CHARLM_ARGS, timeout=600)
+    try:
+        full = stage()
+        assert full.returncode != 0
+        line = next(ln for ln in full.stderr.splitlines() if "no space left" in ln)
+        assert line.strip().startswith(f"{h1.name}: data staging into {folder}/data failed: no space left for the "
+                                       "changed files: they need 3.1 MB, the folder had 2.")
+        assert line.strip().endswith("MB free; free some space there or choose another data dir")
+        # The tmpfs is in the host's mount namespace only: look from there. Nothing partial, no record.
+        assert h1.run(["ls", "-A", f"{folder}/data"]).stdout.split() == [".ddp-cifar.lock"]
+        assert job_containers(target, "stage-full") == []
+        h1.run(["mount", "-o", "remount,size=8m", folder])
+        again = stage()
+        assert again.returncode == 0, again.stderr
+        assert f"data on {h1.name}: 2 of 2 files changed, {1680 + 3_072_000} bytes sent" in again.stdout
+        assert f"data on {target.hosts[0].name}: up to date, nothing moved (2 files)" in again.stdout
+        assert "DONE step=3" in again.stdout
+    finally:
+        orchestrate(target, state, "kill", "--hosts", str(hosts), "--job", "stage-full", "--grace", "5")
         h1.run(["umount", folder], check=False)

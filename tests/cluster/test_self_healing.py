@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 from orchestrate_kit import (
     Data,
+    default_dirs,
     job_containers,
     job_dir,
     manifests,
@@ -246,6 +247,19 @@ def test_a_rank_stopped_as_training_starts_is_found_as_a_stall_and_the_job_start
     print(f"stall detected {detected_s:.1f} s after SIGSTOP (--stall-timeout 15; heartbeat then: {at_stop})")
 
 
+def corrupt_newest(folder: Path) -> tuple[int, str]:
+    """Flip one byte of the newest checkpoint's .pt in `folder` (same size); the step of the one before it and
+    the corrupted one's manifest name."""
+    newest, before = sorted(manifests(folder), key=lambda m: int(m["step"]))[-1:-3:-1]  # type: ignore[call-overload]
+    pt = folder / str(newest["file"])
+    with pt.open("r+b") as fh:
+        fh.seek(pt.stat().st_size // 2)
+        byte = fh.read(1)
+        fh.seek(-1, 1)
+        fh.write(bytes([byte[0] ^ 0xFF]))
+    return int(before["step"]), pt.name.removesuffix(".pt") + ".json"  # type: ignore[call-overload]
+
+
 @pytest.fixture(scope="module")
 def three(cluster_factory, cpu_image: str) -> Iterator[Cluster]:  # type: ignore[no-untyped-def]
     """The session's three hosts (as the network check and the stock-hosts test use them, one without SFTP):
@@ -268,16 +282,23 @@ def test_node_0s_host_cut_off_the_job_finishes_on_the_others_from_the_replica(
         up = Up(start(three, state, *up_args(hosts, data3, job, "--max-restarts", "1", "--min-nodes", "2",
                                              trainer=("--epochs", "20", "--strategy", strategy))))
         replica = job_dir(three, 1, job)
-        wait_for(lambda: len(manifests(replica)) >= 1, 300, "a replica of a checkpoint on node 1", every=0.5)
+        wanted = 2 if strategy == "ddp" else 1  # ddp: one replica to corrupt, one to resume from
+        wait_for(lambda: len(manifests(replica)) >= wanted, 600, "replicas of checkpoints on node 1", every=0.5)
         three.hosts[0].link_down()
         cut = time.monotonic()
-        replicated = max(int(m["step"]) for m in manifests(replica))
+        replicated = max(int(m["step"]) for m in manifests(replica))  # type: ignore[call-overload]
+        if strategy == "ddp":
+            replicated, bad = corrupt_newest(replica)
         assert up.wait(900) == 0, up.text[-4000:]
     detected, training = up.first("failed: host unreachable", cut), up.first("[rank 0] INFO epoch",
                                                                              up.first("--- restart"))
     print(f"host cut off: detected after {detected - cut:.1f} s, training again on 2 nodes after "
           f"{training - cut:.1f} s")
     assert f"leaving out {three.hosts[0].name}: " in up.text
+    if strategy == "ddp":  # the corrupted newest replica is named and passed over for the one before it
+        assert (f"warning: {three.hosts[1].name}:{default_dirs(three, 1, job)['ckpt']}/{bad}: the checkpoint does "
+                "not match its manifest") in up.text
+        assert f"step {replicated}, sha256 verified" in up.text.split("resuming from", 1)[1].splitlines()[0]
     resumed = up.text.split("resuming from", 1)[1].splitlines()[0]
     assert three.hosts[1].name in resumed or three.hosts[1].addr in resumed
     # 256 images, global batch 3 x 16 = 48: 5 steps per epoch, kept on 2 nodes (24 per process).
