@@ -59,8 +59,14 @@ image-cpu: cpu-base
 
 # pytest exits 5 when it collected nothing: that is a failure here too (make fails on any non-zero).
 # --durations: CI prints its 25 slowest tests, where its time goes (the 30-minute budget).
-# TEST_WORKERS: pytest-xdist workers. 0 (CI's): one test after another. 2: the 2-host and the 3-host cluster tests
-# run beside each other (tests/conftest.py keeps each group on one worker), 17 min instead of 33. The two races it
+# TEST_WORKERS: pytest-xdist workers. 0 (CI's): one test after another. 2: each worker runs one group of cluster test
+# modules (tests/conftest.py, CLUSTER_GROUPS), the other modules go to whichever worker is free. Expected split, from
+# the serial CI run of 2026-11-24 (38.6 min; the 25 slowest tests measured, the rest estimated):
+#   worker 1 (2-host cluster): staging, devcluster, examples, host faults, bad input, faults, progress, self-test
+#            check, shared hosts, shared storage, image delta, first `up`                           ~990 s
+#   worker 2 (3-host cluster): network check, self-healing, stock hosts, 8 hosts, image pull         ~925 s
+#   either: image, orchestrate, trainer and top-level modules                                       ~310 s
+# so about 19 min instead of the 22 the old split (every 2-host module on one worker) needed. The two races it
 # showed (a dropped SSH connection, a gloo abort at exit) are fixed, but CI stays serial until several 2-worker runs
 # of the cluster groups pass on a 2-core machine: see docs/benchmarks.md (Tests and CI).
 TEST_WORKERS ?= 0

@@ -10,6 +10,12 @@ their own dirs: the orchestrator's defaults are per host, as on real machines.
 Fixtures (all torn down at session end, even when tests fail; a `gc` at session start removes what a
 killed earlier run left behind):
 
+- ``_leave_nothing_running`` (autouse, every test here): once a test has ended, every orchestrator process it
+  started through orchestrate_kit (``start``, ``orchestrate``) or logins.py that still runs is killed with its
+  process group; when the test failed or timed out, every job container (label ``ddp-cifar.job``) on the hosts of
+  every cluster of this session is removed too. Without it a failed test leaves its `up` and its job running, and
+  every later `up` on those hosts is refused (master port in use). What it ended is printed in the test's report.
+
 - ``cluster`` (session): a 2-host ``devcluster.Cluster`` on the defaults, shared by every test of the
   session. Tests that change it must undo what they did (remove their containers and files,
   ``link_up()``, ``start_docker()``), best in a ``finally``. Images loaded into its hosts stay.
@@ -49,16 +55,27 @@ What a test uses from a ``Cluster`` (see docs/devcluster.md):
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Generator, Iterator, Sequence
 from pathlib import Path
 
 import pytest
-from orchestrate_kit import Data, serve_data
+from orchestrate_kit import Data, end_leftovers, remove_job_containers, serve_data
 
 from devcluster import Cluster
 from devcluster.gc import gc
 
 ClusterFactory = Callable[..., Cluster]
+FAILED = pytest.StashKey[bool]()
+
+
+@pytest.hookimpl(wrapper=True, tryfirst=True)
+def pytest_runtest_makereport(item: pytest.Item,
+                              call: pytest.CallInfo[None]) -> Generator[None, pytest.TestReport, pytest.TestReport]:
+    """Notes on the test whether its setup or its call failed (a pytest-timeout counts: it fails the call)."""
+    report: pytest.TestReport = yield
+    if report.when in ("setup", "call") and report.failed:
+        item.stash[FAILED] = True
+    return report
 
 
 @pytest.fixture(scope="session")
@@ -72,6 +89,17 @@ def _devcluster_session() -> Iterator[list[Cluster]]:
     for c in made:
         leftovers += [f"{c.name}: {t}" for t in c.close()]
     assert not leftovers, f"devcluster teardown left: {leftovers}"
+
+
+@pytest.fixture(autouse=True)
+def _leave_nothing_running(request: pytest.FixtureRequest, _devcluster_session: list[Cluster]) -> Iterator[None]:
+    yield
+    ended = end_leftovers()
+    if request.node.stash.get(FAILED, False):
+        live = [c for c in _devcluster_session if c.dir.is_dir()]  # a fresh cluster its test closed is gone
+        ended += [f"container {name}" for c in live for name in remove_job_containers(c)]
+    if ended:
+        print("ended what the test left running: " + "; ".join(ended))
 
 
 @pytest.fixture(scope="session")

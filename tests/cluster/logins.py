@@ -10,11 +10,10 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
-import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from orchestrate_kit import LAYER_CACHE_HOME, REPO
+from orchestrate_kit import LAYER_CACHE_HOME, PATIENCE, REPO, run_to_end, spawn
 
 from devcluster import Cluster
 from devcluster.hostfs import ensure_user
@@ -33,15 +32,13 @@ class Login:
         return {**os.environ, "HOME": str(self.home), "XDG_STATE_HOME": str(self.state), "PYTHONPATH": str(REPO),
                 "XDG_CACHE_HOME": str(LAYER_CACHE_HOME)}
 
-    def orchestrate(self, *args: str, timeout: float = 400) -> subprocess.CompletedProcess[str]:
-        res = subprocess.run([sys.executable, "-m", "orchestrate", *args], env=self.env(), cwd=REPO,
-                             capture_output=True, text=True, timeout=timeout)
+    def orchestrate(self, *args: str, timeout: float = PATIENCE) -> subprocess.CompletedProcess[str]:
+        res = run_to_end(list(args), self.env(), timeout)
         print(f"[{self.name}] $ orchestrate {' '.join(args)}\n--- rc={res.returncode}\n{res.stdout}\n{res.stderr}")
         return res
 
     def start(self, *args: str) -> subprocess.Popen[str]:
-        return subprocess.Popen([sys.executable, "-m", "orchestrate", *args], env=self.env(), cwd=REPO,
-                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
+        return spawn(list(args), self.env(), merge_stderr=True)
 
 
 def first_login(cluster: Cluster, tmp: Path) -> Login:

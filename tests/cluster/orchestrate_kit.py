@@ -15,6 +15,7 @@ import http.server
 import json
 import os
 import re
+import signal
 import subprocess
 import sys
 import threading
@@ -25,10 +26,17 @@ from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
 
+import docker.errors
+import requests.exceptions
+
 from devcluster import Cluster
 
 REPO = Path(__file__).resolve().parents[2]
 IMAGE = os.environ.get("DDP_TEST_IMAGE", "ddp-cifar:cpu")  # the Makefile passes its CPU_IMAGE
+# How long a test waits for a job to reach a point (running, a checkpoint, a restart, the end of a short run): a safety
+# net for a 2-core machine loaded by two xdist workers and other work (runs took 3-4x their idle time there), never a
+# speed goal. pytest's timeout (900 s, pyproject.toml) still bounds each test as a whole.
+PATIENCE = 600
 # Tiny and quick: 256 training images, the "tiny" CNN, a checkpoint every epoch.
 TRAIN = ["--model", "tiny", "--batch-size", "16", "--allow-unverified-data", "--log-every", "4"]
 
@@ -68,18 +76,73 @@ def orch_env(cluster: Cluster, state: Path) -> dict[str, str]:
             "XDG_CACHE_HOME": str(LAYER_CACHE_HOME)}
 
 
-def orchestrate(cluster: Cluster, state: Path, *args: str, timeout: float = 400) -> subprocess.CompletedProcess[str]:
+# Every orchestrator process a test starts, so that what a failed or timed-out test left running can be ended
+# (end_leftovers): a leftover `up` keeps its job, and the next `up` on those hosts is refused (port in use).
+_started: list[subprocess.Popen[str]] = []
+
+
+def spawn(args: list[str], env: dict[str, str], *, merge_stderr: bool) -> subprocess.Popen[str]:
+    """Start `python -m orchestrate ARGS` in its own process group (so it can be ended with all it started)."""
+    proc = subprocess.Popen([sys.executable, "-m", "orchestrate", *args], env=env, cwd=REPO, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT if merge_stderr else subprocess.PIPE, text=True,
+                            start_new_session=True)
+    _started.append(proc)
+    return proc
+
+
+def run_to_end(args: list[str], env: dict[str, str], timeout: float) -> subprocess.CompletedProcess[str]:
+    """As subprocess.run, but a run past `timeout` is ended with its whole process group, not only its first
+    process, before TimeoutExpired is raised."""
+    proc = spawn(args, env, merge_stderr=False)
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        kill_process_group(proc, signal.SIGKILL)
+        proc.communicate()
+        raise
+    return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
+
+
+def end_leftovers() -> list[str]:
+    """SIGKILL the process group of every orchestrator process started so far that still runs; returns their
+    command lines."""
+    ended = []
+    for proc in _started:
+        if proc.poll() is None:
+            kill_process_group(proc, signal.SIGKILL)
+            proc.wait(timeout=30)
+            ended.append("orchestrate " + " ".join(proc.args[3:]))
+    _started.clear()
+    return ended
+
+
+def remove_job_containers(cluster: Cluster) -> list[str]:
+    """Force-remove every job container (any job) on the cluster's hosts, through each host's local socket; returns
+    "host: container" of those removed. A host whose dockerd is down (a test stopped it) has none running."""
+    removed = []
+    for host in cluster.hosts:
+        client = host.docker_client(timeout=30)
+        try:
+            for c in client.containers.list(all=True, filters={"label": "ddp-cifar.job"}):
+                c.remove(force=True)
+                removed.append(f"{host.name}: {c.name}")
+        except (docker.errors.DockerException, requests.exceptions.ConnectionError):
+            continue
+        finally:
+            client.close()
+    return removed
+
+
+def orchestrate(cluster: Cluster, state: Path, *args: str, timeout: float = PATIENCE) -> subprocess.CompletedProcess[str]:
     """Run `python -m orchestrate ARGS`; output is kept (and printed when a test fails)."""
-    res = subprocess.run([sys.executable, "-m", "orchestrate", *args], env=orch_env(cluster, state), cwd=REPO,
-                         capture_output=True, text=True, timeout=timeout)
+    res = run_to_end(list(args), orch_env(cluster, state), timeout)
     print(f"$ orchestrate {' '.join(args)}\n--- rc={res.returncode}\n{res.stdout}\n{res.stderr}")
     return res
 
 
 def start(cluster: Cluster, state: Path, *args: str) -> subprocess.Popen[str]:
-    """Start `python -m orchestrate ARGS` in the background (its own process group)."""
-    return subprocess.Popen([sys.executable, "-m", "orchestrate", *args], env=orch_env(cluster, state), cwd=REPO,
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    """Start `python -m orchestrate ARGS` in the background (its own process group; stderr into stdout)."""
+    return spawn(list(args), orch_env(cluster, state), merge_stderr=True)
 
 
 def up_args(hosts: Path, data: Data, job: str, *extra: str, trainer: tuple[str, ...] = ()) -> list[str]:

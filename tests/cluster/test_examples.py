@@ -19,6 +19,7 @@ import docker
 import pytest
 from orchestrate_kit import (
     IMAGE,
+    PATIENCE,
     REPO,
     job_containers,
     kill_process_group,
@@ -95,7 +96,7 @@ def test_example_contract_rank_logs_kill_and_resume(cluster: Cluster, work: Path
     (text / "input.txt").write_text("to be or not to be, that is the question. " * 40)
     res = up(cluster, work, hosts, job, image, entry, "--detach", "--data-from", str(text), args=args)
     assert res.returncode == 0, res.stderr
-    wait_for(lambda: "step 10 loss" in container_log(cluster, job, 0), 240, f"{name} at step 10")
+    wait_for(lambda: "step 10 loss" in container_log(cluster, job, 0), PATIENCE, f"{name} at step 10")
 
     # One file per rank on each node (one process per node), each with its own rank's contract.
     for node in range(2):

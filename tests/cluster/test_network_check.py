@@ -8,7 +8,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from orchestrate_kit import IMAGE, Data, job_containers, orchestrate, up_args
+from orchestrate_kit import IMAGE, PATIENCE, Data, job_containers, orchestrate, up_args
 
 from devcluster import Cluster
 
@@ -70,7 +70,7 @@ def test_a_host_that_cannot_reach_the_master_is_named_and_nothing_starts(
     node1.run(["iptables", "-w", "5", "-A", *rule])
     try:
         res = orchestrate(target, work / "state", *up_args(hosts, data, "netjob", "--check-network",
-                                                           "--check-max-mb", CHECK_MB), timeout=300)
+                                                           "--check-max-mb", CHECK_MB), timeout=PATIENCE)
     finally:
         node1.run(["iptables", "-w", "5", "-D", *rule])
     assert res.returncode == 1

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 from orchestrate_kit import (
+    PATIENCE,
     Data,
     job_containers,
     job_dir,
@@ -53,7 +54,7 @@ def test_node_container_sigkilled_then_resume(cluster: Cluster, work: Path, data
     state, ckpt = work / "state", job_dir(cluster, 0, "crash")
     proc = start(cluster, state, *up_args(hosts, data, "crash", trainer=("--epochs", "40")))
     try:
-        wait_for(lambda: running(cluster, "crash") == 2 and len(manifests(ckpt)) >= 1, 300,
+        wait_for(lambda: running(cluster, "crash") == 2 and len(manifests(ckpt)) >= 1, PATIENCE,
                  "the job to run and write a checkpoint")
         victim = cluster.hosts[1].docker_client()
         victim.containers.get(f"crash-node1-{cluster.user}").kill(signal="SIGKILL")
@@ -79,7 +80,7 @@ def test_link_down_mid_run(cluster: Cluster, work: Path, data: Data, hosts: Path
     h1 = cluster.hosts[1]
     proc = start(cluster, state, *up_args(hosts, data, "cut", trainer=("--epochs", "40")))
     try:
-        wait_for(lambda: running(cluster, "cut") == 2 and len(manifests(job_dir(cluster, 0, "cut"))) >= 1, 300,
+        wait_for(lambda: running(cluster, "cut") == 2 and len(manifests(job_dir(cluster, 0, "cut"))) >= 1, PATIENCE,
                  "the job to run and write a checkpoint")
         h1.link_down()
         try:
@@ -106,13 +107,13 @@ def test_a_dropped_ssh_connection_is_opened_again_and_the_job_finishes(cluster: 
     state, h0 = work / "state", cluster.hosts[0]
     proc = start(cluster, state, *up_args(hosts, data, "drop", trainer=("--epochs", "20")))
     try:
-        wait_for(lambda: running(cluster, "drop") == 2 and len(manifests(job_dir(cluster, 0, "drop"))) >= 1, 300,
+        wait_for(lambda: running(cluster, "drop") == 2 and len(manifests(job_dir(cluster, 0, "drop"))) >= 1, PATIENCE,
                  "the job to run and write a checkpoint")
         # The login's own sshd processes are the connections' ends on the host; the listener (root) stays. The
         # test hosts share this machine's process table: only those in h0's network namespace (--ns $$).
         dropped = h0.run(["sh", "-c", f"pkill -KILL -u {h0.user} -x sshd --ns $$ --nslist net"], check=False)
         assert dropped.returncode == 0, "no sshd session of the login was found on the host"
-        code, out, _ = finish(proc, 300)
+        code, out, _ = finish(proc, PATIENCE)
     finally:
         kill_process_group(proc, signal.SIGKILL)
     assert "connection was dropped; connecting again" in out
@@ -143,7 +144,7 @@ def test_hostile_values_run_nothing_and_secrets_are_masked(cluster: Cluster, wor
     detached = orchestrate(cluster, state, *up_args(hostile_hosts, data, "hostile", "--detach", *common,
                                                     trainer=trainer))
     assert detached.returncode == 0
-    wait_for(lambda: running(cluster, "hostile") == 0, 120, "the trainer to refuse the model")
+    wait_for(lambda: running(cluster, "hostile") == 0, PATIENCE, "the trainer to refuse the model")
     status = orchestrate(cluster, state, "status", "--job", "hostile")
     logs = orchestrate(cluster, state, "logs", "--job", "hostile")
     dry = orchestrate(cluster, state, *up_args(hostile_hosts, data, "hostile", "--dry-run", *common, trainer=trainer))
@@ -167,11 +168,11 @@ def test_ctrl_c_stops_the_job_and_logs_follow_ends_with_it(cluster: Cluster, wor
     follow = None
     try:
         # Training for real (a first checkpoint exists): a SIGTERM before the first step has nothing to save.
-        wait_for(lambda: running(cluster, "intr") == 2 and len(manifests(ckpt)) >= 1, 300,
+        wait_for(lambda: running(cluster, "intr") == 2 and len(manifests(ckpt)) >= 1, PATIENCE,
                  "the job to run and write a checkpoint")
         follow = start(cluster, state, "logs", "-f", "--job", "intr", "--node", "0")
         first = max(m["step"] for m in manifests(ckpt))
-        wait_for(lambda: max(m["step"] for m in manifests(ckpt)) > first, 300, "the trainer to go on training")
+        wait_for(lambda: max(m["step"] for m in manifests(ckpt)) > first, PATIENCE, "the trainer to go on training")
         kill_process_group(up, signal.SIGINT)  # what a terminal's Ctrl-C sends to the foreground group
         code, out, _ = finish(up, 120)
         followed, _ = follow.communicate(timeout=60)  # ends by itself once the containers are gone
@@ -196,7 +197,7 @@ def test_a_closed_terminal_leaves_the_job_running_to_its_end(cluster: Cluster, w
     state, ckpt = work / "state", job_dir(cluster, 0, "hup")
     up = start(cluster, state, *up_args(hosts, data, "hup", trainer=("--epochs", "6")))
     try:
-        wait_for(lambda: running(cluster, "hup") == 2 and len(manifests(ckpt)) >= 1 or up.poll() is not None, 300,
+        wait_for(lambda: running(cluster, "hup") == 2 and len(manifests(ckpt)) >= 1 or up.poll() is not None, PATIENCE,
                  "the job to run and write a checkpoint")
         assert up.poll() is None, up.communicate()[0]
         kill_process_group(up, signal.SIGHUP)  # what the terminal's going away sends to its foreground group
@@ -220,7 +221,7 @@ def test_a_node_over_its_memory_limit_is_reported_as_oom(cluster: Cluster, work:
     """A real OOM kill: 64 MB is less than torchrun's `import torch` needs, so the test hosts' dockerd (cgroup v1
     here) has the kernel kill it. `up` names the node, the limit in force and what to do, and leaves nothing."""
     res = orchestrate(cluster, work / "state", *up_args(hosts, data, "oom", "--memory", "64m",
-                                                        trainer=("--epochs", "1")), timeout=300)
+                                                        trainer=("--epochs", "1")), timeout=PATIENCE)
     assert res.returncode == 1
     assert re.search(r"job 'oom' failed: node [01] \(\S+\) killed by the kernel's OOM killer: out of its memory "
                      r"limit \(--memory 64m\); lower --batch-size, or give it more memory with --memory", res.stderr)

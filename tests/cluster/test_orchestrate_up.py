@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 from orchestrate_kit import (
     IMAGE,
+    PATIENCE,
     Data,
     data_dir,
     default_dirs,
@@ -103,7 +104,7 @@ def test_kill_status_logs_then_resume(fresh: Cluster, work: Path, data: Data, ho
     assert res_a.returncode == 0 and res_b.returncode == 0
     ckpt = job_dir(fresh, 0, "victim")
     try:
-        wait_for(lambda: len(manifests(ckpt)) >= 1, 180, "a first checkpoint of job victim")
+        wait_for(lambda: len(manifests(ckpt)) >= 1, PATIENCE, "a first checkpoint of job victim")
         # A second `up` of a running job is refused (no --replace), and nothing changes.
         again = orchestrate(fresh, state, *up_args(hosts, data, "victim", "--detach", trainer=long))
         assert again.returncode != 0 and "already running" in again.stderr
@@ -158,7 +159,7 @@ def test_orchestrator_killed_during_up_is_cleaned_by_labels(
     try:
         # Until a checkpoint: node 0's torchrun then holds the master port, which --replace must accept.
         wait_for(lambda: len([c for _, c in job_containers(fresh, "orphan") if c.status == "running"]) == 2
-                 and len(manifests(job_dir(fresh, 0, "orphan"))) >= 1, 240, "the job to run and checkpoint")
+                 and len(manifests(job_dir(fresh, 0, "orphan"))) >= 1, PATIENCE, "the job to run and checkpoint")
     finally:
         kill_process_group(proc, signal.SIGKILL)
         proc.wait(timeout=30)

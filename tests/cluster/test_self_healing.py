@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pytest
 from orchestrate_kit import (
+    PATIENCE,
     Data,
     default_dirs,
     job_containers,
@@ -108,7 +109,7 @@ def test_a_killed_container_is_restarted_and_the_run_ends_as_an_uninterrupted_on
             beats.append(seen)
         return len(manifests(ckpt)) >= 3 and len(beats) >= 2 and beats[-1]["step"] >= 80  # a quarter of the run
 
-    wait_for(progressing, 240, "a quarter of the run, with heartbeats", every=0.5)
+    wait_for(progressing, PATIENCE, "a quarter of the run, with heartbeats", every=0.5)
     at_kill = beat(target, 0, job)
     node_container(target, job, 1).kill()  # SIGKILL
     killed = time.monotonic()
@@ -168,12 +169,12 @@ def test_kill_during_the_backoff_stops_everything_and_nothing_restarts(
         target: Cluster, work: Path, data: Data, hosts: Path) -> None:
     job, state = "heal-backoff", work / "state-backoff"
     up = Up(start(target, state, *up_args(hosts, data, job, "--max-restarts", "2", trainer=("--epochs", "200"))))
-    wait_for(lambda: len(manifests(job_dir(target, 0, job))) >= 1, 240, "a first checkpoint")
+    wait_for(lambda: len(manifests(job_dir(target, 0, job))) >= 1, PATIENCE, "a first checkpoint")
     node_container(target, job, 1).kill()
-    up.wait_for_line("restart 1 of 2 in", 120, "the restart backoff")
+    up.wait_for_line("restart 1 of 2 in", PATIENCE, "the restart backoff")
     killed = orchestrate(target, state, "kill", "--job", job)
     assert killed.returncode == 0
-    assert up.wait(120) == 1
+    assert up.wait(PATIENCE) == 1
     assert "--- restart 1" not in up.text and job_containers(target, job) == []
 
 
@@ -205,7 +206,7 @@ def rank_1_worker(cluster: Cluster, job: str) -> int:
         return [int(p[1]) for p in victim.top(ps_args="-o user,pid,args")["Processes"]
                 if " -m trainer" in p[2] and "torchrun" not in p[2] and "distributed.run" not in p[2]]
 
-    wait_for(lambda: len(find()) == 1, 240, "node 1's training process", every=0.1)
+    wait_for(lambda: len(find()) == 1, PATIENCE, "node 1's training process", every=0.1)
     return find()[0]
 
 
@@ -221,7 +222,7 @@ def test_a_rank_stopped_as_training_starts_is_found_as_a_stall_and_the_job_start
                                           trainer=("--epochs", "20", "--ckpt-every", "20"))))
     worker = rank_1_worker(target, job)
     heartbeat = job_dir(target, 0, job) / "heartbeat.json"
-    wait_for(heartbeat.exists, 240, "rank 0's first heartbeat", every=0.02)
+    wait_for(heartbeat.exists, PATIENCE, "rank 0's first heartbeat", every=0.02)
     os.kill(worker, signal.SIGSTOP)
     stopped_at, at_stop = time.monotonic(), beat(target, 0, job)
     assert not manifests(job_dir(target, 0, job)), "a checkpoint came before the stop: not the run's start"
@@ -283,7 +284,7 @@ def test_node_0s_host_cut_off_the_job_finishes_on_the_others_from_the_replica(
                                              trainer=("--epochs", "20", "--strategy", strategy))))
         replica = job_dir(three, 1, job)
         wanted = 2 if strategy == "ddp" else 1  # ddp: one replica to corrupt, one to resume from
-        wait_for(lambda: len(manifests(replica)) >= wanted, 600, "replicas of checkpoints on node 1", every=0.5)
+        wait_for(lambda: len(manifests(replica)) >= wanted, PATIENCE, "replicas of checkpoints on node 1", every=0.5)
         three.hosts[0].link_down()
         cut = time.monotonic()
         replicated = max(int(m["step"]) for m in manifests(replica))  # type: ignore[call-overload]

@@ -10,7 +10,7 @@ import subprocess
 import sys
 
 import pytest
-from orchestrate_kit import IMAGE, REPO, job_containers, orch_env, orchestrate
+from orchestrate_kit import IMAGE, PATIENCE, REPO, job_containers, orch_env, orchestrate
 
 from devcluster import Cluster
 
@@ -21,7 +21,7 @@ pytestmark = [pytest.mark.cluster, pytest.mark.docker, pytest.mark.slow]
 def checked(target: Cluster, work, hosts) -> tuple[int, str]:  # type: ignore[no-untyped-def]
     """One `check` for the module (it also sends the image to hosts that lack it)."""
     res = orchestrate(target, work / "state", "check", "--hosts", str(hosts), "--gpus", "0", "--image", IMAGE,
-                      "--max-mb", "4", "--job", "selftest", "--model", "tiny", timeout=400)
+                      "--max-mb", "4", "--job", "selftest", "--model", "tiny", timeout=PATIENCE)
     return res.returncode, res.stdout + res.stderr
 
 

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 from logins import Login, add_login, first_login
-from orchestrate_kit import IMAGE, TRAIN, Data, job_containers, serve_data
+from orchestrate_kit import IMAGE, PATIENCE, TRAIN, Data, job_containers, serve_data
 
 from devcluster import Cluster
 
@@ -38,7 +38,7 @@ def test_two_logins_share_hosts(target: Cluster, tmp_path: Path) -> None:
     hosts = target.write_hosts_file(tmp_path / "hosts.txt")
     with serve_data(tmp_path / "served", target.gateway) as data:
         runs = [alice.start(*default_up(hosts, data)), bob.start(*default_up(hosts, data))]  # no --master-port
-        outs = [p.communicate(timeout=500)[0] for p in runs]
+        outs = [p.communicate(timeout=PATIENCE)[0] for p in runs]
         for login, p, out in zip((alice, bob), runs, outs, strict=True):
             print(f"[{login.name}] up rc={p.returncode}\n{out}")
         assert [p.returncode for p in runs] == [0, 0]

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 from orchestrate_kit import (
+    PATIENCE,
     Data,
     data_dir,
     default_dirs,
@@ -59,7 +60,7 @@ def test_trains_to_the_end_without_sftp_with_status_and_logs_beside(
     follow = None
     try:
         wait_for(lambda: len([c for _, c in job_containers(target, job) if c.status == "running"])
-                 == len(target.hosts), 300, "the job's containers to run")
+                 == len(target.hosts), PATIENCE, "the job's containers to run")
         follow = start(target, state, "logs", "-f", "--job", job)
         polls, beside_from = 0, time.monotonic()
         while up.poll() is None and polls < 200:  # bounded: a status every round while the job trains
