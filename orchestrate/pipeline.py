@@ -20,6 +20,7 @@ from orchestrate.apply.data import make_dirs, prefetch_all
 from orchestrate.apply.image import ensure_images
 from orchestrate.apply.layercache import REGISTRY_BINARY, registry_binary
 from orchestrate.apply.staging import stage_all
+from orchestrate.apply.start import remove_leftovers, start_containers
 from orchestrate.checks import selfcheck
 from orchestrate.checks.netcheck import measure, require_all_joined
 from orchestrate.config import UpConfig, url_masked
@@ -32,19 +33,13 @@ from orchestrate.probe.hostboot import await_hosts
 from orchestrate.probe.imagecheck import check_image
 from orchestrate.probe.platforms import local_platform, require_same
 from orchestrate.probe.preflight import run_preflight
+from orchestrate.probe.resume import find_resume_checkpoint, newest_step
 from orchestrate.remote.session import Nodes
 from orchestrate.remote.ssh import fan_out
 from orchestrate.watch.hangup import Hangup
-from orchestrate.watch.launch import (
-    End,
-    Outcome,
-    find_resume_checkpoint,
-    newest_step,
-    remove_leftovers,
-    start_containers,
-    summary,
-    watch,
-)
+from orchestrate.watch.outcome import End, Outcome
+from orchestrate.watch.report import summary
+from orchestrate.watch.watcher import watch
 
 
 def load_hosts(config: UpConfig) -> list[Host]:

@@ -27,7 +27,8 @@ from orchestrate.watch.health import (
     flight_recorder_lines,
     last_collective,
 )
-from orchestrate.watch.launch import End, Outcome, diverged_line, docker_time
+from orchestrate.watch.outcome import End, Outcome, diverged_line
+from orchestrate.watch.watcher import docker_time
 from trainer.contract import PEER_WAIT_FUNCTION
 
 BEAT = {"state": "training", "step": 120, "epoch": 3, "ckpt_step": 80, "loss": 1.23456, "images_per_s": 412.4,

@@ -13,8 +13,8 @@ from typing import Any
 
 from rich.console import Console
 
+from orchestrate.probe.resume import find_resume_checkpoint
 from orchestrate.remote.ssh import Result
-from orchestrate.watch.launch import find_resume_checkpoint
 
 
 class LocalConn:
