@@ -1,15 +1,32 @@
-"""Start the planned containers: the job's leftovers removed first, then every container created, then all started."""
+"""Start the planned containers: the resume checkpoint copied where it lacks, the job's leftovers removed, then
+every container created, then all started."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING
 
 from orchestrate.config import UpConfig
 from orchestrate.jobs.control import kill_on_host, uid_of
-from orchestrate.plan.jobplan import NodeSpec
+from orchestrate.plan.jobplan import JobPlan, NodeSpec
+from orchestrate.probe.checkpoints import copy_checkpoint, validate
 from orchestrate.remote.session import Nodes
 from orchestrate.remote.ssh import fan_out
+
+if TYPE_CHECKING:  # docker-py is imported where it is used
+    from docker import DockerClient
+    from docker.models.containers import Container
+
+
+def copy_resume_checkpoint(nodes: Nodes, plan: JobPlan) -> None:
+    """The plan's resume checkpoint onto the nodes that lack it, so every rank can load it."""
+    if plan.resume is None:
+        return
+    best, src = plan.resume.checkpoint, plan.resume.source
+    for rank in plan.resume.copy_to:
+        folder = plan.nodes[rank].dirs["ckpt"]
+        if validate(nodes.conn(rank), folder, best.manifest_name) is None:
+            copy_checkpoint(nodes.conn(src), best, nodes.conn(rank), folder)
 
 
 def remove_leftovers(nodes: Nodes, config: UpConfig, grace: float, ranks: Sequence[int]) -> None:
@@ -22,19 +39,19 @@ def remove_leftovers(nodes: Nodes, config: UpConfig, grace: float, ranks: Sequen
             lambda r: nodes.hosts[r].label)
 
 
-def start_containers(nodes: Nodes, specs: Sequence[NodeSpec]) -> list[Any]:
+def start_containers(nodes: Nodes, specs: Sequence[NodeSpec]) -> list[Container]:
     """Create every container first, then start them all. If a create or a start fails on any node, every
     container already created (on the other nodes too) is removed: a failed launch leaves nothing behind."""
-    created: list[Any] = [None] * len(specs)
+    created: list[Container | None] = [None] * len(specs)
 
-    def create(r: int) -> Any:
-        created[r] = _create(nodes.docker(r), specs[r])
-        return created[r]
+    def create(r: int) -> Container:
+        created[r] = made = _create(nodes.docker(r), specs[r])
+        return made
 
     ranks = list(range(len(specs)))
     try:
-        fan_out("create", ranks, create, lambda r: specs[r].host.label)
-        fan_out("start", ranks, lambda r: created[r].start(), lambda r: specs[r].host.label)
+        made = fan_out("create", ranks, create, lambda r: specs[r].host.label)
+        fan_out("start", ranks, lambda r: made[r].start(), lambda r: specs[r].host.label)
     except Exception:
         for c in created:
             try:
@@ -43,10 +60,10 @@ def start_containers(nodes: Nodes, specs: Sequence[NodeSpec]) -> list[Any]:
             except Exception:  # best effort; the failure itself is raised below
                 pass
         raise
-    return created
+    return made
 
 
-def _create(client: Any, spec: NodeSpec) -> Any:
+def _create(client: DockerClient, spec: NodeSpec) -> Container:
     kwargs = spec.sdk_kwargs()
     kwargs.pop("detach")
     return client.containers.create(**kwargs)

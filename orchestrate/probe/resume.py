@@ -1,5 +1,5 @@
-"""The resume checkpoint as a fact about the nodes: the newest valid one anywhere (copied to the nodes that lack it,
-so every rank can load it), and the newest step after an attempt."""
+"""The resume checkpoint as a fact about the nodes: the newest valid one anywhere, and the newest step after an
+attempt. Read-only: copying it to the nodes that lack it is the start's work (apply/start.py)."""
 
 from __future__ import annotations
 
@@ -8,37 +8,32 @@ from collections.abc import Sequence
 from rich.console import Console
 
 from orchestrate.errors import NoCheckpointError
-from orchestrate.plan.jobplan import NodeSpec
-from orchestrate.probe.checkpoints import Checkpoint, copy_checkpoint, newest_valid, validate
+from orchestrate.plan.jobplan import NodeSpec, ResumePoint
+from orchestrate.probe.checkpoints import Checkpoint, newest_valid
 from orchestrate.remote.session import Nodes
 from orchestrate.remote.ssh import fan_out
 
 
-def find_resume_checkpoint(nodes: Nodes, specs: Sequence[NodeSpec], console: Console) -> Checkpoint:
-    """The newest valid checkpoint on any node; copied to nodes that lack it so every rank can load it. A newer
-    checkpoint that fails its manifest's size or sha256 is skipped with a warning."""
+def find_resume_checkpoint(nodes: Nodes, ckpt_dirs: Sequence[str], console: Console) -> ResumePoint:
+    """The newest valid checkpoint on any node, and the nodes that lack it. A newer checkpoint that fails its
+    manifest's size or sha256 is skipped with a warning."""
     def search(r: int) -> Checkpoint | None:
         def skipped(path: str) -> None:
             console.print(f"warning: {nodes.hosts[r].label}:{path}: the checkpoint does not match its manifest "
                           "(missing, or another size or sha256): skipped", markup=False, highlight=False)
-        return newest_valid(nodes.conn(r), specs[r].dirs["ckpt"], skipped)
+        return newest_valid(nodes.conn(r), ckpt_dirs[r], skipped)
 
-    found = fan_out("checkpoint search", list(range(len(specs))), search, lambda r: nodes.hosts[r].label)
+    found = fan_out("checkpoint search", list(range(len(ckpt_dirs))), search, lambda r: nodes.hosts[r].label)
     valid = [c for c in found if c is not None]
     if not valid:
-        dirs = ", ".join(f"{s.host.label}:{s.dirs['ckpt']}" for s in specs)
-        raise NoCheckpointError(f"--resume: no valid checkpoint of this job in {dirs}; start it without --resume")
+        where = ", ".join(f"{h.label}:{d}" for h, d in zip(nodes.hosts, ckpt_dirs, strict=True))
+        raise NoCheckpointError(f"--resume: no valid checkpoint of this job in {where}; start it without --resume")
     best = max(valid, key=lambda c: c.step)
     src = next(r for r, c in enumerate(found) if c is not None and c.step == best.step)
     console.print(f"resuming from {best.host}:{best.path} (epoch {best.epoch}, step {best.step}, "
                   f"sha256 verified)", markup=False, highlight=False)
-    for rank, spec in enumerate(specs):
-        have = found[rank]
-        if rank != src and (have is None or have.step != best.step):
-            if validate(nodes.conn(rank), spec.dirs["ckpt"], best.manifest_name) is None:
-                copy_checkpoint(nodes.conn(src), best, nodes.conn(rank), spec.dirs["ckpt"])
-    return best
-
+    lacking = tuple(r for r, c in enumerate(found) if r != src and (c is None or c.step != best.step))
+    return ResumePoint(best, src, lacking)
 
 
 def newest_step(nodes: Nodes, specs: Sequence[NodeSpec]) -> int | None:

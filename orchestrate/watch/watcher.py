@@ -7,7 +7,7 @@ import datetime
 import threading
 import time
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rich.console import Console
 
@@ -33,6 +33,10 @@ from orchestrate.watch.progress import ProgressView
 from orchestrate.watch.report import report_failure
 from trainer.contract import EXIT_DIVERGED
 
+if TYPE_CHECKING:  # docker-py is imported where it is used
+    from docker import DockerClient
+    from docker.models.containers import Container
+
 POLL_S = 2.0
 REMOVED = "removed"  # a pseudo-status: the daemon answered that the container no longer exists
 HOST_CHANGED = "host changed"  # a pseudo-status: the Docker API failed and the host rebooted or dockerd restarted
@@ -55,11 +59,11 @@ class Watcher:
     SSH channels held per host while watching: the log stream, the wait, and the polls' pooled connection: 3.
     """
 
-    def __init__(self, nodes: Nodes, specs: Sequence[NodeSpec], containers: Sequence[Any], console: Console,
+    def __init__(self, nodes: Nodes, specs: Sequence[NodeSpec], containers: Sequence[Container], console: Console,
                  secrets: list[str], stall_timeout: float = 0.0) -> None:
         self.nodes, self.specs, self.console, self.secrets = nodes, specs, console, secrets
         self.containers = list(containers)
-        self.ids = [c.id for c in containers]
+        self.ids = [str(c.id) for c in containers]
         self.stall = StallClock(stall_timeout)
         self.last_seen = [time.monotonic()] * len(specs)
         # When this machine learned of each container's exit (its wait returned): the order of failures across
@@ -104,13 +108,13 @@ class Watcher:
             if not self._running(client, rank) or self.stop_event.wait(STREAM_RETRY_S):
                 return
 
-    def _running(self, client: Any, rank: int) -> bool:
+    def _running(self, client: DockerClient, rank: int) -> bool:
         try:
             return bool(client.api.inspect_container(self.ids[rank])["State"]["Running"])
         except Exception:  # unreachable for now: try again while the job lasts
             return True
 
-    def _wait(self, client: Any, rank: int) -> None:
+    def _wait(self, client: DockerClient, rank: int) -> None:
         """Block in the daemon's wait until the container exits: the exit is seen at once, without polling."""
         try:
             client.api.wait(self.ids[rank])
@@ -271,7 +275,7 @@ def docker_time(stamp: str) -> float | None:
     return at if at > 0 else None
 
 
-def watch(nodes: Nodes, specs: Sequence[NodeSpec], containers: Sequence[Any], config: UpConfig,
+def watch(nodes: Nodes, specs: Sequence[NodeSpec], containers: Sequence[Container], config: UpConfig,
           console: Console, hangup: Hangup) -> Outcome:
     """Stay attached until the job succeeds or a node fails; on failure stop the job everywhere. Meanwhile:
     progress from the heartbeat, each new checkpoint replicated off node 0. The terminal going away (SIGHUP) ends

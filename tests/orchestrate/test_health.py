@@ -3,7 +3,6 @@ when a failure is restarted."""
 
 from __future__ import annotations
 
-import dataclasses
 import io
 import json
 import os
@@ -18,7 +17,7 @@ from orchestrate import pipeline as up
 from orchestrate.config import SSHOptions, UpConfig
 from orchestrate.errors import JobError
 from orchestrate.jobs import memory as state
-from orchestrate.pipeline import Attempt
+from orchestrate.pipeline import AttemptResult
 from orchestrate.watch.health import (
     Beat,
     RankStack,
@@ -134,9 +133,9 @@ def test_what_is_restarted() -> None:
     assert {e for e in End if e.restartable} == {End.EXITED, End.UNREACHABLE, End.STALLED, End.HOST}
     failed = Outcome(False, End.EXITED, 1, "exited with code 1", host="b")
     assert failed.cause == "node 1 (b) exited with code 1"
-    assert Attempt(failed, resumed_from=None, newest_step=8).progressed
-    assert not Attempt(failed, resumed_from=8, newest_step=8).progressed
-    assert not Attempt(failed, resumed_from=None, newest_step=None).progressed
+    assert AttemptResult(failed, resumed_from=None, newest_step=8).progressed
+    assert not AttemptResult(failed, resumed_from=8, newest_step=8).progressed
+    assert not AttemptResult(failed, resumed_from=None, newest_step=None).progressed
 
 
 def test_restart_or_raise(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -146,30 +145,30 @@ def test_restart_or_raise(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> No
     console = Console(file=io.StringIO(), width=200)
     failed = Outcome(False, End.EXITED, 1, "exited with code 1", host="b")
     began = time.time()
-    up._restart_or_raise(cfg, cfg, Attempt(failed, None, 8), None, began, console)  # restarted, after a backoff
+    up._restart_or_raise(cfg, 0, AttemptResult(failed, None, 8), None, began, console)  # restarted, after a backoff
     assert "restart 1 of 2 in 0 s" in console.file.getvalue()  # type: ignore[attr-defined]
     with pytest.raises(JobError, match=r"node 0 removed; the job was stopped on all nodes$"):
-        up._restart_or_raise(cfg, cfg, Attempt(Outcome(False, End.REMOVED, 0, "removed"), None, 8), None, began,
+        up._restart_or_raise(cfg, 0, AttemptResult(Outcome(False, End.REMOVED, 0, "removed"), None, 8), None, began,
                              console)
-    second = dataclasses.replace(cfg, restart=1)
+    second = 1  # the first automatic restart ended
     with pytest.raises(JobError, match="same failure repeated before any new checkpoint"):
-        up._restart_or_raise(cfg, second, Attempt(failed, 8, 8), Attempt(failed, None, 8), began, console)
-    never = Attempt(failed, None, None)  # twice before the first checkpoint: the second started over
+        up._restart_or_raise(cfg, second, AttemptResult(failed, 8, 8), AttemptResult(failed, None, 8), began, console)
+    never = AttemptResult(failed, None, None)  # twice before the first checkpoint: the second started over
     with pytest.raises(JobError, match=r"before any new checkpoint was written: not restarting again"):
         up._restart_or_raise(cfg, second, never, never, began, console)
     # The same kind on another node (a crash takes its peers down; which exit is seen first varies): a repeat.
     elsewhere = Outcome(False, End.EXITED, 0, "exited with code 1", host="a")
     with pytest.raises(JobError, match="same failure repeated"):
-        up._restart_or_raise(cfg, second, Attempt(elsewhere, 8, 8), Attempt(failed, None, 8), began, console)
+        up._restart_or_raise(cfg, second, AttemptResult(elsewhere, 8, 8), AttemptResult(failed, None, 8), began, console)
     # Another kind of failure without progress, or the same after progress: restarted.
     other = Outcome(False, End.UNREACHABLE, 0, "host unreachable for 15 s", host="a")
-    up._restart_or_raise(cfg, second, Attempt(other, 8, 8), Attempt(failed, None, 8), began, console)
-    up._restart_or_raise(cfg, second, Attempt(failed, 8, 16), Attempt(failed, None, 8), began, console)
+    up._restart_or_raise(cfg, second, AttemptResult(other, 8, 8), AttemptResult(failed, None, 8), began, console)
+    up._restart_or_raise(cfg, second, AttemptResult(failed, 8, 16), AttemptResult(failed, None, 8), began, console)
     with pytest.raises(JobError, match=r"after 2 automatic restart\(s\)"):
-        up._restart_or_raise(cfg, dataclasses.replace(cfg, restart=2), Attempt(failed, 16, 24), None, began, console)
+        up._restart_or_raise(cfg, 2, AttemptResult(failed, 16, 24), None, began, console)
     state.mark_killed("j")
     with pytest.raises(JobError, match="stopped with 'kill' during the restart backoff"):
-        up._restart_or_raise(cfg, cfg, Attempt(failed, None, 8), None, began, console)
+        up._restart_or_raise(cfg, 0, AttemptResult(failed, None, 8), None, began, console)
 
 
 def _real_dump(tmp_path: Path, collectives: int) -> bytes:
