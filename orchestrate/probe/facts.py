@@ -35,13 +35,15 @@ def local_image(name: str) -> tuple[DockerClient | None, str | None]:
 
 
 def local_layers(client: DockerClient | None, image_id: str | None) -> LocalImage | None:
-    """The local image's layers and their sizes. The daemon's history lists one entry per build step, oldest
-    last, and an empty step (ENV, CMD) has size 0: the non-empty ones are the layers, in order; when they do not
-    match one for one (a layer of size 0), the sizes are not known."""
+    """The local image's layers and their sizes. The daemon's history lists one entry per build step, newest
+    first, and says nothing of which made a layer: a step of size 0 is taken for one without (ENV, CMD), except a
+    WORKDIR (it makes a folder: an empty layer). When the steps taken do not match the layers one for one, the
+    sizes are not known."""
     if client is None or image_id is None:
         return None
     diff_ids = tuple(client.images.get(image_id).attrs["RootFS"]["Layers"])
-    sizes = tuple(int(h["Size"]) for h in reversed(client.api.history(image_id)) if h.get("Size"))
+    sizes = tuple(int(h["Size"]) for h in reversed(client.api.history(image_id))
+                  if h.get("Size") or "WORKDIR" in (h.get("CreatedBy") or ""))
     return LocalImage(image_id, diff_ids, sizes if len(sizes) == len(diff_ids) else None)
 
 
