@@ -112,7 +112,11 @@ def build_parser() -> argparse.ArgumentParser:
                          "'off' = one docker save stream (the whole image is read every time), 'auto' = on when "
                          "docker-registry is installed, else off")
     up.add_argument("--detach", action="store_true", help="return once every container runs")
-    up.add_argument("--dry-run", action="store_true", help="print the plan; touch nothing")
+    up.add_argument("--dry-run", nargs="?", const="offline", choices=("offline", "hosts"), default=None,
+                    help="print the plan and touch nothing: offline (contacts nothing; the default), or =hosts "
+                         "(connects and probes every host read-only: folders, image and data actions, leftovers, "
+                         "the docker run line, the resume step)")
+    up.add_argument("--json", action="store_true", help="with --dry-run: print the plan as JSON (docs/orchestrate.md)")
     up.add_argument("--timings", action="store_true", help="print each phase's time (seconds) at the end")
     up.add_argument("--resume", action="store_true", help="continue from the newest valid checkpoint")
     up.add_argument("--replace", action="store_true", help="stop a running job of the same name first")
@@ -223,7 +227,8 @@ def up_config(ns: argparse.Namespace) -> UpConfig:
         nproc_per_node=ns.nproc_per_node, master_addr=ns.master_addr,
         master_port=ns.master_port, data_dir=ns.data_dir, ckpt_dir=ns.ckpt_dir, log_dir=ns.log_dir,
         data_url=ns.data_url, data_from=ns.data_from, data_md5=ns.data_md5, env=_env(ns.env), pull=ns.pull, layer_cache=ns.layer_cache,
-        detach=ns.detach, dry_run=ns.dry_run, timings=ns.timings, resume=ns.resume, replace=ns.replace,
+        detach=ns.detach, dry_run=ns.dry_run == "offline", dry_run_hosts=ns.dry_run == "hosts", as_json=ns.json,
+        timings=ns.timings, resume=ns.resume, replace=ns.replace,
         stop_on_interrupt=ns.stop_on_interrupt, min_free_gb=ns.min_free_gb, shm_size=ns.shm_size, memory=ns.memory, grace=ns.grace,
         trainer_args=tuple(ns.trainer_args), entry=ns.entry, max_restarts=ns.max_restarts,
         min_nodes=ns.min_nodes, stall_timeout=ns.stall_timeout, ckpt_mirror=ns.ckpt_mirror,

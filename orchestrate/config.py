@@ -109,7 +109,9 @@ class UpConfig:
     pull: bool = False
     layer_cache: str = "auto"  # where layers for the nodes come from: the local layer cache or `docker save`
     detach: bool = False
-    dry_run: bool = False
+    dry_run: bool = False  # print the plan offline: nothing is contacted
+    dry_run_hosts: bool = False  # probe the hosts read-only and print the plan: nothing is changed there
+    as_json: bool = False  # a dry run's plan as JSON (docs/orchestrate.md)
     timings: bool = False
     resume: bool = False
     replace: bool = False
@@ -126,9 +128,6 @@ class UpConfig:
     ckpt_mirror: Path | None = None  # also copy each new checkpoint into this local folder
     check_network: bool = False  # the network check after preflight, before the job starts
     check_max_mb: int = 256  # the network check's largest message
-    # Set by `up` itself on an automatic restart (never from the command line): its number and the failure.
-    restart: int = 0
-    restart_cause: str = ""
 
     def __post_init__(self) -> None:
         check_job(self.job)
@@ -179,6 +178,8 @@ class UpConfig:
             raise ConfigError(f"--grace {self.grace} must be a number of seconds, 0 or more")
         if self.memory is not None:
             check_memory(self.memory)
+        if self.as_json and not (self.dry_run or self.dry_run_hosts):
+            raise ConfigError("--json prints a dry run's plan: add --dry-run or --dry-run=hosts")
         if self.resume and self.replace:
             raise ConfigError("--resume and --replace together: kill the job first, then 'up --resume'")
         check_entry(self.entry)

@@ -150,7 +150,7 @@ def of_config(config: Any) -> str:
     from orchestrate.config import GPUS_ALL, mask_text, masked_env, secret_values, url_masked
     from orchestrate.plan.gpus import gpus_text
 
-    skip = {"ssh", "dry_run", "restart", "restart_cause", "env", "gpu_ids"}
+    skip = {"ssh", "dry_run", "dry_run_hosts", "as_json", "env", "gpu_ids"}
     defaults = {f.name: f.default for f in dataclasses.fields(config) if f.name not in skip}
     options: dict[str, Any] = {k: getattr(config, k) for k in defaults}
     options = {k: (str(v) if isinstance(v, Path) else v) for k, v in options.items()}

@@ -16,6 +16,7 @@ from typing import Any
 
 from rich.console import Console
 
+from orchestrate.apply.start import start_containers
 from orchestrate.config import UpConfig
 from orchestrate.errors import JobError, PreflightError
 from orchestrate.jobs.owner import OWNER_UID_LABEL
@@ -25,7 +26,6 @@ from orchestrate.probe.holdings import created_claim, read_holdings
 from orchestrate.remote.docker import JOB_LABEL, PORT_LABEL
 from orchestrate.remote.session import Nodes
 from orchestrate.remote.ssh import fan_out
-from orchestrate.watch.launch import start_containers
 
 MAX_TRIES = 8  # claims lost in a row before giving up: each loss means another job just took what we wanted
 BACKOFF_S = (0.2, 0.8)  # the random wait after the first loss, doubled after each further one (at most 8x)

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import posixpath
 import secrets
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -17,7 +17,6 @@ from orchestrate.apply.datalock import data_lock
 from orchestrate.config import UpConfig
 from orchestrate.errors import SSHError
 from orchestrate.jobs.owner import owner_labels
-from orchestrate.plan.jobplan import host_dirs
 from orchestrate.remote import scripts
 from orchestrate.remote.ssh import Connection
 from trainer.contract import ARCHIVE_NAME, BASE_FOLDER
@@ -36,9 +35,8 @@ class PrefetchResult:
     shared_with: str = ""  # for "shared": the node whose fetch filled the same folder
 
 
-def make_dirs(conn: Connection, config: UpConfig) -> dict[str, str]:
-    """Create the node's dirs as the SSH login (so they are the user's); ~ is that login's home there."""
-    dirs = host_dirs(config, conn.host, conn.identity().home)
+def make_dirs(conn: Connection, dirs: Mapping[str, str]) -> Mapping[str, str]:
+    """Create the node's planned dirs as the SSH login (so they are the user's)."""
     conn.run(["mkdir", "-p", "--", *dirs.values()], timeout=30, check=True)
     return dirs
 
@@ -49,13 +47,11 @@ def has_verified_copy(conn: Connection, data_dir: str, md5: str) -> bool:
     return res.rc == 0 and res.out.strip() == md5
 
 
-def prefetch_node(conn: Connection, docker_client: Callable[[], object], config: UpConfig,
+def prefetch_node(conn: Connection, data_dir: str, docker_client: Callable[[], object], config: UpConfig,
                   progress: Callable[[int, int], None], say: Callable[[str], None]) -> PrefetchResult:
-    """A verified CIFAR-10 copy in the node's (existing) data dir, made under the folder's lock (another `up`
-    filling it is waited for, then its copy is used). Raises SSHError saying what went wrong."""
-    data_dir = host_dirs(config, conn.host, conn.identity().home)["data"]
-    if has_verified_copy(conn, data_dir, config.data_md5):
-        return PrefetchResult(conn.host.label, "present", 0)
+    """A verified CIFAR-10 copy in the node's (existing) data dir, which the plan found without one, made under
+    the folder's lock (another `up` filling it is waited for, then its copy is used). Raises SSHError saying what
+    went wrong."""
     with data_lock(conn, data_dir, say) as held:
         if has_verified_copy(conn, data_dir, config.data_md5):  # made by the up that held the lock before us
             return PrefetchResult(conn.host.label, "present", 0)
@@ -157,17 +153,19 @@ def _token(conn: Connection, path: str) -> None:
         conn.write_file(path, iter((b"",)), timeout=30)
 
 
-def prefetch_all(conns: Sequence[Connection], client_for: Callable[[int], object], config: UpConfig,
-                 console: object) -> list[PrefetchResult]:
+def prefetch_all(conns: Sequence[Connection], dirs: Sequence[Mapping[str, str]], present: Sequence[bool],
+                 client_for: Callable[[int], object], config: UpConfig, console: object) -> list[PrefetchResult]:
     """Dirs on every node, then one fetch per distinct data folder (nodes that share a folder, as on NFS, get
-    it once), in parallel with one progress bar per node; every failure is reported."""
+    it once) where the plan found no verified copy, in parallel with one progress bar per node; every failure is
+    reported."""
     from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn
 
     from orchestrate.remote.ssh import fan_out
 
-    dirs = fan_out("data dirs", list(conns), lambda c: make_dirs(c, config), lambda c: c.host.label)
+    ranks = list(range(len(conns)))
+    fan_out("data dirs", ranks, lambda i: make_dirs(conns[i], dirs[i]), lambda i: conns[i].host.label)
     leaders = shared_folders(conns, [d["data"] for d in dirs])
-    fetching = [i for i, lead in enumerate(leaders) if lead == i]
+    fetching = [i for i, lead in enumerate(leaders) if lead == i and not present[i]]
     with Progress(TextColumn("data {task.description}"), BarColumn(), DownloadColumn(),
                   console=console, transient=True) as bars:  # type: ignore[arg-type]
         tasks = {i: bars.add_task(conns[i].host.label, total=None) for i in fetching}
@@ -178,10 +176,10 @@ def prefetch_all(conns: Sequence[Connection], client_for: Callable[[int], object
         def one(i: int) -> PrefetchResult:
             def update(done: int, total: int) -> None:
                 bars.update(tasks[i], completed=done, total=total or None)
-            return prefetch_node(conns[i], lambda: client_for(i), config, update, say)
+            return prefetch_node(conns[i], dirs[i]["data"], lambda: client_for(i), config, update, say)
 
         fetched = dict(zip(fetching, fan_out("data prefetch", fetching, one, lambda i: conns[i].host.label),
                            strict=True))
-    return [fetched[i] if i in fetched else
+    return [fetched[i] if i in fetched else PrefetchResult(conns[i].host.label, "present", 0) if present[i] else
             PrefetchResult(conns[i].host.label, "shared", 0, shared_with=conns[leaders[i]].host.label)
             for i in range(len(conns))]

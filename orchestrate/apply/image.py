@@ -27,7 +27,7 @@ import queue
 import tarfile
 import threading
 import zlib
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import ExitStack
 from dataclasses import dataclass, field
@@ -45,8 +45,8 @@ from orchestrate.apply.layercache import (
     cache_dir,
     registry_binary,
 )
-from orchestrate.config import UpConfig
 from orchestrate.errors import SSHError
+from orchestrate.plan.jobplan import JobPlan
 from orchestrate.remote.docker import image_id
 from orchestrate.remote.session import Nodes
 from orchestrate.remote.ssh import fan_out
@@ -301,15 +301,6 @@ class Delivery:
     fallback: str = ""  # why the delta was replaced by the full archive ("" when it was not)
 
 
-def node_chain_ids(client: Any) -> set[str]:
-    """Chain IDs of every layer the node's daemon holds (its images' RootFS layers), over the node's tunnel."""
-    layer_lists = []
-    for summary in client.api.images(all=True):
-        rootfs = client.api.inspect_image(summary["Id"]).get("RootFS") or {}
-        layer_lists.append(rootfs.get("Layers") or [])
-    return all_chain_ids(layer_lists)
-
-
 def load_name(image: Any, name: str) -> str | None:
     """The tag the node's `docker load` gives the image: `name` itself when the image has it (a name without a
     tag means :latest), else its first tag (docker-py's save(named=True) would always take the first one)."""
@@ -464,24 +455,23 @@ def _fill(cache: LayerCache, local: Any, local_id: str, layers: int, name: str, 
     return cached
 
 
-def deliver(nodes: Nodes, ranks: Sequence[int], local: Any, local_id: str, name: str, console: Console,
+def deliver(nodes: Nodes, held: Mapping[int, int], local: Any, local_id: str, name: str, console: Console,
             layer_cache: str = "off") -> dict[int, Delivery]:
-    """Send each node in `ranks` the layers it lacks; where a delta does not load, send the full archive.
+    """Send each node in `held` the layers it lacks (the plan's: how many leading layers it holds); where a delta
+    does not load, send the full archive.
 
     The layers come from the local layer cache (`layer_cache` auto/on, see layercache.py) or from one filtered
-    `docker save` stream; the cache is filled while the nodes are asked which layers they hold.
+    `docker save` stream (the cache is filled first).
     """
     image = local.images.get(name)
     diff_ids = list(image.attrs["RootFS"]["Layers"])
+    ranks = list(held)
     with ExitStack() as stack, ThreadPoolExecutor(1) as pool, Progress(
             TextColumn("{task.description}"), BarColumn(), DownloadColumn(), TransferSpeedColumn(),
             console=console, transient=True) as bars:
         cache = _open_cache(layer_cache, name, console, stack)
         filling = pool.submit(_fill, cache, local, local_id, len(diff_ids), name, layer_cache, console,
                               bars) if cache else None
-        found = fan_out("image layers", list(ranks), lambda r: node_chain_ids(nodes.docker(r)),
-                        lambda r: nodes.hosts[r].label)
-        held = {r: held_prefix(diff_ids, chains) for r, chains in zip(ranks, found, strict=True)}
         cached = filling.result() if filling else None
         source = (cache, cached) if cache and cached else None
 
@@ -490,7 +480,7 @@ def deliver(nodes: Nodes, ranks: Sequence[int], local: Any, local_id: str, name:
                 return send_layers(nodes, targets, local, name, keep, bars)
             return send_cached(nodes, targets, *source, load_name(image, name), keep, bars)
 
-        done = send(ranks, held)
+        done = send(ranks, dict(held))
         for rank in ranks:
             if not done[rank].fallback and image_id(nodes.docker(rank), name) != local_id:
                 done[rank].fallback = "the loaded image has another ID"
@@ -509,34 +499,31 @@ def deliver(nodes: Nodes, ranks: Sequence[int], local: Any, local_id: str, name:
     return done
 
 
-def ensure_images(nodes: Nodes, config: UpConfig, local: Any, local_id: str | None, console: Console,
-                  remote_ids: Sequence[str | None]) -> dict[str, Delivery]:
-    """Give every node the image: nothing for nodes that have the same ID; pull or send to the others.
-
-    `remote_ids`: the image ID on each node as preflight found it (None: missing).
-    """
+def ensure_images(nodes: Nodes, plan: JobPlan, local: Any, local_id: str | None, console: Console,
+                  layer_cache: str = "off") -> dict[str, Delivery]:
+    """Give every node the image as the plan says: nothing, a pull, or the layers it lacks."""
+    image = plan.nodes[0].container.image
     ranks = list(range(len(nodes.hosts)))
     result: dict[int, Delivery] = {r: Delivery("present") for r in ranks}
-    if config.pull:
-        need = [r for r in ranks if remote_ids[r] is None or (local_id and remote_ids[r] != local_id)]
-        fan_out("image pull", need, lambda r: nodes.docker(r, timeout=3600).images.pull(config.image),
-                lambda r: nodes.hosts[r].label)
-        result.update({r: Delivery("pulled") for r in need})
-    else:
-        need = [r for r in ranks if remote_ids[r] != local_id] if local_id else []
-        if need:
-            assert local_id is not None
-            result.update(deliver(nodes, need, local, local_id, config.image, console, config.layer_cache))
+    pulls = [r for r in ranks if plan.nodes[r].image.kind == "pull"]
+    sends = {r: plan.nodes[r].image.layers_held for r in ranks if plan.nodes[r].image.kind == "send"}
+    fan_out("image pull", pulls, lambda r: nodes.docker(r, timeout=3600).images.pull(image),
+            lambda r: nodes.hosts[r].label)
+    result.update({r: Delivery("pulled") for r in pulls})
+    if sends:
+        assert local_id is not None  # the plan sends only an image this machine holds
+        result.update(deliver(nodes, sends, local, local_id, image, console, layer_cache))
+    need = [*pulls, *sends]
     for r in need:  # whatever happened, the node must now hold the image by name
-        got = image_id(nodes.docker(r), config.image)
-        if got is None or (local_id and not config.pull and got != local_id):
-            raise SSHError(f"{nodes.hosts[r].label}: image {config.image} still missing after transfer")
+        got = image_id(nodes.docker(r), image)
+        if got is None or (r in sends and got != local_id):
+            raise SSHError(f"{nodes.hosts[r].label}: image {image} still missing after transfer")
     for r in ranks:
         d, label = result[r], nodes.hosts[r].label
         if d.action == "sent":
-            line = summary_line(config.image, label, d.sent, d.layers_sent, d.layers, d.total)
+            line = summary_line(image, label, d.sent, d.layers_sent, d.layers, d.total)
         else:
-            line = f"image {config.image} on {label}: " + ("already there, nothing sent" if d.action == "present"
+            line = f"image {image} on {label}: " + ("already there, nothing sent" if d.action == "present"
                                                            else "pulled")
         console.print(line, markup=False, highlight=False)
     return {nodes.hosts[r].label: result[r] for r in ranks}

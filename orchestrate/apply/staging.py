@@ -16,7 +16,7 @@ import json
 import os
 import posixpath
 import tarfile
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -228,7 +228,8 @@ def _write_record(conn: Connection, data_dir: str, local: dict[str, Entry]) -> N
     conn.write_file(posixpath.join(data_dir, NODE_MANIFEST), iter((json.dumps(record).encode(),)), timeout=60)
 
 
-def stage_all(conns: list[Connection], config: UpConfig, console: Console) -> list[str]:
+def stage_all(conns: list[Connection], dirs: Sequence[Mapping[str, str]], config: UpConfig,
+              console: Console) -> list[str]:
     """Dirs on every node, then one sync per distinct data folder (shared storage gets it once), in parallel
     with a progress bar per node; one line per node saying what moved."""
     from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn
@@ -238,7 +239,8 @@ def stage_all(conns: list[Connection], config: UpConfig, console: Console) -> li
 
     assert config.data_from is not None
     local = local_manifest(config.data_from)
-    dirs = fan_out("data dirs", conns, lambda c: make_dirs(c, config), lambda c: c.host.label)
+    ranks = list(range(len(conns)))
+    fan_out("data dirs", ranks, lambda i: make_dirs(conns[i], dirs[i]), lambda i: conns[i].host.label)
     leaders = shared_folders(conns, [d["data"] for d in dirs])
     syncing = [i for i, lead in enumerate(leaders) if lead == i]
     with Progress(TextColumn("data {task.description}"), BarColumn(), DownloadColumn(), console=console,

@@ -20,6 +20,7 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
+from orchestrate.apply.start import start_containers
 from orchestrate.errors import JobError
 from orchestrate.jobs.control import kill_on_host, uid_of
 from orchestrate.jobs.owner import OWNER_LABEL, container_name
@@ -27,7 +28,6 @@ from orchestrate.plan.jobplan import NodeSpec
 from orchestrate.remote.docker import JOB_LABEL
 from orchestrate.remote.session import Nodes
 from orchestrate.remote.ssh import fan_out
-from orchestrate.watch.launch import start_containers
 
 OUTLIER_FRACTION = 0.5
 PAIRS_UP_TO = 8  # every pair of up to this many nodes (28 pairs); above, the all-node figure only

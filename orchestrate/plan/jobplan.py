@@ -1,21 +1,24 @@
-"""PURE planning: job config + hosts + preflight facts → one NodeSpec per node. No I/O here.
+"""PURE planning: job config + hosts + the probe's facts → the JobPlan of one attempt. No I/O here.
 
-The plan is what `--dry-run` prints and what unit tests assert; launch only applies it.
+`build_plan` gives the containers (one NodeSpec per node: what the offline `--dry-run` prints); `plan_job` wraps
+them with everything else an attempt does per node (folders, verdicts, image and data actions, leftovers,
+resume point). It is built once per attempt, printed by `--dry-run=hosts`, and every later phase reads it.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import shlex
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from orchestrate import __version__
-from orchestrate.config import GPUS_ALL, UpConfig, mask_text, masked_env, secret_values
+from orchestrate.config import GPUS_ALL, UpConfig, mask_text, masked_env, secret_values, url_masked
 from orchestrate.hosts import Host
 from orchestrate.jobs.owner import container_name, owner_labels
 from orchestrate.plan import gpus, transport
+from orchestrate.probe.checkpoints import Checkpoint
 from orchestrate.remote.docker import (
     GPUS_LABEL,
     JOB_LABEL,
@@ -51,8 +54,18 @@ CPU_ULIMITS = (("stack", 67108864, 67108864),)
 
 
 @dataclass(frozen=True)
+class Verdict:
+    """One preflight check's result on one node."""
+
+    check: str
+    ok: bool
+    text: str
+    warn: bool = False
+
+
+@dataclass(frozen=True)
 class NodeFacts:
-    """What preflight learned about a node and the plan needs."""
+    """What the probe learned about a node and the plan needs (read-only: nothing was changed to learn it)."""
 
     iface: str | None = None  # interface carrying the master address on this node
     gpus: int | None = None  # GPUs visible on the node (None: not queried)
@@ -62,6 +75,12 @@ class NodeFacts:
     addr: str | None = None  # the node's address toward the master (its peers see connections from it)
     ib: bool | None = None  # an active InfiniBand/RoCE port and its verbs devices (None: not probed)
     gpu_set: tuple[int, ...] = ()  # the device indices granted here beside the other jobs' (gpuset.py)
+    dirs: Mapping[str, str] | None = None  # data/ckpt/log folders resolved by preflight (None: not probed)
+    verdicts: tuple[Verdict, ...] = ()  # preflight's checks, in the table's order
+    image_id: str | None = None  # the job's image on the node (None: missing)
+    layers_held: int = 0  # how many leading layers of the local image the node's daemon holds
+    data_present: bool = False  # the data folder holds a verified copy of the data
+    leftovers: tuple[str, ...] = ()  # containers of the job found there (removed before the start)
 
 
 @dataclass(frozen=True)
@@ -200,17 +219,35 @@ def nproc_for(config: UpConfig, host: Host, facts: NodeFacts) -> int | str:
     return host.slots or UNKNOWN
 
 
+@dataclass(frozen=True)
+class Attempt:
+    """Which start of the job a plan is for: `up`'s own state, never written into the user's config."""
+
+    number: int = 0  # 0: the first start; N: the Nth automatic restart
+    cause: str = ""  # how the attempt before ended ("" for the first)
+    resume: bool = False  # from the newest checkpoint: the user's --resume, and every restart that found one
+
+    @classmethod
+    def first(cls, config: UpConfig) -> Attempt:
+        return cls(resume=config.resume)
+
+
 def build_plan(config: UpConfig, hosts: Sequence[Host], master_addr: str,
-               facts: Sequence[NodeFacts] | None = None, launcher: Sequence[str] = ("torchrun",)) -> list[NodeSpec]:
+               facts: Sequence[NodeFacts] | None = None, launcher: Sequence[str] = ("torchrun",),
+               attempt: Attempt | None = None, master_port: int | None = None) -> list[NodeSpec]:
     """One NodeSpec per host, node 0 first. `facts` come from preflight (None for an offline dry run);
-    `launcher` from the image check (torchrun, or `python -m torch.distributed.run` where it is not on PATH)."""
+    `launcher` from the image check (torchrun, or `python -m torch.distributed.run` where it is not on PATH);
+    `attempt` None: the first start; `master_port` the port preflight chose on node 0 (None: --master-port's,
+    None too when not given and not probed: shown as detected at launch)."""
     facts = list(facts) if facts is not None else [NodeFacts() for _ in hosts]
+    attempt = attempt if attempt is not None else Attempt.first(config)
     nnodes = len(hosts)
     names = tuple((f"ddp-node{rank}", addr) for rank, f in enumerate(facts) if f.addr
                   for addr in ((f.addr, f"::ffff:{f.addr}") if "." in f.addr else (f.addr,)))
     net = transport.job_transport(config.nccl_transport, [f.ib for f in facts]) if not config.cpu_mode else "auto"
-    return [_with_transport(dataclasses.replace(_node(config, host, rank, nnodes, master_addr, facts[rank],
-                                                      tuple(launcher)), extra_hosts=names), net)
+    port = master_port if master_port is not None else config.master_port
+    return [_with_transport(dataclasses.replace(_node(config, attempt, host, rank, nnodes, master_addr, port,
+                                                      facts[rank], tuple(launcher)), extra_hosts=names), net)
             for rank, host in enumerate(hosts)]
 
 
@@ -224,12 +261,12 @@ def _with_transport(spec: NodeSpec, net: str) -> NodeSpec:
     return spec
 
 
-def _node(config: UpConfig, host: Host, rank: int, nnodes: int, master_addr: str, facts: NodeFacts,
-          launcher: tuple[str, ...]) -> NodeSpec:
+def _node(config: UpConfig, attempt: Attempt, host: Host, rank: int, nnodes: int, master_addr: str,
+          master_port: int | None, facts: NodeFacts, launcher: tuple[str, ...]) -> NodeSpec:
     nproc = nproc_for(config, host, facts)
     iface = host.iface or facts.iface or UNKNOWN
-    dirs = host_dirs(config, host, facts.home)
-    port = UNKNOWN if config.master_port is None else str(config.master_port)
+    dirs = dict(facts.dirs) if facts.dirs is not None else host_dirs(config, host, facts.home)
+    port = UNKNOWN if master_port is None else str(master_port)
     command = [
         *launcher, "--nnodes", str(nnodes), "--node_rank", str(rank), "--master_addr", master_addr,
         "--master_port", port, "--nproc_per_node", str(nproc), *TORCHRUN_LOG_ARGS,
@@ -238,9 +275,9 @@ def _node(config: UpConfig, host: Host, rank: int, nnodes: int, master_addr: str
     if config.is_trainer:
         command += ["--data-dir", DATA_MOUNT, "--ckpt-dir", CKPT_MOUNT, *gpus.trainer_device_args(config.cpu_mode),
                     *config.trainer_args]
-        command += ["--resume"] if config.resume else []
+        command += ["--resume"] if attempt.resume else []
         # A restart on fewer nodes trains on with the run's global batch (gradient accumulation).
-        command += ["--keep-global-batch"] if config.restart else []
+        command += ["--keep-global-batch"] if attempt.number else []
     else:
         command += config.trainer_args
     env = {
@@ -250,10 +287,10 @@ def _node(config: UpConfig, host: Host, rank: int, nnodes: int, master_addr: str
         # The contract with any program (docs/DESIGN.md §7); torchrun adds RANK, LOCAL_RANK, WORLD_SIZE.
         ENV_DATA_DIR: DATA_MOUNT, ENV_CKPT_DIR: CKPT_MOUNT, ENV_LOG_DIR: LOG_MOUNT, **user_env(facts),
     }
-    if config.resume:
+    if attempt.resume:
         env[ENV_RESUME] = "1"
-    if config.restart:  # the trainer records it in metrics.jsonl (docs/DESIGN.md §7)
-        env.update({ENV_RESTART: str(config.restart), ENV_RESTART_CAUSE: config.restart_cause})
+    if attempt.number:  # the trainer records it in metrics.jsonl (docs/DESIGN.md §7)
+        env.update({ENV_RESTART: str(attempt.number), ENV_RESTART_CAUSE: attempt.cause})
     if not config.cpu_mode:
         env["NCCL_SOCKET_IFNAME"] = iface
         # The image's TORCH_NCCL_ASYNC_ERROR_HANDLING=3 stays (tear down on a failed collective, with the flight
@@ -270,8 +307,8 @@ def _node(config: UpConfig, host: Host, rank: int, nnodes: int, master_addr: str
         mounts=(Mount(dirs["data"], DATA_MOUNT, read_only=True), Mount(dirs["ckpt"], CKPT_MOUNT),
                 Mount(dirs["log"], LOG_MOUNT)),
         labels={JOB_LABEL: config.job, RANK_LABEL: str(rank), NNODES_LABEL: str(nnodes), VERSION_LABEL: __version__,
-                RESTART_LABEL: str(config.restart), RESTART_CAUSE_LABEL: config.restart_cause,
-                **owner_labels(facts.user, facts.login), **_claim_labels(rank, facts.gpu_set, config.master_port)},
+                RESTART_LABEL: str(attempt.number), RESTART_CAUSE_LABEL: attempt.cause,
+                **owner_labels(facts.user, facts.login), **_claim_labels(rank, facts.gpu_set, master_port)},
         gpus=n_gpus, gpu_ids=ids, ipc_mode=None if config.shm_size else "host", shm_size=config.shm_size,
         memory=config.memory, dirs=dirs,
         ulimits=CPU_ULIMITS if config.cpu_mode else GPU_ULIMITS, user=facts.user,
@@ -303,3 +340,212 @@ def render_plan(specs: Sequence[NodeSpec]) -> str:
         lines.append(f"# node {spec.rank} on {spec.host.label} ({spec.host.source}): container {spec.name}")
         lines.append(shlex.join(spec.docker_run_argv()))
     return "\n".join(lines)
+
+
+# ---- the JobPlan: one attempt, every node, everything it does -------------------------------------------
+
+
+@dataclass(frozen=True)
+class LocalImage:
+    """The job's image on this machine, as the plan needs it (None in the plan: no local image)."""
+
+    id: str
+    diff_ids: tuple[str, ...]  # its layers (RootFS), oldest first
+    sizes: tuple[int, ...] | None  # each layer's uncompressed size, oldest first (None: not known)
+
+    @property
+    def layers(self) -> int:
+        return len(self.diff_ids)
+
+
+@dataclass(frozen=True)
+class ImageAction:
+    """What the node gets of the image: "present" (nothing), "send" (the layers it lacks) or "pull"."""
+
+    kind: str
+    layers: int = 0  # the image's layers ("send")
+    layers_held: int = 0  # leading layers the node holds already: not sent
+    bytes: int | None = None  # uncompressed size of the layers sent (None: not known); sent compressed
+
+    @property
+    def layers_sent(self) -> int:
+        return self.layers - self.layers_held if self.kind == "send" else 0
+
+
+@dataclass(frozen=True)
+class DataAction:
+    """What the node's data folder gets: "present" (a verified copy: nothing), "download" (on the node, from
+    `source`), "send" (the archive `source` from here), "sync" (the folder or file `source`, incrementally) or
+    "none" (another program finds its data itself). Nodes whose folders are one shared folder (NFS) are found
+    when the data is applied (it takes writing a file there): one of them fetches, the others share it."""
+
+    kind: str
+    source: str = ""  # the URL (password masked) or the local path
+    bytes: int | None = None  # the archive's size ("send")
+
+
+@dataclass(frozen=True)
+class ResumePoint:
+    """The checkpoint the attempt starts from: the newest valid one on any node."""
+
+    checkpoint: Checkpoint
+    source: int  # the node that holds it
+    copy_to: tuple[int, ...]  # nodes that lack it: it is copied there before the start
+
+
+@dataclass(frozen=True)
+class NodePlan:
+    rank: int
+    host: Host
+    dirs: Mapping[str, str]  # data/ckpt/log folders on the host, ~ resolved
+    verdicts: tuple[Verdict, ...]
+    image: ImageAction
+    data: DataAction
+    leftovers: tuple[str, ...]  # containers of the job there, removed before the start
+    container: NodeSpec
+
+
+@dataclass(frozen=True)
+class JobPlan:
+    """Everything one attempt of `up` does, per node; built once, then only read."""
+
+    job: str
+    attempt: Attempt
+    master: str  # address:port of the rendezvous
+    launcher: tuple[str, ...] | None  # None: with --pull, read from the image once node 0 pulled it
+    resume: ResumePoint | None
+    nodes: tuple[NodePlan, ...]
+
+    @property
+    def specs(self) -> list[NodeSpec]:
+        return [n.container for n in self.nodes]
+
+    def with_launcher(self, launcher: Sequence[str]) -> JobPlan:
+        """The plan whose launcher the image check found after a pull: only the command's head changes."""
+        old = len(self.nodes[0].container.command) - len(_after_launcher(self.nodes[0].container))
+        nodes = tuple(dataclasses.replace(n, container=dataclasses.replace(
+            n.container, command=(*launcher, *n.container.command[old:]))) for n in self.nodes)
+        return dataclasses.replace(self, launcher=tuple(launcher), nodes=nodes)
+
+
+    def with_claim(self, specs: Sequence[NodeSpec], port: int | None) -> JobPlan:
+        """The plan as a lost GPU/port claim re-planned it (apply/claim.py): other GPU sets or another port."""
+        nodes = tuple(dataclasses.replace(n, container=spec) for n, spec in zip(self.nodes, specs, strict=True))
+        return dataclasses.replace(self, master=f"{self.master.rsplit(':', 1)[0]}:{port}", nodes=nodes)
+
+
+def _after_launcher(spec: NodeSpec) -> tuple[str, ...]:
+    return spec.command[spec.command.index("--nnodes"):]
+
+
+def image_action(config: UpConfig, local: LocalImage | None, node: NodeFacts) -> ImageAction:
+    """PURE: the same ID is there: nothing; else pulled (--pull) or its missing layers sent. Without a local
+    image preflight passes only where the node holds it."""
+    if config.pull:
+        missing = node.image_id is None or (local is not None and node.image_id != local.id)
+        return ImageAction("pull" if missing else "present")
+    if local is None or node.image_id == local.id:
+        return ImageAction("present")
+    held = min(node.layers_held, local.layers)
+    size = sum(local.sizes[held:]) if local.sizes is not None else None
+    return ImageAction("send", local.layers, held, size)
+
+
+def data_action(config: UpConfig, node: NodeFacts, archive_bytes: int | None, from_folder: bool) -> DataAction:
+    """PURE: CIFAR-10 is the trainer's data (downloaded, or its archive sent, unless a verified copy is there);
+    a folder of --data-from (or, for another program, a single file) is synced; else nothing."""
+    if config.data_from is not None and (from_folder or not config.is_trainer):
+        return DataAction("sync", str(config.data_from))
+    if not config.is_trainer:
+        return DataAction("none")
+    if node.data_present:
+        return DataAction("present")
+    if config.data_from is not None:
+        return DataAction("send", str(config.data_from), archive_bytes)
+    return DataAction("download", url_masked(config.data_url))
+
+
+def plan_job(config: UpConfig, attempt: Attempt, hosts: Sequence[Host], master_addr: str,
+             facts: Sequence[NodeFacts], local: LocalImage | None, launcher: Sequence[str] | None,
+             resume: ResumePoint | None, archive_bytes: int | None = None, from_folder: bool = False,
+             master_port: int | None = None) -> JobPlan:
+    """PURE: the attempt's plan from the config, the hosts and what the probe found (the facts of every node and
+    of this machine: the local image, the --data-from archive's size or whether it is a folder)."""
+    specs = build_plan(config, hosts, master_addr, facts, launcher or ("torchrun",), attempt, master_port)
+    nodes = tuple(NodePlan(rank, spec.host, spec.dirs, f.verdicts, image_action(config, local, f),
+                           data_action(config, f, archive_bytes, from_folder), f.leftovers, spec)
+                  for rank, (spec, f) in enumerate(zip(specs, facts, strict=True)))
+    port = master_port if master_port is not None else config.master_port
+    return JobPlan(config.job, attempt, f"{master_addr}:{port}",
+                   tuple(launcher) if launcher is not None else None, resume, nodes)
+
+
+def render_job_plan(plan: JobPlan) -> str:
+    """The plan as text, secrets masked: per node its folders, actions and `docker run` line."""
+    a = plan.attempt
+    lines = [f"# job {plan.job}: attempt {a.number}" + (f" ({a.cause})" if a.cause else "")
+             + f", {len(plan.nodes)} node(s), master {plan.master}"]
+    if plan.resume is not None:
+        c = plan.resume.checkpoint
+        lines.append(f"# resume: step {c.step} (epoch {c.epoch}) from node {plan.resume.source}:{c.path}"
+                     + (f", copied to node(s) {', '.join(map(str, plan.resume.copy_to))}" if plan.resume.copy_to
+                        else ""))
+    if plan.launcher is None:
+        lines.append("# launcher: read from the image once node 0 pulled it (torchrun shown)")
+    for n in plan.nodes:
+        lines.append(f"# node {n.rank} on {n.host.label}: container {n.container.name}")
+        lines.append("#   dirs: " + ", ".join(f"{k} {v}" for k, v in n.dirs.items()))
+        lines.append(f"#   image: {_image_text(n.image)}")
+        lines.append(f"#   data: {_data_text(n.data)}")
+        lines.append("#   leftovers removed: " + (", ".join(n.leftovers) or "none"))
+        lines.append("#   checks: " + ", ".join(f"{v.check} {'ok' if v.ok else 'FAILED'} ({v.text})"
+                                                for v in n.verdicts))
+        lines.append(shlex.join(n.container.docker_run_argv()))
+    return "\n".join(lines)
+
+
+def _image_text(action: ImageAction) -> str:
+    if action.kind != "send":
+        return {"present": "present, nothing sent", "pull": "pulled"}[action.kind]
+    size = f", {action.bytes / 1e6:.1f} MB uncompressed" if action.bytes is not None else ""
+    return f"send {action.layers_sent} of {action.layers} layers{size}"
+
+
+def _data_text(action: DataAction) -> str:
+    return {"present": "verified copy present, nothing moved", "download": f"downloaded on the node from {action.source}",
+            "send": f"archive {action.source} sent ({action.bytes} bytes)", "sync": f"{action.source} synced",
+            "none": "nothing (the program finds its data)"}[action.kind]
+
+
+def plan_json(plan: JobPlan) -> dict[str, Any]:
+    """The plan as JSON-ready data (docs/orchestrate.md, "The plan as JSON"), secrets masked."""
+    resume = None
+    if plan.resume is not None:
+        c = plan.resume.checkpoint
+        resume = {"step": c.step, "epoch": c.epoch, "node": plan.resume.source, "path": c.path,
+                  "copy_to": list(plan.resume.copy_to)}
+    return {"form": "hosts", "job": plan.job, "master": plan.master,
+            "attempt": dataclasses.asdict(plan.attempt), "launcher": list(plan.launcher) if plan.launcher else None,
+            "resume": resume, "nodes": [_node_json(n) for n in plan.nodes]}
+
+
+def _node_json(node: NodePlan) -> dict[str, Any]:
+    image = {**dataclasses.asdict(node.image), "layers_sent": node.image.layers_sent}
+    return {"rank": node.rank, "host": node.host.label, "dirs": dict(node.dirs),
+            "checks": [dataclasses.asdict(v) for v in node.verdicts], "image": image,
+            "data": dataclasses.asdict(node.data), "leftovers": list(node.leftovers),
+            **container_json(node.container)}
+
+
+def container_json(spec: NodeSpec) -> dict[str, Any]:
+    """The container's Docker SDK arguments (environment masked) and the same as a `docker run` line."""
+    secrets = secret_values(spec.env)
+    kwargs = {**spec.sdk_kwargs(), "environment": masked_env(spec.env),
+              "command": [mask_text(a, secrets) for a in spec.command]}
+    return {"container": {k: v for k, v in kwargs.items() if k != "detach"}, "docker_run": spec.docker_run_argv()}
+
+
+def offline_json(specs: Sequence[NodeSpec]) -> dict[str, Any]:
+    """The offline `--dry-run` as JSON: the containers only (nothing was probed)."""
+    return {"form": "offline", "nodes": [{"rank": s.rank, "host": s.host.label, **container_json(s)}
+                                         for s in specs]}

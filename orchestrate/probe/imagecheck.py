@@ -74,21 +74,24 @@ def judge(facts: ImageFacts, config: UpConfig) -> tuple[str, ...]:
     raise PreflightError(f"preflight failed, nothing was started: {where} {problem}")
 
 
-def check_image(conn: Connection, config: UpConfig, image_id: str | None) -> tuple[str, ...]:
+def check_image(conn: Connection, config: UpConfig, image_id: str | None, here: Any = None) -> tuple[str, ...]:
     """The launcher argv for this image and entry: remembered, or from the check run in one short container
-    (no network, removed after). `image_id`: the image's ID on node 0 where known (None: check every time).
+    (no network, removed after). `image_id`: the image's ID where known (None: check every time).
 
-    A client of its own, closed at once: its channels must not add to the job's on a host with OpenSSH's
-    stock MaxSessions (10 channels per connection)."""
+    The container runs on node 0 over `conn`, with a client of its own, closed at once: its channels must not add
+    to the job's on a host with OpenSSH's stock MaxSessions (10 channels per connection). `here`: the local
+    daemon's client instead, for an image that node 0 gets from here (the same ID: the same files), so that the
+    plan knows the launcher before anything is sent."""
     memo = _memo_path(image_id, entry_target(config)) if image_id else None
     remembered = _recall(memo) if memo else None
     if remembered is not None:
         return judge(remembered, config)
-    client = client_over_ssh(conn, timeout=120)
+    client = here if here is not None else client_over_ssh(conn, timeout=120)
     try:
         facts = parse_facts(_run_check(client, config))
     finally:
-        client.close()
+        if here is None:
+            client.close()
     launcher = judge(facts, config)
     if memo:  # only a check that passed: a refused image is checked again after the user's fix
         with contextlib.suppress(OSError):  # a cache that cannot be written (full, read-only) costs 0.4 s, no more

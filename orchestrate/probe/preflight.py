@@ -27,9 +27,9 @@ from orchestrate.remote.ssh import Connection, Identity
 PROBE_SCRIPT = scripts.text("probe.sh")
 
 
-def probe_host(conn: Connection, config: UpConfig, rank: int, master_addr: str, master_ssh_port: int) -> dict[str, str]:
-    """Run PROBE_SCRIPT once on the host; return its facts."""
-    dirs = host_dirs(config, conn.host, conn.identity().home)
+def probe_host(conn: Connection, config: UpConfig, rank: int, master_addr: str, master_ssh_port: int,
+               dirs: dict[str, str]) -> dict[str, str]:
+    """Run PROBE_SCRIPT once on the host (about the resolved `dirs`); return its facts."""
     argv = ["sh", "-c", PROBE_SCRIPT, "probe", dirs["data"], dirs["ckpt"], master_addr,
             "0" if rank == 0 else str(master_ssh_port), "1" if rank == 0 else "0", "1" if config.gpus else "0",
             dirs["log"]]
@@ -84,7 +84,7 @@ COLUMNS = ("ssh", "docker", "gpus", "disk", "port", "master", "iface", "net", "i
 
 
 def check_host(conn: Connection, rank: int, config: UpConfig, master_addr: str, master_ssh_port: int,
-               local_image_id: str | None) -> HostReport:
+               local_image_id: str | None, replace: bool) -> HostReport:
     """Run every check on one host; a failed check is recorded, never raised, so the table shows them all."""
     report = HostReport(conn.host.label, identity=conn.identity())
     report.dirs = host_dirs(config, conn.host, report.identity.home)  # type: ignore[union-attr]
@@ -95,7 +95,7 @@ def check_host(conn: Connection, rank: int, config: UpConfig, master_addr: str, 
     except SSHError as err:
         report.add("docker", False, str(err).split(": ", 1)[-1])
         return report
-    facts = probe_host(conn, config, rank, master_addr, master_ssh_port)
+    facts = probe_host(conn, config, rank, master_addr, master_ssh_port, report.dirs)
     report.clock_skew = clock_skew(facts)
     report.holdings = read_holdings(report.docker, config.job, report.identity.uid)  # type: ignore[union-attr]
     judge_gpus(facts, report, config, conn.host.slots)
@@ -105,7 +105,7 @@ def check_host(conn: Connection, rank: int, config: UpConfig, master_addr: str, 
         report.add("disk", False, exposed)
     else:
         judge_disk(facts, report, config, report.dirs)
-    replaced = _check_job(report, config)
+    replaced = _check_job(report, config.job, replace)
     if rank == 0:
         judge_port(facts, report, config.master_port, replaced)
     judge_master(facts, report, rank, master_addr, master_ssh_port, conn.host.iface)
@@ -114,7 +114,7 @@ def check_host(conn: Connection, rank: int, config: UpConfig, master_addr: str, 
 
 
 # torch's rendezvous (c10d keep-alives, the store's timeouts) compares timestamps across nodes; the order of
-# failures does not depend on host clocks (launch.Watcher.exit_seen).
+# failures does not depend on host clocks (watch/watcher.py, Watcher.exit_seen).
 MAX_CLOCK_SKEW_S = 5.0
 
 
@@ -286,30 +286,32 @@ def _check_image(report: HostReport, config: UpConfig, local_id: str | None) -> 
                                    "or pass --pull to pull it on the nodes")
 
 
-def _check_job(report: HostReport, config: UpConfig) -> bool:
-    """Whether the job runs here and --replace will remove it before the start."""
+def _check_job(report: HostReport, job: str, replace: bool) -> bool:
+    """Whether the job runs here and --replace (the first attempt's only) will remove it before the start."""
     assert report.identity is not None  # set when the report is made
-    report.containers = owner.mine(report.docker, config.job, report.identity.uid)
+    report.containers = owner.mine(report.docker, job, report.identity.uid)
     running = [c.name for c in report.containers if c.status in ("running", "restarting", "created")]
-    if running and not config.replace:
-        report.add("job", False, f"job {config.job!r} already running here ({', '.join(running)}); "
-                                 f"use --replace, or 'kill --job {config.job}'")
+    if running and not replace:
+        report.add("job", False, f"job {job!r} already running here ({', '.join(running)}); "
+                                 f"use --replace, or 'kill --job {job}'")
     else:
         report.add("job", True, "replace" if running else "free")
-    return bool(running and config.replace)
+    return bool(running and replace)
 
 
 def run_preflight(conns: Sequence[Connection], config: UpConfig, master_addr: str, local_image_id: str | None,
-                  console: Console, may_fail: bool = False) -> list[HostReport]:
+                  console: Console, may_fail: bool = False, replace: bool = False) -> list[HostReport]:
     """Check all hosts in parallel; print the table; raise PreflightError (one line per host) on any failure,
-    unless `may_fail` (a restart that may leave failing hosts out: the caller decides)."""
+    unless `may_fail` (a restart that may leave failing hosts out: the caller decides). `replace`: a running
+    job of the same name passes (it is removed before the start)."""
     from orchestrate.remote.ssh import fan_out
 
     master_port = conns[0].host.port
     reports: list[HostReport] = []
     try:
         reports = fan_out("preflight", list(enumerate(conns)),
-                          lambda rc: check_host(rc[1], rc[0], config, master_addr, master_port, local_image_id),
+                          lambda rc: check_host(rc[1], rc[0], config, master_addr, master_port, local_image_id,
+                                                replace),
                           lambda rc: rc[1].host.label)
     except MultiHostError as err:
         raise PreflightError("preflight could not run on every host; nothing was started:\n  "

@@ -45,6 +45,10 @@ class Nodes:
             raise SSHError(f"{self.hosts[rank].label} is not connected")
         return conn
 
+    def connected(self) -> list[Connection]:
+        """Every node's connection, in rank order (SSHError names a node that has none)."""
+        return [self.conn(r) for r in range(len(self.hosts))]
+
     def docker(self, rank: int, timeout: float | None = 60.0) -> Any:
         """A Docker client for the node, one per read timeout (long for transfers, short for polls)."""
         key = (rank, timeout)

@@ -72,7 +72,7 @@ def test_up_after_a_trainer_change_sends_only_the_new_layer(fresh: Cluster, work
     else:
         assert cache_line is None and "layer cache" not in res.stdout
     assert "finished: epochs=1" in res.stdout
-    assert re.search(r"^timings \(s\): connect [\d.]+, preflight [\d.]+, image [\d.]+, image check [\d.]+, "
+    assert re.search(r"^timings \(s\): connect [\d.]+, preflight [\d.]+, plan [\d.]+, image [\d.]+, "
                      r"data [\d.]+, start [\d.]+, run [\d.]+, summary [\d.]+; total [\d.]+$", res.stdout, re.M)
     ran = {name: c.attrs["Image"] for name, c in job_containers(fresh, f"delta-{source}")}  # type: ignore[attr-defined]
     assert ran == {h.name: image_id for h in fresh.hosts}

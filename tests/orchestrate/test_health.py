@@ -3,7 +3,6 @@ when a failure is restarted."""
 
 from __future__ import annotations
 
-import dataclasses
 import io
 import json
 import os
@@ -17,7 +16,7 @@ from orchestrate import pipeline as up
 from orchestrate.config import SSHOptions, UpConfig
 from orchestrate.errors import JobError
 from orchestrate.jobs import stops
-from orchestrate.pipeline import Attempt
+from orchestrate.pipeline import AttemptResult
 from orchestrate.watch.health import (
     Beat,
     RankStack,
@@ -26,7 +25,8 @@ from orchestrate.watch.health import (
     flight_recorder_lines,
     last_collective,
 )
-from orchestrate.watch.launch import End, Outcome, diverged_line, docker_time
+from orchestrate.watch.outcome import End, Outcome, diverged_line
+from orchestrate.watch.watcher import docker_time
 from trainer.contract import PEER_WAIT_FUNCTION
 
 BEAT = {"state": "training", "step": 120, "epoch": 3, "ckpt_step": 80, "loss": 1.23456, "images_per_s": 412.4,
@@ -132,9 +132,9 @@ def test_what_is_restarted() -> None:
     assert {e for e in End if e.restartable} == {End.EXITED, End.UNREACHABLE, End.STALLED, End.HOST}
     failed = Outcome(False, End.EXITED, 1, "exited with code 1", host="b")
     assert failed.cause == "node 1 (b) exited with code 1"
-    assert Attempt(failed, resumed_from=None, newest_step=8).progressed
-    assert not Attempt(failed, resumed_from=8, newest_step=8).progressed
-    assert not Attempt(failed, resumed_from=None, newest_step=None).progressed
+    assert AttemptResult(failed, resumed_from=None, newest_step=8).progressed
+    assert not AttemptResult(failed, resumed_from=8, newest_step=8).progressed
+    assert not AttemptResult(failed, resumed_from=None, newest_step=None).progressed
 
 
 def test_restart_or_raise(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -143,31 +143,31 @@ def test_restart_or_raise(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> No
     cfg = UpConfig(ssh=SSHOptions(None, None, False), job="j", max_restarts=2)
     console = Console(file=io.StringIO(), width=200)
     failed = Outcome(False, End.EXITED, 1, "exited with code 1", host="b")
-    up._restart_or_raise(cfg, cfg, Attempt(failed, None, 8), None, [], console)  # restarted, after a backoff
+    up._restart_or_raise(cfg, 0, AttemptResult(failed, None, 8), None, [], console)  # restarted, after a backoff
     assert "restart 1 of 2 in 0 s" in console.file.getvalue()  # type: ignore[attr-defined]
     with pytest.raises(JobError, match=r"node 0 removed; the job was stopped on all nodes$"):
-        up._restart_or_raise(cfg, cfg, Attempt(Outcome(False, End.REMOVED, 0, "removed"), None, 8), None, [],
+        up._restart_or_raise(cfg, 0, AttemptResult(Outcome(False, End.REMOVED, 0, "removed"), None, 8), None, [],
                              console)
-    second = dataclasses.replace(cfg, restart=1)
+    second = 1  # the first automatic restart ended
     with pytest.raises(JobError, match="same failure repeated before any new checkpoint"):
-        up._restart_or_raise(cfg, second, Attempt(failed, 8, 8), Attempt(failed, None, 8), [], console)
-    never = Attempt(failed, None, None)  # twice before the first checkpoint: the second started over
+        up._restart_or_raise(cfg, second, AttemptResult(failed, 8, 8), AttemptResult(failed, None, 8), [], console)
+    never = AttemptResult(failed, None, None)  # twice before the first checkpoint: the second started over
     with pytest.raises(JobError, match=r"before any new checkpoint was written: not restarting again"):
         up._restart_or_raise(cfg, second, never, never, [], console)
     # The same kind on another node (a crash takes its peers down; which exit is seen first varies): a repeat.
     elsewhere = Outcome(False, End.EXITED, 0, "exited with code 1", host="a")
     with pytest.raises(JobError, match="same failure repeated"):
-        up._restart_or_raise(cfg, second, Attempt(elsewhere, 8, 8), Attempt(failed, None, 8), [], console)
+        up._restart_or_raise(cfg, second, AttemptResult(elsewhere, 8, 8), AttemptResult(failed, None, 8), [], console)
     # Another kind of failure without progress, or the same after progress: restarted.
     other = Outcome(False, End.UNREACHABLE, 0, "host unreachable for 15 s", host="a")
-    up._restart_or_raise(cfg, second, Attempt(other, 8, 8), Attempt(failed, None, 8), [], console)
-    up._restart_or_raise(cfg, second, Attempt(failed, 8, 16), Attempt(failed, None, 8), [], console)
+    up._restart_or_raise(cfg, second, AttemptResult(other, 8, 8), AttemptResult(failed, None, 8), [], console)
+    up._restart_or_raise(cfg, second, AttemptResult(failed, 8, 16), AttemptResult(failed, None, 8), [], console)
     with pytest.raises(JobError, match=r"after 2 automatic restart\(s\)"):
-        up._restart_or_raise(cfg, dataclasses.replace(cfg, restart=2), Attempt(failed, 16, 24), None, [], console)
+        up._restart_or_raise(cfg, 2, AttemptResult(failed, 16, 24), None, [], console)
     # A kill's stop record on a host (jobs/stops.py; on real hosts in tests/cluster/test_self_healing.py).
     monkeypatch.setattr(stops, "seen", lambda nodes, job: job == "j")
     with pytest.raises(JobError, match="stopped with 'kill' during the restart backoff"):
-        up._restart_or_raise(cfg, cfg, Attempt(failed, None, 8), None, [], console)
+        up._restart_or_raise(cfg, 0, AttemptResult(failed, None, 8), None, [], console)
 
 
 def _real_dump(tmp_path: Path, collectives: int) -> bytes:

@@ -207,7 +207,7 @@ def test_a_delta_that_fails_to_load_falls_back_to_the_full_archive() -> None:
     old = diff_ids[:2] + ["sha256:" + "0" * 64]
     apis = [_Api(old, fail_delta=True), _Api(old, fail_delta=False)]
     console = Console(record=True, width=200)
-    done = deliver(_Nodes(apis), [0, 1], _Local(archive, diff_ids), "sha256:new", "img:new", console)  # type: ignore[arg-type]
+    done = deliver(_Nodes(apis), {0: 2, 1: 2}, _Local(archive, diff_ids), "sha256:new", "img:new", console)  # type: ignore[arg-type]
     out = console.export_text()
     assert "image img:new on h0: layer delta failed (docker load: open /var/lib/docker/tmp/x/layer.tar" in out
     assert "sending the full image" in out and "h1: layer delta failed" not in out

@@ -12,7 +12,7 @@ from rich.console import Console
 from orchestrate import cli
 from orchestrate.config import GPUS_ALL, SSHOptions, UpConfig
 from orchestrate.hosts import Host
-from orchestrate.plan.jobplan import NodeFacts, build_plan
+from orchestrate.plan.jobplan import Attempt, NodeFacts, build_plan
 
 HOSTS = [Host(name="gpu1", hostname="10.0.0.11", port=22, user="u", slots=None),
          Host(name="gpu2", hostname="10.0.0.12", port=22, user="u", slots=None, iface="ib0",
@@ -130,14 +130,15 @@ def test_dry_run_prints_every_node_masked_and_quoted(tmp_path: Path, capsys: pyt
 
 
 def test_an_automatic_restart_resumes_keeps_the_global_batch_and_says_why() -> None:
-    cfg = config(gpus=0, trainer_args=("--epochs", "3"), resume=True, restart=2,
-                 restart_cause="node 1 (b) exited with code 1")
-    n0 = build_plan(cfg, HOSTS, "10.0.0.11")[0]
+    cfg = config(gpus=0, trainer_args=("--epochs", "3"))  # the user's config is never rewritten for a restart
+    attempt = Attempt(2, "node 1 (b) exited with code 1", resume=True)
+    n0 = build_plan(cfg, HOSTS, "10.0.0.11", attempt=attempt)[0]
     assert n0.command[-3:] == ("3", "--resume", "--keep-global-batch")
     assert (n0.env["DDP_RESTART"], n0.env["DDP_RESTART_CAUSE"]) == ("2", "node 1 (b) exited with code 1")
     assert n0.labels["ddp-cifar.restart"] == "2" and n0.labels["ddp-cifar.restart-cause"].startswith("node 1")
     # Another program gets the environment, not the trainer's option.
-    other = build_plan(dataclasses.replace(cfg, entry="-m app.train", trainer_args=("--x",)), HOSTS, "10.0.0.11")[0]
+    other = build_plan(dataclasses.replace(cfg, entry="-m app.train", trainer_args=("--x",)), HOSTS, "10.0.0.11",
+                       attempt=attempt)[0]
     assert "--keep-global-batch" not in other.command and other.env["DDP_RESTART"] == "2"
 
 

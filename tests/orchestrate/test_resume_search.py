@@ -13,8 +13,8 @@ from typing import Any
 
 from rich.console import Console
 
+from orchestrate.probe.resume import find_resume_checkpoint
 from orchestrate.remote.ssh import Result
-from orchestrate.watch.launch import find_resume_checkpoint
 
 
 class LocalConn:
@@ -60,11 +60,11 @@ def test_a_corrupted_replica_is_skipped_with_a_warning_and_the_next_valid_checkp
     corrupt(replica, 24)
     conns = [LocalConn("h1"), LocalConn("h2")]
     nodes: Any = SimpleNamespace(conn=lambda r: conns[r], hosts=[c.host for c in conns])
-    specs: Any = [SimpleNamespace(dirs={"ckpt": str(f)}, host=c.host) for f, c in zip((replica, other), conns,
-                                                                                      strict=True)]
     out = io.StringIO()
-    best = find_resume_checkpoint(nodes, specs, Console(file=out, width=300))
+    found = find_resume_checkpoint(nodes, [str(replica), str(other)], Console(file=out, width=300))
+    best = found.checkpoint
     assert best.step == 16 and best.host in ("h1", "h2")
+    assert found.copy_to == ()  # both hold step 16: nothing to copy
     warned = [line for line in out.getvalue().splitlines() if line.startswith("warning:")]
     assert warned == [f"warning: h1:{replica}/ckpt-00000024.json: the checkpoint does not match its manifest "
                       "(missing, or another size or sha256): skipped"]

@@ -86,7 +86,7 @@ def test_secret_masking() -> None:
 def test_cli_does_not_import_torch() -> None:
     """The orchestrator checks trainer options and checkpoint manifests with trainer's stdlib-only modules;
     torch (and so the trainer's torch modules) must never come with them."""
-    code = ("import sys, orchestrate.cli, orchestrate.pipeline, orchestrate.jobs.commands, orchestrate.watch.launch;"
+    code = ("import sys, orchestrate.cli, orchestrate.pipeline, orchestrate.jobs.commands, orchestrate.watch.watcher;"
             "from orchestrate.config import UpConfig, SSHOptions;"
             "UpConfig(ssh=SSHOptions(None, None, False), trainer_args=('--epochs', '2', '--model', 'resnet50'));"
             "sys.exit(1 if 'torch' in sys.modules or 'trainer.models' in sys.modules else 0)")

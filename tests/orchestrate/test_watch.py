@@ -11,10 +11,13 @@ import docker.errors
 import pytest
 from rich.console import Console
 
+from orchestrate.apply import start
 from orchestrate.config import SSHOptions, UpConfig
 from orchestrate.hosts import Host
 from orchestrate.plan.jobplan import NodeFacts, build_plan
-from orchestrate.watch import launch
+from orchestrate.watch import progress
+from orchestrate.watch import watcher as watching
+from orchestrate.watch.outcome import End
 
 GONE: dict[str, Any] = {"gone": True}  # the daemon answers, but the container was removed
 
@@ -70,13 +73,13 @@ class FakeNodes:
 
 
 def watcher(states: list[dict[str, Any] | None], api: type[FakeAPI] | None = None,
-            memory: str | None = None) -> launch.Watcher:
+            memory: str | None = None) -> watching.Watcher:
     hosts = [Host(name=f"h{i}", hostname=f"h{i}", port=22, user=None) for i in range(len(states))]
     config = UpConfig(ssh=SSHOptions(Path("x"), None, False), gpus=0, memory=memory)
     specs = build_plan(config, hosts, "h0", [NodeFacts("eth0")] * len(hosts))
     containers = [type("C", (), {"id": f"c{i}"})() for i in range(len(hosts))]
     nodes = FakeNodes(states, api or FakeAPI)
-    return launch.Watcher(nodes, specs, containers, Console(), [])  # type: ignore[arg-type]
+    return watching.Watcher(nodes, specs, containers, Console(), [])  # type: ignore[arg-type]
 
 
 RUNNING = {"Status": "running", "ExitCode": 0}
@@ -98,7 +101,7 @@ def test_a_node_still_running_long_after_the_others_ended_well_is_a_stall() -> N
     w = watcher([exited(0, "2026-01-01T00:00:05Z"), RUNNING])
     w.stall.timeout_s, w.stall.seen, w.stall.last_change = 30.0, True, 0.0  # the last beat ("done"), long ago
     outcome = w.poll()
-    assert outcome is not None and (outcome.ok, outcome.end) == (False, launch.End.STALLED)
+    assert outcome is not None and (outcome.ok, outcome.end) == (False, End.STALLED)
     assert outcome.reason.startswith("1 node(s) still running ") and "though 1 ended with exit 0" in outcome.reason
     w.stall.last_change = 1e18  # within the limit: the others get their time to end
     assert w.poll() is None
@@ -111,7 +114,7 @@ def test_the_previous_runs_last_heartbeat_is_never_shown_as_this_attempts_progre
     started = "2001-01-01T00:00:10.5Z"  # node 0's container start, as Docker reports it
     w = watcher([{**RUNNING, "StartedAt": started}, RUNNING])
     out = io.StringIO()
-    view = launch.ProgressView(Console(file=out, width=200))
+    view = progress.ProgressView(Console(file=out, width=200))
     old = {"step": 4, "total_steps": 4, "epoch": 2, "epochs": 2, "state": "done", "slowest_step_s": 0.1}
     w.nodes.node0.heartbeat = json.dumps({**old, "time": 978307205.0}).encode()  # type: ignore[attr-defined]
     for _ in range(2):  # the first round learns the start; the second knows the beat is older than it
@@ -153,7 +156,7 @@ def test_an_oom_kill_names_the_limit_and_what_to_do() -> None:
 def test_unreachable_only_after_the_grace_window(monkeypatch: pytest.MonkeyPatch) -> None:
     w = watcher([RUNNING, None])
     assert w.poll() is None  # one missed poll is not a dead host
-    w.last_seen[1] -= launch.UNREACHABLE_S + 1
+    w.last_seen[1] -= watching.UNREACHABLE_S + 1
     outcome = w.poll()
     assert outcome is not None and (outcome.failed_rank, outcome.ok) == (1, False)
     assert "unreachable" in outcome.reason
@@ -170,7 +173,7 @@ def test_a_restarted_daemon_or_a_rebooted_host_is_named_at_once_not_unreachable(
     w.read_boots()
     w.nodes.boots[1] = now  # type: ignore[attr-defined]
     outcome = w.poll()  # the first poll whose API call fails: the host answers over SSH and tells why
-    assert outcome is not None and (outcome.end, outcome.failed_rank, outcome.reason) == (launch.End.HOST, 1, cause)
+    assert outcome is not None and (outcome.end, outcome.failed_rank, outcome.reason) == (End.HOST, 1, cause)
     assert outcome.end.restartable
 
 
@@ -182,7 +185,7 @@ def test_a_quick_restart_answering_the_next_poll_is_still_the_restart_not_an_exi
     w.read_boots()
     w.nodes.boots[1] = "b-1\n5151 2000\n"  # type: ignore[attr-defined]
     outcome = w.poll()
-    assert outcome is not None and (outcome.end, outcome.failed_rank) == (launch.End.HOST, 1)
+    assert outcome is not None and (outcome.end, outcome.failed_rank) == (End.HOST, 1)
     assert outcome.reason == "Docker daemon on h1 restarted"
 
 
@@ -193,9 +196,9 @@ def test_a_peer_that_exits_while_a_node_does_not_answer_is_not_blamed(ssh: str |
     w.read_boots()
     w.nodes.boots[1] = ssh  # type: ignore[attr-defined]
     assert w.poll() is None  # wait for node 1 to tell (at most UNREACHABLE_S): node 0 lost its peer
-    w.last_seen[1] -= launch.UNREACHABLE_S + 1
+    w.last_seen[1] -= watching.UNREACHABLE_S + 1
     outcome = w.poll()
-    assert outcome is not None and outcome.failed_rank == 1 and outcome.end is not launch.End.EXITED
+    assert outcome is not None and outcome.failed_rank == 1 and outcome.end is not End.EXITED
 
 
 def test_a_reboot_seen_only_after_the_peers_exit_is_still_the_cause_once_its_sshd_answers_again(
@@ -208,7 +211,7 @@ def test_a_reboot_seen_only_after_the_peers_exit_is_still_the_cause_once_its_ssh
     w.nodes.boots = [BOOT, BOOT]  # type: ignore[attr-defined]
     w.read_boots()
     outcome = w.poll()
-    assert outcome is not None and (outcome.end, outcome.failed_rank) == (launch.End.EXITED, 0)
+    assert outcome is not None and (outcome.end, outcome.failed_rank) == (End.EXITED, 0)
     w.nodes.boots[1] = None  # type: ignore[attr-defined]  # rebooting: sshd does not answer
     waits: list[float] = []
 
@@ -217,9 +220,9 @@ def test_a_reboot_seen_only_after_the_peers_exit_is_still_the_cause_once_its_ssh
         if len(waits) == 2:
             w.nodes.boots[1] = "b-2\n5151 2000\n"  # type: ignore[attr-defined]
 
-    monkeypatch.setattr(launch.time, "sleep", sleep)
-    launch._blame_a_host_change(w, outcome)
-    assert (outcome.end, outcome.failed_rank, outcome.reason) == (launch.End.HOST, 1, "h1 rebooted")
+    monkeypatch.setattr(watching.time, "sleep", sleep)
+    watching._blame_a_host_change(w, outcome)
+    assert (outcome.end, outcome.failed_rank, outcome.reason) == (End.HOST, 1, "h1 rebooted")
 
 
 def test_a_daemon_down_while_sshd_answers_fails_the_node_after_the_grace_window_with_that_cause() -> None:
@@ -228,10 +231,10 @@ def test_a_daemon_down_while_sshd_answers_fails_the_node_after_the_grace_window_
     w.read_boots()
     w.nodes.boots[1] = "b-1\n"  # sshd answers, no dockerd runs: it may be restarting, so no verdict yet
     assert w.poll() is None
-    w.last_seen[1] -= launch.UNREACHABLE_S + 1
+    w.last_seen[1] -= watching.UNREACHABLE_S + 1
     outcome = w.poll()
-    assert outcome is not None and outcome.end is launch.End.HOST
-    assert outcome.reason == f"Docker daemon on h1 is down (sshd answers) for {launch.UNREACHABLE_S:.0f} s"
+    assert outcome is not None and outcome.end is End.HOST
+    assert outcome.reason == f"Docker daemon on h1 is down (sshd answers) for {watching.UNREACHABLE_S:.0f} s"
 
 
 def test_a_removed_container_is_not_an_unreachable_host() -> None:
@@ -272,7 +275,7 @@ def test_a_create_failing_on_one_node_removes_the_containers_created_on_the_othe
     specs = build_plan(UpConfig(ssh=SSHOptions(Path("x"), None, False), gpus=0), hosts, "h0", [NodeFacts("eth0")] * 2)
     nodes = CreatingNodes()
     with pytest.raises(Exception, match="h1"):
-        launch.start_containers(nodes, specs)  # type: ignore[arg-type]
+        start.start_containers(nodes, specs)  # type: ignore[arg-type]
     assert len(nodes.made) == 1 and nodes.made[0].removed
 
 
@@ -290,7 +293,7 @@ def test_a_log_stream_ends_with_its_container_without_waiting_to_follow_it_again
         monkeypatch: pytest.MonkeyPatch) -> None:
     """The retry delay is for a stream broken while its container runs; an exited container's stream ends at
     once (it cost every `up` a second at the end, before its summary)."""
-    monkeypatch.setattr(launch, "STREAM_RETRY_S", 60.0)
+    monkeypatch.setattr(watching, "STREAM_RETRY_S", 60.0)
     w = watcher([{"Running": False}, {"Running": False}], EndedAPI)
     w.start_streams()
     w.drain_streams(10.0)

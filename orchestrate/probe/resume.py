@@ -1,0 +1,50 @@
+"""The resume checkpoint as a fact about the nodes: the newest valid one anywhere, and the newest step after an
+attempt. Read-only: copying it to the nodes that lack it is the start's work (apply/start.py)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from rich.console import Console
+
+from orchestrate.errors import NoCheckpointError
+from orchestrate.plan.jobplan import NodeSpec, ResumePoint
+from orchestrate.probe.checkpoints import Checkpoint, newest_valid
+from orchestrate.remote.session import Nodes
+from orchestrate.remote.ssh import fan_out
+
+
+def find_resume_checkpoint(nodes: Nodes, ckpt_dirs: Sequence[str], console: Console) -> ResumePoint:
+    """The newest valid checkpoint on any node, and the nodes that lack it. A newer checkpoint that fails its
+    manifest's size or sha256 is skipped with a warning."""
+    def search(r: int) -> Checkpoint | None:
+        def skipped(path: str) -> None:
+            console.print(f"warning: {nodes.hosts[r].label}:{path}: the checkpoint does not match its manifest "
+                          "(missing, or another size or sha256): skipped", markup=False, highlight=False)
+        return newest_valid(nodes.conn(r), ckpt_dirs[r], skipped)
+
+    found = fan_out("checkpoint search", list(range(len(ckpt_dirs))), search, lambda r: nodes.hosts[r].label)
+    valid = [c for c in found if c is not None]
+    if not valid:
+        where = ", ".join(f"{h.label}:{d}" for h, d in zip(nodes.hosts, ckpt_dirs, strict=True))
+        raise NoCheckpointError(f"--resume: no valid checkpoint of this job in {where}; start it without --resume")
+    best = max(valid, key=lambda c: c.step)
+    src = next(r for r, c in enumerate(found) if c is not None and c.step == best.step)
+    console.print(f"resuming from {best.host}:{best.path} (epoch {best.epoch}, step {best.step}, "
+                  f"sha256 verified)", markup=False, highlight=False)
+    lacking = tuple(r for r, c in enumerate(found) if r != src and (c is None or c.step != best.step))
+    return ResumePoint(best, src, lacking)
+
+
+def newest_step(nodes: Nodes, specs: Sequence[NodeSpec]) -> int | None:
+    """The newest valid checkpoint's step on the nodes that still answer (None: none anywhere)."""
+    def one(rank: int) -> int | None:
+        try:
+            found = newest_valid(nodes.conn(rank), specs[rank].dirs["ckpt"])
+        except Exception:  # an unreachable node has nothing to offer
+            return None
+        return found.step if found else None
+
+    steps = [s for s in fan_out("checkpoint search", list(range(len(specs))), one, lambda r: specs[r].host.label)
+             if s is not None]
+    return max(steps, default=None)

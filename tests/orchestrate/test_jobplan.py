@@ -1,0 +1,102 @@
+"""The JobPlan is plain data: decided from facts before anything is applied, and printed as it is applied."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from orchestrate import cli
+from orchestrate.config import SSHOptions, UpConfig
+from orchestrate.errors import ConfigError
+from orchestrate.hosts import Host
+from orchestrate.plan.jobplan import (
+    Attempt,
+    LocalImage,
+    NodeFacts,
+    Verdict,
+    data_action,
+    image_action,
+    plan_job,
+    plan_json,
+    render_job_plan,
+)
+
+SSH = SSHOptions(Path("hosts"), None, False)
+HOSTS = [Host(name=f"h{i}", hostname=f"10.0.0.{i + 1}", port=22, user="u", slots=None) for i in range(2)]
+LOCAL = LocalImage("sha256:new", tuple(f"sha256:{i}" for i in range(5)), sizes=(100, 200, 300, 400, 500))
+DIRS = {"data": "/home/u/.cache/ddp-cifar/data", "ckpt": "/home/u/ck", "log": "/home/u/logs"}
+
+
+def config(**kw: object) -> UpConfig:
+    return UpConfig(ssh=SSH, job="p", image="ddp-cifar:cpu", gpus=0, **kw)  # type: ignore[arg-type]
+
+
+def test_the_image_action_is_decided_from_the_layers_the_node_holds() -> None:
+    assert image_action(config(), LOCAL, NodeFacts(image_id="sha256:new")).kind == "present"
+    missing = image_action(config(), LOCAL, NodeFacts(image_id=None, layers_held=3))
+    assert (missing.kind, missing.layers_sent, missing.layers, missing.bytes) == ("send", 2, 5, 900)
+    unknown_sizes = image_action(config(), LocalImage("sha256:new", LOCAL.diff_ids, None), NodeFacts(image_id="sha256:old"))
+    assert (unknown_sizes.layers_sent, unknown_sizes.bytes) == (5, None)
+    pull = config(pull=True)
+    assert image_action(pull, None, NodeFacts(image_id=None)).kind == "pull"
+    assert image_action(pull, None, NodeFacts(image_id="sha256:any")).kind == "present"
+    assert image_action(pull, LOCAL, NodeFacts(image_id="sha256:old")).kind == "pull"  # differs from the local one
+    assert image_action(pull, LOCAL, NodeFacts(image_id="sha256:old")).layers_sent == 0
+
+
+def test_the_data_action_follows_the_config_and_the_verified_copy(tmp_path: Path) -> None:
+    assert data_action(config(), NodeFacts(), None, False).kind == "download"
+    assert data_action(config(), NodeFacts(data_present=True), None, False).kind == "present"
+    archive = tmp_path / "c.tar.gz"
+    archive.write_bytes(b"x")
+    sent = data_action(config(data_from=archive), NodeFacts(), 1, False)
+    assert (sent.kind, sent.source, sent.bytes) == ("send", str(archive), 1)
+    assert data_action(config(data_from=tmp_path), NodeFacts(), None, True).kind == "sync"
+    assert data_action(config(entry="/app/t.py"), NodeFacts(), None, False).kind == "none"
+
+
+def _facts(**kw: object) -> list[NodeFacts]:
+    return [NodeFacts(iface="eth0", addr=f"10.0.0.{i + 1}", dirs=DIRS, verdicts=(Verdict("ssh", True, "u@h"),),
+                      **kw) for i in range(2)]  # type: ignore[arg-type]
+
+
+def test_the_plan_uses_the_probed_folders_and_says_the_attempt() -> None:
+    attempt = Attempt(1, "node 1 (h1) exited with code 1", resume=True)
+    plan = plan_job(config(), attempt, HOSTS, "10.0.0.1", _facts(leftovers=("p-node0",)), LOCAL, ("torchrun",),
+                    None)
+    node = plan.nodes[0]
+    assert node.dirs == DIRS and [m.source for m in node.container.mounts] == list(DIRS.values())
+    assert node.leftovers == ("p-node0",) and node.image.kind == "send"
+    assert node.container.env["DDP_RESTART"] == "1" and "--resume" in node.container.command
+    data = json.loads(json.dumps(plan_json(plan)))  # JSON as printed
+    assert data["attempt"] == {"number": 1, "cause": "node 1 (h1) exited with code 1", "resume": True}
+    assert data["nodes"][1]["container"]["command"] == list(plan.nodes[1].container.command)
+    assert data["nodes"][0]["image"]["layers_sent"] == 5 and data["nodes"][0]["leftovers"] == ["p-node0"]
+    text = render_job_plan(plan)
+    assert "#   image: send 5 of 5 layers, 0.0 MB uncompressed" in text and "leftovers removed: p-node0" in text
+
+
+def test_a_launcher_found_after_a_pull_changes_only_the_commands_head() -> None:
+    plan = plan_job(config(pull=True), Attempt(), HOSTS, "10.0.0.1", _facts(), None, None, None)
+    assert plan.launcher is None and plan.nodes[0].container.command[0] == "torchrun"
+    found = plan.with_launcher(("/usr/bin/python3", "-m", "torch.distributed.run"))
+    for before, after in zip(plan.nodes, found.nodes, strict=True):
+        assert after.container.command == ("/usr/bin/python3", "-m", "torch.distributed.run",
+                                           *before.container.command[1:])
+    assert found.launcher == ("/usr/bin/python3", "-m", "torch.distributed.run")
+
+
+def test_json_is_refused_without_a_dry_run_and_the_offline_form_has_the_containers(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(ConfigError, match="--json prints a dry run's plan"):
+        config(as_json=True)
+    hosts = tmp_path / "hosts.txt"
+    hosts.write_text("node-a\nnode-b\n")
+    assert cli.main(["up", "--hosts", str(hosts), "--gpus", "0", "--dry-run", "--json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert data["form"] == "offline" and [n["host"] for n in data["nodes"]] == ["node-a", "node-b"]
+    node1 = data["nodes"][1]
+    assert node1["container"]["command"][:5] == ["torchrun", "--nnodes", "2", "--node_rank", "1"]
+    assert node1["docker_run"][:2] == ["docker", "run"] and "dirs" not in node1  # nothing probed
