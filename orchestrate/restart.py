@@ -34,7 +34,7 @@ class AttemptResult:
 
 
 def restart_or_raise(config: UpConfig, number: int, attempt: AttemptResult, previous: AttemptResult | None,
-                      hosts: list[Host], console: Console) -> None:
+                     hosts: list[Host], console: Console) -> None:
     """Raise the job's failure unless an automatic restart is due after attempt `number` (0: the first start);
     then wait out the backoff (a `kill` from any machine, seen as its stop record on the hosts, or Ctrl-C
     meanwhile ends it all)."""

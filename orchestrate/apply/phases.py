@@ -34,7 +34,6 @@ def images(ready: Ready, plan: JobPlan, config: UpConfig, console: Console) -> J
     return plan.with_launcher(check_image(ready.nodes.conn(0), config, None if config.pull else ready.local_id))
 
 
-
 def data(nodes: Nodes, plan: JobPlan, config: UpConfig, console: Console) -> None:
     """Every node's data as planned: CIFAR-10 (downloaded, or its archive sent, where no verified copy is), a
     folder or file of --data-from synced, or only the folders made for another program."""
@@ -55,9 +54,8 @@ def data(nodes: Nodes, plan: JobPlan, config: UpConfig, console: Console) -> Non
         console.print(f"data on {res.label}: {what}", markup=False, highlight=False)
 
 
-
 def start(nodes: Nodes, plan: JobPlan, facts: list[NodeFacts], ready: Ready, config: UpConfig,
-           console: Console) -> tuple[JobPlan, list[Container]]:
+          console: Console) -> tuple[JobPlan, list[Container]]:
     """Leftovers out, then the containers created, their GPU sets and port claimed against other `up`s starting
     at the same moment (a lost claim plans them again: the plan returned is the one that started), started."""
     copy_resume_checkpoint(nodes, plan)

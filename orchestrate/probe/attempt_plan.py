@@ -19,7 +19,7 @@ from trainer.contract import ENV_RESUME
 
 
 def plan_attempt(config: UpConfig, attempt: Attempt, ready: Ready, console: Console, timings: Timings,
-          on_hosts: bool = True) -> tuple[JobPlan, list[NodeFacts]]:
+                 on_hosts: bool = True) -> tuple[JobPlan, list[NodeFacts]]:
     """The attempt's plan, from what the read-only probe finds: the nodes' layers and data, the resume checkpoint,
     the launcher (`on_hosts` False: no check container on a host, as for a dry run); and the facts it was built
     from (a lost GPU/port claim plans again from them: apply/claim.py)."""

@@ -36,7 +36,8 @@ class Ready:
     port: int | None  # node 0's master port, given or chosen by preflight (plan/ports.py)
 
 
-def connect_and_preflight(config: UpConfig, attempt: Attempt, hosts: list[Host], console: Console, timings: Timings) -> Ready:
+def connect_and_preflight(config: UpConfig, attempt: Attempt, hosts: list[Host], console: Console,
+                          timings: Timings) -> Ready:
     """Connect and preflight (the table; nothing starts unless it passes)."""
     with timings.phase("connect"), ThreadPoolExecutor(1) as pool:
         local_lookup = pool.submit(local_image, config.image)  # the local daemon, while SSH handshakes run
@@ -53,7 +54,6 @@ def connect_and_preflight(config: UpConfig, attempt: Attempt, hosts: list[Host],
     for rank, report in enumerate(reports):
         nodes.adopt_docker(rank, report.docker)
     return Ready(nodes, reports, master, local, local_id, reports[0].port)
-
 
 
 def _connect(config: UpConfig, attempt: Attempt, hosts: list[Host], console: Console) -> Nodes:
