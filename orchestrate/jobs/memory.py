@@ -9,10 +9,11 @@ from __future__ import annotations
 import json
 import os
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from orchestrate.config import UpConfig, url_masked
 from trainer.atomic import write_atomic
 
 
@@ -58,3 +59,12 @@ def load(job: str) -> JobState | None:
         return JobState(data["job"], data["hosts_file"], data.get("ssh_config"), data.get("options", {}))
     except (OSError, ValueError, KeyError):
         return None
+
+
+def remember(config: UpConfig) -> Path:
+    options = {k: (str(v) if isinstance(v, Path) else v) for k, v in asdict(config).items()
+               if k not in ("ssh", "env")}
+    options["env_names"] = [k for k, _ in config.env]  # values are not stored: they may be secrets
+    options["data_url"] = url_masked(config.data_url)  # nor a password in the URL
+    return save(JobState(config.job, str(Path(config.ssh.hosts_file or "").resolve()),
+                         str(config.ssh.ssh_config) if config.ssh.ssh_config else None, options))

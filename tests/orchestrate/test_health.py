@@ -12,11 +12,11 @@ from pathlib import Path
 import pytest
 from rich.console import Console
 
-from orchestrate import pipeline as up
+from orchestrate import restart
 from orchestrate.config import SSHOptions, UpConfig
 from orchestrate.errors import JobError
 from orchestrate.jobs import stops
-from orchestrate.pipeline import AttemptResult
+from orchestrate.restart import AttemptResult
 from orchestrate.watch.health import (
     Beat,
     RankStack,
@@ -139,35 +139,35 @@ def test_what_is_restarted() -> None:
 
 def test_restart_or_raise(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path))
-    monkeypatch.setattr(up, "BACKOFF_S", 0.2)
+    monkeypatch.setattr(restart, "BACKOFF_S", 0.2)
     cfg = UpConfig(ssh=SSHOptions(None, None, False), job="j", max_restarts=2)
     console = Console(file=io.StringIO(), width=200)
     failed = Outcome(False, End.EXITED, 1, "exited with code 1", host="b")
-    up._restart_or_raise(cfg, 0, AttemptResult(failed, None, 8), None, [], console)  # restarted, after a backoff
+    restart.restart_or_raise(cfg, 0, AttemptResult(failed, None, 8), None, [], console)  # restarted, after a backoff
     assert "restart 1 of 2 in 0 s" in console.file.getvalue()  # type: ignore[attr-defined]
     with pytest.raises(JobError, match=r"node 0 removed; the job was stopped on all nodes$"):
-        up._restart_or_raise(cfg, 0, AttemptResult(Outcome(False, End.REMOVED, 0, "removed"), None, 8), None, [],
-                             console)
+        restart.restart_or_raise(cfg, 0, AttemptResult(Outcome(False, End.REMOVED, 0, "removed"), None, 8), None, [],
+                                 console)
     second = 1  # the first automatic restart ended
     with pytest.raises(JobError, match="same failure repeated before any new checkpoint"):
-        up._restart_or_raise(cfg, second, AttemptResult(failed, 8, 8), AttemptResult(failed, None, 8), [], console)
+        restart.restart_or_raise(cfg, second, AttemptResult(failed, 8, 8), AttemptResult(failed, None, 8), [], console)
     never = AttemptResult(failed, None, None)  # twice before the first checkpoint: the second started over
     with pytest.raises(JobError, match=r"before any new checkpoint was written: not restarting again"):
-        up._restart_or_raise(cfg, second, never, never, [], console)
+        restart.restart_or_raise(cfg, second, never, never, [], console)
     # The same kind on another node (a crash takes its peers down; which exit is seen first varies): a repeat.
     elsewhere = Outcome(False, End.EXITED, 0, "exited with code 1", host="a")
     with pytest.raises(JobError, match="same failure repeated"):
-        up._restart_or_raise(cfg, second, AttemptResult(elsewhere, 8, 8), AttemptResult(failed, None, 8), [], console)
+        restart.restart_or_raise(cfg, second, AttemptResult(elsewhere, 8, 8), AttemptResult(failed, None, 8), [], console)
     # Another kind of failure without progress, or the same after progress: restarted.
     other = Outcome(False, End.UNREACHABLE, 0, "host unreachable for 15 s", host="a")
-    up._restart_or_raise(cfg, second, AttemptResult(other, 8, 8), AttemptResult(failed, None, 8), [], console)
-    up._restart_or_raise(cfg, second, AttemptResult(failed, 8, 16), AttemptResult(failed, None, 8), [], console)
+    restart.restart_or_raise(cfg, second, AttemptResult(other, 8, 8), AttemptResult(failed, None, 8), [], console)
+    restart.restart_or_raise(cfg, second, AttemptResult(failed, 8, 16), AttemptResult(failed, None, 8), [], console)
     with pytest.raises(JobError, match=r"after 2 automatic restart\(s\)"):
-        up._restart_or_raise(cfg, 2, AttemptResult(failed, 16, 24), None, [], console)
+        restart.restart_or_raise(cfg, 2, AttemptResult(failed, 16, 24), None, [], console)
     # A kill's stop record on a host (jobs/stops.py; on real hosts in tests/cluster/test_self_healing.py).
     monkeypatch.setattr(stops, "seen", lambda nodes, job: job == "j")
     with pytest.raises(JobError, match="stopped with 'kill' during the restart backoff"):
-        up._restart_or_raise(cfg, 0, AttemptResult(failed, None, 8), None, [], console)
+        restart.restart_or_raise(cfg, 0, AttemptResult(failed, None, 8), None, [], console)
 
 
 def _real_dump(tmp_path: Path, collectives: int) -> bytes:

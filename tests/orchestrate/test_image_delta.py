@@ -219,7 +219,7 @@ def test_a_delta_that_fails_to_load_falls_back_to_the_full_archive() -> None:
 
 
 def test_timings_name_each_phase_in_order_even_when_one_fails() -> None:
-    from orchestrate.pipeline import Timings
+    from orchestrate.timings import Timings
 
     timings = Timings()
     with timings.phase("connect"):

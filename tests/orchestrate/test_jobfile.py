@@ -12,7 +12,7 @@ from rich.console import Console
 from orchestrate import cli, jobfile
 from orchestrate.config import UpConfig
 from orchestrate.errors import ConfigError
-from orchestrate.pipeline import remember
+from orchestrate.jobs.memory import remember
 
 
 def hosts_file(tmp_path: Path) -> Path:
