@@ -84,7 +84,8 @@ def test_a_data_folder_that_fills_during_extraction_fails_in_one_line_and_the_ne
         assert "MB, the folder had 0." in line and "free some space there or choose another data dir" in line
         # The tmpfs is in the host's mount namespace only: look from there.
         names = h1.run(["ls", "-A", f"{folder}/data"]).stdout.split()
-        assert names == ["cifar-10-python.tar.gz"], names  # the verified download; no partial folder, no marker
+        # The verified download and the folder's lock (apply/datalock.py); no partial folder, no marker.
+        assert names == [".ddp-cifar.lock", "cifar-10-python.tar.gz"], names
         assert job_containers(target, job) == []
         h1.run(["mount", "-o", "remount,size=8m", folder])
         again = orchestrate(target, state, *up_args(hosts, data, job, "--min-free-gb", "0", trainer=("--epochs", "1")),
