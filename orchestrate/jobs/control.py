@@ -91,9 +91,9 @@ def _unless_gone(action: Callable[[], object]) -> bool:
 
 def kill_job(nodes: Nodes, job: str, grace: float, console: Console,
              unreachable: Mapping[str, BaseException | str] | None = None) -> list[KillResult]:
-    """Kill on every reachable host in parallel; report unreachable hosts and failures (non-zero exit)."""
+    """Kill on every reachable host in parallel; report unreachable (and lost) hosts and failures (non-zero exit)."""
     ranks = nodes.reachable()
-    failures: dict[str, BaseException | str] = dict(unreachable or {})
+    failures: dict[str, BaseException | str] = {**(unreachable or {}), **nodes.lost()}
     results: list[KillResult] = []
 
     def one(rank: int) -> KillResult:

@@ -18,6 +18,7 @@ class Nodes:
         self.hosts = list(hosts)
         self.conns = list(conns)
         self._clients: dict[tuple[int, float | None], Any] = {}
+        self._lost: dict[int, str] = {}
 
     @classmethod
     def connect(cls, hosts: Sequence[Host], accept_new_host_keys: bool) -> Nodes:
@@ -40,10 +41,22 @@ class Nodes:
         return cls(hosts, conns), failures
 
     def conn(self, rank: int) -> Connection:
+        if rank in self._lost:
+            raise SSHError(f"{self.hosts[rank].label} unreachable: {self._lost[rank]}")
         conn = self.conns[rank]
         if conn is None:
             raise SSHError(f"{self.hosts[rank].label} is not connected")
         return conn
+
+    def lose(self, rank: int, why: str) -> None:
+        """A node found down (it answered nothing for long): every later use of it in this command fails at once
+        with `why` instead of waiting out the SSH timeouts again. After a host is lost, stopping the job and
+        finding the newest checkpoint each paid 30 s there (3 channel timeouts), the restart a minute later."""
+        self._lost[rank] = why
+
+    def lost(self) -> dict[str, str]:
+        """The lost nodes' hosts by label, with why (for the failures a stop reports)."""
+        return {self.hosts[r].label: f"{self.hosts[r].label} unreachable: {why}" for r, why in self._lost.items()}
 
     def connected(self) -> list[Connection]:
         """Every node's connection, in rank order (SSHError names a node that has none)."""
@@ -61,7 +74,7 @@ class Nodes:
         self._clients.setdefault((rank, timeout), client)
 
     def reachable(self) -> list[int]:
-        return [i for i, c in enumerate(self.conns) if c is not None]
+        return [i for i, c in enumerate(self.conns) if c is not None and i not in self._lost]
 
     def close(self) -> None:
         for client in self._clients.values():

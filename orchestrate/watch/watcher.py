@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any
 from rich.console import Console
 
 from orchestrate.config import UpConfig, secret_values
+from orchestrate.errors import SSHError
 from orchestrate.jobs.control import LogResume, follow_lines, kill_job
 from orchestrate.plan.jobplan import NodeSpec
 from orchestrate.probe.checkpoints import Replicator
@@ -150,7 +151,7 @@ class Watcher:
         for rank, state in enumerate(results):
             if state is None or state["Status"] == NO_API:
                 if now - self.last_seen[rank] > UNREACHABLE_S:
-                    return self._no_answer(rank, state)
+                    return self._no_answer(rank, state, now)
                 continue
             if state["Status"] == HOST_CHANGED:
                 return Outcome(False, End.HOST, rank, state["Cause"])
@@ -183,9 +184,10 @@ class Watcher:
         step = self.beat.step if self.beat else "?"
         return Outcome(False, End.STALLED, None, f"no training progress for {idle:.0f} s after step {step} {limit}")
 
-    @staticmethod
-    def _no_answer(rank: int, state: dict[str, Any] | None) -> Outcome:
+    def _no_answer(self, rank: int, state: dict[str, Any] | None, now: float) -> Outcome:
         if state is None:
+            # Stopping the job and finding the newest checkpoint skip it now rather than time out there again.
+            self.nodes.lose(rank, f"it answered nothing for {now - self.last_seen[rank]:.0f} s")
             return Outcome(False, End.UNREACHABLE, rank, f"host unreachable for {UNREACHABLE_S:.0f} s")
         return Outcome(False, End.HOST, rank, f"{state['Cause']} for {UNREACHABLE_S:.0f} s")
 
@@ -244,7 +246,11 @@ class Watcher:
     def _host_state(self, rank: int) -> dict[str, Any] | None:
         """None: the host does not answer over SSH. A daemon that is down fails the node only once it stays down
         UNREACHABLE_S (a restart brings it back in seconds, then it counts as restarted)."""
-        now = read_boot(self.nodes.conn(rank))
+        try:
+            conn = self.nodes.conn(rank)
+        except SSHError:  # lost already (a poll still under way when the watch ended)
+            return None
+        now = read_boot(conn)
         if now is None:
             return None
         seen = change(self.boots[rank], now)

@@ -71,8 +71,13 @@ class Up:
             os.killpg(self.proc.pid, signal.SIGKILL)
             raise AssertionError(f"up still running after {timeout} s:\n{self.text[-5000:]}") from None
         self.thread.join(timeout=10)
-        print(self.text)
+        print(self.timeline())
         return rc
+
+    def timeline(self) -> str:
+        """What `up` printed, each line after the seconds since its first: where a slow run spent its time."""
+        start = self.seen_at[0] if self.seen_at else 0.0
+        return "\n".join(f"{t - start:7.1f} {line}" for t, line in zip(self.seen_at, self.lines, strict=False))
 
 
 def metrics(cluster: Cluster, node: int, job: str) -> list[dict]:

@@ -369,6 +369,9 @@ def test_a_kill_cut_short_by_a_dropped_connection_is_done_again_but_a_silent_hos
         def reachable(self) -> list[int]:
             return [0, 1]
 
+        def lost(self) -> dict[str, str]:
+            return {}
+
         def conn(self, rank: int) -> _Conn:
             return self.conns[rank]
 
@@ -387,6 +390,51 @@ def test_a_kill_cut_short_by_a_dropped_connection_is_done_again_but_a_silent_hos
     with pytest.raises(MultiHostError) as err:
         jobs.kill_job(_Nodes(), "j", 5, Console(file=_io.StringIO()))  # type: ignore[arg-type]
     assert sorted(tries) == [0, 0, 1] and list(err.value.failures) == ["b"]
+
+
+def test_a_node_found_down_is_not_waited_for_again_by_the_stop_nor_the_checkpoint_search(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Once the watcher has lost a node (no answer for 15 s), the job's stop and the newest-checkpoint search that
+    follow skip it at once and say why, instead of paying the SSH timeouts there again (30 s each on the test hosts
+    before, the restart a minute later). The host still counts as not stopped: `up` says to kill once it answers."""
+    import io as _io
+
+    from rich.console import Console
+
+    from orchestrate.jobs import control as jobs
+    from orchestrate.probe import resume
+    from orchestrate.remote.session import Nodes
+
+    class _Conn:
+        dropped = False
+
+        def identity(self) -> Identity:
+            return Identity(1000, 1000, "ddp", "/home/ddp")
+
+        def close(self) -> None:
+            pass
+
+    hosts = [Host(name=n, hostname=n, port=22, user="ddp") for n in ("a", "b")]
+    nodes = Nodes(hosts, [_Conn(), _Conn()])  # type: ignore[list-item]
+    nodes.lose(1, "it answered nothing for 16 s")
+    assert nodes.reachable() == [0]
+    with pytest.raises(SSHError, match=r"^b unreachable: it answered nothing for 16 s$"):
+        nodes.conn(1)
+    tried: list[str] = []
+
+    def kill_on_host(client: object, job: str, grace: float, label: str, uid: int) -> jobs.KillResult:
+        tried.append(label)
+        return jobs.KillResult(label, ["j-node0"], {"j-node0": 143})
+
+    monkeypatch.setattr(jobs, "kill_on_host", kill_on_host)
+    monkeypatch.setattr(Nodes, "docker", lambda self, rank, timeout=60.0: object())
+    with pytest.raises(MultiHostError) as err:
+        jobs.kill_job(nodes, "j", 5, Console(file=_io.StringIO()))
+    assert tried == ["a"] and err.value.failures == {"b": "b unreachable: it answered nothing for 16 s"}
+    searched: list[object] = []
+    monkeypatch.setattr(resume, "newest_valid", lambda conn, folder: searched.append(conn))
+    specs = [type("Spec", (), {"dirs": {"ckpt": "/c"}, "host": h})() for h in hosts]
+    assert resume.newest_step(nodes, specs) is None and searched == [nodes.conns[0]]  # type: ignore[arg-type]
 
 
 def test_a_kill_racing_another_stop_of_the_same_job_takes_gone_or_being_removed_as_stopped() -> None:

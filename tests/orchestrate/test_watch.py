@@ -13,6 +13,7 @@ from rich.console import Console
 
 from orchestrate.apply import start
 from orchestrate.config import SSHOptions, UpConfig
+from orchestrate.errors import SSHError
 from orchestrate.hosts import Host
 from orchestrate.plan.jobplan import NodeFacts, build_plan
 from orchestrate.watch import progress
@@ -63,11 +64,17 @@ class FakeNodes:
         self.conns = [FakeConn() for _ in states]
         self.node0 = self.conns[0]
         self.boots: list[str | None] = [None] * len(states)  # no SSH answer unless a test sets one
+        self.lost: dict[int, str] = {}
+
+    def lose(self, rank: int, why: str) -> None:
+        self.lost[rank] = why
 
     def docker(self, rank: int, timeout: float | None = 60) -> Any:
         return type("Client", (), {"api": self.api(self.states[rank])})()
 
     def conn(self, rank: int) -> FakeConn:
+        if rank in self.lost:  # as Nodes.conn does for a lost node
+            raise SSHError(f"h{rank} unreachable: {self.lost[rank]}")
         self.conns[rank].boot = self.boots[rank]
         return self.conns[rank]
 
@@ -160,6 +167,11 @@ def test_unreachable_only_after_the_grace_window(monkeypatch: pytest.MonkeyPatch
     outcome = w.poll()
     assert outcome is not None and (outcome.failed_rank, outcome.ok) == (1, False)
     assert "unreachable" in outcome.reason
+    # Lost for the rest of the attempt: the stop and the checkpoint search that follow do not wait on it again.
+    assert w.nodes.lost == {1: "it answered nothing for 16 s"}  # type: ignore[attr-defined]
+    results: list[dict[str, Any] | None] = [None, None]
+    w._poll_one(1, results)  # a poll still under way then: no answer, not an exception in its thread
+    assert results == [None, None]
 
 
 BOOT = "b-1\n4242 1000\n"  # boot id; dockerd's pid and start time
