@@ -19,7 +19,7 @@ from pathlib import Path
 
 import docker
 
-from . import dockerd, hostfs, net, sshd
+from . import dockerd, hostfs, net, seed, sshd
 from .errors import DevclusterError, NoSubnetError, NotRootError
 from .hostfs import as_user, ensure_user, home_of, in_host, path_on_machine
 from .layout import MAX_HOSTS, ClusterState, HostLayout, check_name, known_states, state_lock, state_root
@@ -175,13 +175,15 @@ class Cluster:
 
     @classmethod
     def create(cls, n_hosts: int, name: str | None = None, *, persistent: bool = False, root_login: bool = False,
-               no_sftp: Sequence[int] = (), shared: str | None = None, gpus: int = 0) -> Cluster:
+               no_sftp: Sequence[int] = (), shared: str | None = None, gpus: int = 0,
+               images: Sequence[str] = ()) -> Cluster:
         """Bring up n_hosts hosts. Unless persistent, the cluster belongs to this process: once the
         process is gone, `gc` removes it. On any failure everything made so far is removed.
 
         Variants: root_login (log in as root instead of the non-root `ddp`), no_sftp (indices of hosts
         whose sshd has no sftp subsystem), shared (a path, e.g. "/mnt/shared", that is one folder seen
-        by every host, as an NFS mount), gpus (each host's simulated nvidia-smi reports that many GPUs)."""
+        by every host, as an NFS mount), gpus (each host's simulated nvidia-smi reports that many GPUs), images
+        (local images every host starts with, as if loaded there by hand: seed.py)."""
         if os.geteuid() != 0:
             raise NotRootError("devcluster needs root (netns, bridge, iptables, dockerd); run it as root")
         if not 1 <= n_hosts <= MAX_HOSTS:
@@ -196,10 +198,11 @@ class Cluster:
         need_tools(*TOOLS)
         _check_disk()
         user = "root" if root_login else ensure_user().pw_name
+        planted = seed.ensure(images) if images else None
         state = _claim(n_hosts, name, None if persistent else os.getpid(),
                        user=user, no_sftp=sorted(set(no_sftp)), shared=shared, gpus=gpus)
         try:
-            _bring_up(state)
+            _bring_up(state, planted)
         except BaseException:
             left = teardown(state)
             if left:
@@ -333,9 +336,9 @@ def _claim(n_hosts: int, name: str | None, owner: int | None, **variant: object)
         return state
 
 
-def _bring_up(state: ClusterState) -> None:
+def _bring_up(state: ClusterState, planted: Path | None = None) -> None:
     """Network, per-host folders and mount namespaces, then all containerds, then all dockerds (their
-    start-up waits overlap), sshds."""
+    start-up waits overlap), sshds. With a seed, each data root gets its images before its dockerd starts."""
     t0 = time.monotonic()
     user_pub = sshd.keygen(state.dir / "id_ed25519", f"devcluster-{state.name}")
     net.create_bridge(state)
@@ -355,6 +358,9 @@ def _bring_up(state: ClusterState) -> None:
     ctrd = {h.index: dockerd.spawn_containerd(h) for h in hosts}
     for h in hosts:
         dockerd.wait_containerd(h, ctrd[h.index])
+    if planted is not None:
+        for h in hosts:
+            seed.plant(planted, h)
     dkd = {h.index: dockerd.spawn_dockerd(h) for h in hosts}
     for h in hosts:
         dockerd.wait_dockerd(h, dkd[h.index])

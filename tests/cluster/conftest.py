@@ -20,9 +20,12 @@ killed earlier run left behind):
   session. Tests that change it must undo what they did (remove their containers and files,
   ``link_up()``, ``start_docker()``), best in a ``finally``. Images loaded into its hosts stay.
 - ``cluster_factory`` (session): ``cluster_factory(n_hosts, fresh=False, *, root_login=False, no_sftp=(),
-  shared=None, gpus=0) -> Cluster``. ``fresh=False`` returns a cluster of that size and variant shared by the
-  session (made on first use); ``fresh=True`` makes a new one for the caller (about 1 s), which may
-  ``close()`` it itself. Variants: ``root_login=True`` (log in as root), ``no_sftp=[1]`` (host 1's sshd
+  shared=None, gpus=0, seeded=None) -> Cluster``. ``fresh=False`` returns a cluster of that size and variant
+  shared by the session (made on first use); ``fresh=True`` makes a new one for the caller (about 1 s), which may
+  ``close()`` it itself. ``seeded`` (default: not fresh): every host starts with the CPU image (the tests'
+  ``ddp-cifar:cpu``) loaded, from a seed made once per image build (devcluster/seed.py: 1 s per cluster instead
+  of 27 s or more per host); a fresh cluster starts without images unless ``seeded=True``: the tests of the
+  image transfer (first `up`, layer deltas, pull, the planned layers) run on hosts without it. Variants: ``root_login=True`` (log in as root), ``no_sftp=[1]`` (host 1's sshd
   has no sftp subsystem), ``shared="/mnt/shared"`` (one folder at that path on every host, as NFS), ``gpus=4`` (each host's simulated
   ``nvidia-smi`` reports 4 GPUs).
 - ``cluster_no_sftp`` (session): 2 hosts, host 1 without SFTP. ``cluster_shared`` (session): 2 hosts
@@ -55,6 +58,7 @@ What a test uses from a ``Cluster`` (see docs/devcluster.md):
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable, Generator, Iterator, Sequence
 from pathlib import Path
 
@@ -63,6 +67,8 @@ from orchestrate_kit import Data, end_leftovers, remove_job_containers, serve_da
 
 from devcluster import Cluster
 from devcluster.gc import gc
+
+CPU_IMAGE = os.environ.get("DDP_TEST_IMAGE", "ddp-cifar:cpu")  # the Makefile passes its CPU_IMAGE
 
 ClusterFactory = Callable[..., Cluster]
 FAILED = pytest.StashKey[bool]()
@@ -107,11 +113,13 @@ def cluster_factory(_devcluster_session: list[Cluster]) -> ClusterFactory:
     kept: dict[tuple[object, ...], Cluster] = {}
 
     def make(n_hosts: int, fresh: bool = False, *, root_login: bool = False, no_sftp: Sequence[int] = (),
-             shared: str | None = None, gpus: int = 0) -> Cluster:
-        key = (n_hosts, root_login, tuple(sorted(no_sftp)), shared, gpus)
+             shared: str | None = None, gpus: int = 0, seeded: bool | None = None) -> Cluster:
+        seeded = not fresh if seeded is None else seeded
+        key = (n_hosts, root_login, tuple(sorted(no_sftp)), shared, gpus, seeded)
         if not fresh and key in kept:
             return kept[key]
-        c = Cluster.create(n_hosts, root_login=root_login, no_sftp=no_sftp, shared=shared, gpus=gpus)
+        c = Cluster.create(n_hosts, root_login=root_login, no_sftp=no_sftp, shared=shared, gpus=gpus,
+                           images=(CPU_IMAGE,) if seeded else ())
         _devcluster_session.append(c)
         if not fresh:
             kept[key] = c

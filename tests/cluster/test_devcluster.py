@@ -23,7 +23,7 @@ import docker
 import paramiko
 import pytest
 
-from devcluster import Cluster, Host
+from devcluster import Cluster, Host, seed
 from devcluster.gc import gc
 from devcluster.layout import LINK_RE, MAX_HOSTS, NETNS_RE, ClusterState, check_name, state_root
 from devcluster.proc import alive, cmdline, pids_in_netns
@@ -470,6 +470,40 @@ def test_close_does_not_wait_for_the_deletion_of_the_folder_and_gc_finishes_it(c
     while moved[0].parents[1].exists():
         assert time.monotonic() < deadline, f"{moved[0].parents[1]} was not deleted"
         time.sleep(0.2)
+
+def _listing(folder: Path) -> list[tuple[str, int, int, int]]:
+    """Every file and folder under `folder`: path, size, mtime (ns) and mode (the seed's mark left out: using a
+    seed marks it as used)."""
+    return sorted((str(p.relative_to(folder)), st.st_size, st.st_mtime_ns, st.st_mode)
+                  for p in folder.rglob("*") if p.name != seed.MARK for st in [p.lstat()])
+
+
+@pytest.mark.cluster
+def test_seeded_hosts_start_with_the_image_and_leave_the_seed_as_it_was(cluster_factory, cpu_image: str) -> None:
+    """A host made from a seed has the image as if loaded by hand (same ID, a container of it runs). What its
+    dockerd does then (a container writing over the image's files, a commit, the image removed and pruned, a
+    daemon restart) changes nothing in the seed that the next cluster's hosts link to."""
+    c = cluster_factory(1, fresh=True, seeded=True)
+    folder = seed.seeds_dir() / seed.key_of([cpu_image])
+    before = _listing(folder)
+    client = c.hosts[0].docker_client()
+    assert client.images.get(cpu_image).id == docker.from_env().images.get(cpu_image).id
+    container = client.containers.run(cpu_image, ["sh", "-c", "echo x >> /opt/venv/pyvenv.cfg && rm /bin/ls && "
+                                                  "chmod 600 /opt/venv/pyvenv.cfg && python -c 'import torch'"],
+                                      entrypoint=[], detach=True)
+    assert container.wait(timeout=120)["StatusCode"] == 0, container.logs()
+    container.commit("seeded", "changed")
+    container.remove()
+    client.images.remove(cpu_image, force=True)
+    client.images.prune(filters={"dangling": False})
+    c.hosts[0].stop_docker()
+    c.hosts[0].start_docker()
+    assert c.close() == []
+    assert _listing(folder) == before
+    again = cluster_factory(1, fresh=True, seeded=True)
+    assert again.hosts[0].docker_client().images.get(cpu_image).id == docker.from_env().images.get(cpu_image).id
+    assert again.close() == []
+
 
 @pytest.mark.cluster
 def test_cli_up_ls_down() -> None:

@@ -23,7 +23,7 @@ HOLD = ("--steps", "3000", "--step-seconds", "0.2", "--ckpt-every", "100000")  #
 
 @pytest.fixture(scope="module")
 def target(cluster_factory):  # type: ignore[no-untyped-def]
-    return cluster_factory(2, fresh=True, gpus=4)
+    return cluster_factory(2, fresh=True, gpus=4, seeded=True)  # the base layers there: the warm-up sends the top
 
 
 @pytest.fixture(scope="module")
