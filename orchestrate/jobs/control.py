@@ -57,7 +57,8 @@ def kill_on_host(client: Any, job: str, grace: float, label: str, uid: int) -> K
     """SIGTERM every container of the job here that belongs to the login `uid`, force-kill after `grace` s, then
     remove them. Idempotent. Another owner's containers of the same job name are left alone."""
     containers = job_containers(client, job)
-    containers += [c for c in client.containers.list(all=True, filters={"label": f"{PREFETCH_LABEL}={job}"})
+    containers += [c for c in client.containers.list(all=True, filters={"label": f"{PREFETCH_LABEL}={job}"},
+                                                   ignore_removed=True)
                    if c.labels.get(PREFETCH_LABEL) == job]
     others = owner.others_line(job, containers, uid)
     containers = [c for c in containers if owner.is_mine(c.labels, uid)]

@@ -134,7 +134,7 @@ def job_rows(found: Sequence[tuple[str, Any]], now: datetime | None = None) -> l
 
 def all_job_containers(client: Any) -> list[Any]:
     """Every container on a host that carries a job label, whoever owns it."""
-    return [c for c in client.containers.list(all=True, filters={"label": JOB_LABEL}) if JOB_LABEL in c.labels]
+    return [c for c in client.containers.list(all=True, filters={"label": JOB_LABEL}, ignore_removed=True) if JOB_LABEL in c.labels]
 
 
 def print_all_jobs(nodes: Nodes, console: Console, unreachable: Mapping[str, str]) -> bool:

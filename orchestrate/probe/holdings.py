@@ -49,7 +49,10 @@ def created_claim(container: Any) -> Held | None:
 
 
 def _claiming(client: Any) -> list[Any]:
-    found = {c.id: c for c in client.containers.list(all=True, filters={"label": GPUS_LABEL})}
-    found.update({c.id: c for c in client.containers.list(all=True, filters={"label": PORT_LABEL})})
+    # ignore_removed: docker-py reads each listed container again, and one removed in between (another `up` that
+    # lost its claim removes its containers at that very moment) failed the claim check with a 404 (seen in CI).
+    found = {c.id: c for c in client.containers.list(all=True, filters={"label": GPUS_LABEL}, ignore_removed=True)}
+    found.update({c.id: c for c in client.containers.list(all=True, filters={"label": PORT_LABEL},
+                                                          ignore_removed=True)})
     return list(found.values())
 

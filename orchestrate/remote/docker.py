@@ -137,5 +137,5 @@ def image_id(client: docker.DockerClient, name: str) -> str | None:
 
 def job_containers(client: docker.DockerClient, job: str) -> list[Any]:
     """Containers that carry the job's label (running or not). Nothing else is ever touched."""
-    found = client.containers.list(all=True, filters={"label": f"{JOB_LABEL}={job}"})
+    found = client.containers.list(all=True, filters={"label": f"{JOB_LABEL}={job}"}, ignore_removed=True)
     return [c for c in found if c.labels.get(JOB_LABEL) == job]

@@ -10,6 +10,7 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
+import docker.errors
 import pytest
 from rich.console import Console
 
@@ -39,19 +40,37 @@ class FakeContainer:
 
 
 class FakeDaemon:
-    """containers.create / list(all, filters={"label": KEY}) as docker-py's, over a list."""
+    """containers.create / list / get as docker-py's, over a list. `vanishing`:
+    containers listed, then gone when read (another `up` removed them in between)."""
 
     def __init__(self) -> None:
         self.all: list[FakeContainer] = []
         self.containers = self
+        self.vanishing: list[FakeContainer] = []
 
     def create(self, **kwargs: Any) -> FakeContainer:
         made = FakeContainer(self, dict(kwargs["labels"]))
         self.all.append(made)
         return made
 
-    def list(self, all: bool, filters: dict[str, str]) -> list[FakeContainer]:
-        return [c for c in self.all if filters["label"] in c.labels]
+    def containers_listed(self, label: str) -> list[FakeContainer]:
+        return [c for c in [*self.all, *self.vanishing] if label in c.labels]
+
+    def get(self, cid: str) -> FakeContainer:
+        found = [c for c in self.all if c.id == cid]
+        if not found:
+            raise docker.errors.NotFound(f"No such container: {cid}")
+        return found[0]
+
+    def list(self, all: bool, filters: dict[str, str], ignore_removed: bool = False) -> list[FakeContainer]:
+        found = []
+        for c in self.containers_listed(filters["label"]):  # docker-py reads each listed container again
+            try:
+                found.append(self.get(c.id))
+            except docker.errors.NotFound:
+                if not ignore_removed:
+                    raise
+        return found
 
 
 def test_the_later_creator_removes_its_containers_and_takes_free_gpus(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -77,3 +96,19 @@ def test_the_later_creator_removes_its_containers_and_takes_free_gpus(monkeypatc
     assert daemon.all == [bobs, mine]  # the first, overlapping containers were removed
     assert got.tries == 2 and got.lost == ["gpu1: bob/cifar created first"] and len(waits) == 1
     assert claim.BACKOFF_S[0] <= waits[0] <= claim.BACKOFF_S[1] and got.waited_s == waits[0]
+
+
+def test_a_container_removed_between_the_listing_and_its_read_holds_nothing() -> None:
+    """Another `up` that lost its claim removes its containers while this one reads the labels: the listed but gone
+    container is passed over, not a failed claim check (CI saw `claim check failed ... 404 No such container`,
+    from docker-py's containers.list(), which reads each listed container again)."""
+    from orchestrate.probe.holdings import read_holdings
+
+    daemon = FakeDaemon()
+    bobs = daemon.create(labels={"ddp-cifar.job": "cifar", "ddp-cifar.owner": "bob", "ddp-cifar.owner-uid": "1001",
+                                 "ddp-cifar.gpus": "0,1", "ddp-cifar.master-port": "29500"})
+    daemon.vanishing.append(FakeContainer(daemon, {"ddp-cifar.job": "x", "ddp-cifar.owner": "cy",
+                                                   "ddp-cifar.owner-uid": "1002", "ddp-cifar.gpus": "2,3"}))
+    found = read_holdings(daemon, "mine", 1000)
+    assert [h.gpus for h in found.others] == [(0, 1)] and found.others[0].who == "bob/cifar"
+    assert bobs in daemon.all

@@ -47,7 +47,7 @@ class _Client:
 
         class _Containers:
             @staticmethod
-            def list(all: bool, filters: dict[str, str]) -> list[_Container]:  # noqa: A002  # docker-py's name
+            def list(all: bool, filters: dict[str, str], ignore_removed: bool = False) -> list[_Container]:  # noqa: A002  # docker-py's name
                 key, _, value = filters["label"].partition("=")
                 return [c for c in outer if key in c.labels and (not value or c.labels[key] == value)]
 

@@ -470,7 +470,7 @@ def test_a_kill_racing_another_stop_of_the_same_job_takes_gone_or_being_removed_
     class _Client:
         class containers:  # noqa: N801  # docker-py's attribute name
             @staticmethod
-            def list(all: bool, filters: dict[str, str]) -> list[_Container]:  # noqa: A002
+            def list(all: bool, filters: dict[str, str], ignore_removed: bool = False) -> list[_Container]:  # noqa: A002
                 return containers if JOB_LABEL in filters.get("label", "") else []
 
     res = jobs.kill_on_host(_Client(), "j", 1, "h", 1000)
