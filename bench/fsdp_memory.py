@@ -7,7 +7,10 @@ One run, everything side by side, on CPU with gloo (real torchrun processes, one
   (trainer.parallel.memory: local shards only), and images/s over the steps after the first (random images);
 - FSDP's sharded checkpoint (trainer.dcp_checkpoint, the trainer's own save): written by 2 processes, then
   loaded (resharded) by 3: the time of each and the folder's size on disk.
-Each configuration is a torchrun of this same file with --worker, which prints one JSON line.
+Each configuration is a torchrun of this same file with --worker, which prints one JSON line. Exits 1 when FSDP
+holds more than MAX_SHARE of DDP's training state per process at N processes (1/N plus what does not divide
+evenly; bench/bounds.py). The images/s and the checkpoint's seconds are printed, not bounded: on shared cores
+they are the load's.
 """
 
 from __future__ import annotations
@@ -28,8 +31,12 @@ import torch.nn.functional as F
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
+MAX_SHARE = {2: 0.55, 4: 0.3}  # 1/N of DDP's state per process, plus 10% (or 5%) for what does not divide evenly
+
+from bounds import Figure, finish  # noqa: E402
 
 from trainer import dcp_checkpoint, dist, parallel, snapshot, state  # noqa: E402
+from trainer.__main__ import exit_without_finalizing  # noqa: E402
 from trainer.config import Config  # noqa: E402
 
 torch.set_num_threads(1)
@@ -102,7 +109,7 @@ def _mib(n: float) -> str:
     return f"{n / 2**20:8.1f}"
 
 
-def main() -> None:
+def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--model", default="vit-cifar")
     p.add_argument("--batch", type=int, default=8, help="images per process and step")
@@ -114,15 +121,20 @@ def main() -> None:
     ns = p.parse_args()
     if ns.worker:
         _worker(ns)
-        return
+        exit_without_finalizing(0)  # gloo's threads outlive the group: SIGABRT at finalization otherwise
     common = ["--model", ns.model, "--batch", str(ns.batch), "--steps", str(ns.steps)]
     print(f"{ns.model}, batch {ns.batch} per process, CPU/gloo, one thread per process; MiB per process")
     print(f"{'strategy':8} {'procs':>5} {'params':>8} {'grads':>8} {'optim':>8} {'images/s':>9}")
+    figures = []
     for nproc in (2, 4):
+        held = {}
         for strategy in ("ddp", "fsdp"):
             r = _torchrun(nproc, [*common, "--strategy", strategy])
             print(f"{strategy:8} {nproc:5d} {_mib(r['params'])} {_mib(r['grads'])} {_mib(r['optimizer'])} "
                   f"{r['images_per_s']:9.1f}", flush=True)
+            held[strategy] = r["params"] + r["grads"] + r["optimizer"]
+        figures.append(Figure(f"FSDP's training state per process at {nproc} / DDP's", held["fsdp"] / held["ddp"],
+                              "x", f"DDP {held['ddp'] / 2**20:.1f} MiB per process", MAX_SHARE[nproc], False))
     folder = Path(tempfile.mkdtemp(prefix="fsdp-bench-"))
     try:
         ckpt = ["--strategy", "fsdp", "--ckpt-dir", str(folder), *common]
@@ -132,7 +144,8 @@ def main() -> None:
               f"on disk; loaded (resharded) by 3 in {loaded['seconds']:.2f} s")
     finally:
         shutil.rmtree(folder, ignore_errors=True)
+    return finish(figures)
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

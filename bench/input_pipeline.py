@@ -6,7 +6,8 @@ flip, normalise), same batch size, same number of threads; both run in this one 
     python3 -m venv .venv-bench && .venv-bench/bin/pip install torch==2.14.1 torchvision==0.29.1 numpy
     .venv-bench/bin/python bench/input_pipeline.py [--images 20000] [--threads 1] [--workers 0]
 
-This is a benchmark, not a test: it prints images/s of both pipelines, per core, and their ratio.
+This is a benchmark, not a test: it prints images/s of both pipelines, per core, and their ratio; it exits 1
+when ours is less than GOAL_PER_CORE times the classic one per core (bench/bounds.py).
 """
 
 from __future__ import annotations
@@ -22,7 +23,11 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from anywhere: the repo holds trainer/
+from bounds import Figure, finish  # noqa: E402
+
 from trainer import data  # noqa: E402
+
+GOAL_PER_CORE = 10.0  # the issue's goal: at least 10x the classic pipeline's images/s per core
 
 VENV_HINT = (
     "torchvision is not installed in this interpreter. Make the benchmark venv (local wheels, ~1 min, 5.5 GB):\n"
@@ -91,8 +96,11 @@ def main() -> int:
           f"{classic / classic_cores:10.0f} per core ({n_classic} images, {classic_cores} core(s))")
     print(f"batched (trainer.data, tensor ops)      : {ours:10.0f} images/s  "
           f"{ours / ours_cores:10.0f} per core ({n_ours} images, {ours_cores} core(s))")
-    print(f"ratio: {ours / classic:.1f}x images/s, {(ours / ours_cores) / (classic / classic_cores):.1f}x per core")
-    return 0
+    per_core = (ours / ours_cores) / (classic / classic_cores)
+    print(f"ratio: {ours / classic:.1f}x images/s, {per_core:.1f}x per core")
+    return finish([Figure("batched pipeline, images/s per core against the classic one", per_core, "x",
+                          f"classic {classic / classic_cores:.0f} images/s per core (ours {ours / ours_cores:.0f})",
+                          GOAL_PER_CORE, True)])
 
 
 if __name__ == "__main__":

@@ -5,7 +5,9 @@ against the same work done one host after another (a 1-node `up --detach` per ho
 
 Needs root, the local dockerd and `make image-cpu`. One devcluster of the largest size is made (and removed); a warm-up
 `up` moves the image and the data first, so the timings are launch only: SSH, preflight, image/data checks
-(nothing moved), container start. Prints a table (median seconds) and the ratio largest / 1 host.
+(nothing moved), container start. Prints a table (median seconds), the ratio largest / 1 host and parallel /
+one after another; exits 1 past GOAL_SCALING or when the fan-out is slower than one host after another
+(bench/bounds.py). The test hosts share this machine's cores, so the first needs a core per host to hold.
 """
 
 from __future__ import annotations
@@ -26,7 +28,11 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+from bounds import Figure, finish  # noqa: E402
+
 from devcluster import Cluster  # noqa: E402
+
+GOAL_SCALING = 1.5  # the issue's goal: the largest size at most 1.5x as long as 1 host
 
 TRAIN = ["--model", "tiny", "--epochs", "1000", "--batch-size", "16", "--allow-unverified-data"]
 
@@ -86,11 +92,12 @@ def main() -> int:
     print("|------:|---------------------------------:|----------------------------------:|")
     for n, par, ser in rows:
         print(f"| {n} | {par:.2f} s | {ser:.2f} s |")
-    ratio = rows[-1][1] / rows[0][1]
-    print(f"\n{rows[-1][0]} hosts / {rows[0][0]} host(s) (parallel): {ratio:.2f}x (target <= 1.5x at 4 hosts); "
-          f"median of {args.repeats}; "
-          f"{os.cpu_count()} CPU cores shared by all hosts")
-    return 0
+    (n1, par1, _), (n, par, ser) = rows[0], rows[-1]
+    print(f"\nmedian of {args.repeats}; {os.cpu_count()} CPU cores shared by all hosts")
+    return finish([Figure(f"`up --detach` on {n} hosts / on {n1}", par / par1, "x", f"{n1} host(s) {par1:.2f} s",
+                          GOAL_SCALING, False),
+                   Figure(f"`up --detach` on {n} hosts / one host after another", par / ser, "x",
+                          f"one after another {ser:.2f} s", 1.0, False)])
 
 
 if __name__ == "__main__":

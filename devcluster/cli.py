@@ -18,7 +18,7 @@ from .layout import known_states
 def cmd_up(args: argparse.Namespace) -> int:
     t0 = time.monotonic()
     c = Cluster.create(args.hosts, args.name, persistent=True, root_login=args.root_login,
-                       no_sftp=args.no_sftp, shared=args.shared, gpus=args.gpus)
+                       no_sftp=args.no_sftp, shared=args.shared, gpus=args.gpus, slurm=args.slurm)
     print(f"cluster {c.name}: {len(c.hosts)} hosts on {c.subnet} in {time.monotonic() - t0:.1f} s")
     print(f"state folder: {c.dir}")
     print(f"login user: {c.user}" + (f"; {c.shared} is one folder on every host ({c.dir / 'shared'})"
@@ -28,6 +28,9 @@ def cmd_up(args: argparse.Namespace) -> int:
               f"DOCKER_HOST={h.docker_host}")
     if c.state.gpus:
         print(f"each host reports {c.state.gpus} simulated GPU(s) (nvidia-smi in /usr/games)")
+    if c.slurm_conf:
+        print(f"Slurm: partition `hosts` of {len(c.hosts)} nodes (their aliases)" + (
+            f", gres gpu:{c.state.gpus} each" if c.state.gpus else "") + f"; SLURM_CONF={c.slurm_conf} sinfo")
     print(f"try: ssh -F {c.ssh_config} {c.hosts[0].name} docker info")
     print(f"     HOME={c.home} python -m orchestrate ... --hosts {c.hosts_file}")
     print(f"remove: python -m devcluster down --name {c.name}")
@@ -90,6 +93,8 @@ def parser() -> argparse.ArgumentParser:
     up.add_argument("--gpus", type=int, default=0, metavar="N",
                     help="each host reports N GPUs through a simulated nvidia-smi (jobs then run with "
                          "orchestrate's --gpus-on-cpu)")
+    up.add_argument("--slurm", action="store_true",
+                    help="a real Slurm: slurmctld on this machine, slurmd on each host (GPUs as gres with --gpus)")
     up.set_defaults(func=cmd_up)
     down = sub.add_parser("down", help="remove one cluster")
     down.add_argument("--name", required=True)

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import docker
 
-from . import dockerd, hostfs, net, seed, sshd
+from . import dockerd, hostfs, net, seed, slurmd, sshd
 from .errors import DevclusterError, NoSubnetError, NotRootError
 from .hostfs import as_user, ensure_user, home_of, in_host, path_on_machine
 from .layout import MAX_HOSTS, ClusterState, HostLayout, check_name, known_states, state_lock, state_root
@@ -149,16 +149,35 @@ class Host:
         pid = dockerd.spawn_dockerd(self.layout)
         dockerd.wait_dockerd(self.layout, pid)
 
+    def restart_sshd(self, *extra: str) -> None:
+        """sshd starts again with the host's stock config plus `extra` lines (a site's hardening, e.g.
+        "MaxSessions 3"); with none, the stock config is back. Open sessions stay, as with a real restart."""
+        d = self.layout.ssh_dir
+        (d / "sshd_config").write_text(sshd.sshd_config(self.layout, self.sftp) + "".join(f"{x}\n" for x in extra))
+        sshd.stop_sshd(self.layout)
+        sshd.run_sshd(self.layout)
+
     def reboot(self) -> None:
         """A reboot as the network and the orchestrator see it: every process of the host ends (dockerd with
-        its containers, sshd with its sessions), the host comes back with a new boot id, its daemons start
-        again; files, images and host keys stay."""
+        its containers, sshd with its sessions, slurmd with its jobs), the host comes back with a new boot id, its
+        daemons start again; files, images and host keys stay."""
+        self.shut_down()
+        self.boot()
+
+    def shut_down(self) -> None:
+        """The first half of a slow reboot: every process of the host ends and it stays down (SSH refused, no
+        Docker, no slurmd) until boot()."""
         dockerd.stop_docker(self.layout)
         sshd.stop_sshd(self.layout)
         stop_leftovers(self.layout)
+
+    def boot(self) -> None:
+        """The host comes back from shut_down() with a new boot id; its daemons start again."""
         hostfs.new_boot_id(self.layout)
         self.start_docker()
         sshd.run_sshd(self.layout)
+        if self.state.slurm:
+            slurmd.start_node(self.state, self.layout)
 
     def __repr__(self) -> str:
         return f"Host({self.name}, {self.addr})"
@@ -176,14 +195,15 @@ class Cluster:
     @classmethod
     def create(cls, n_hosts: int, name: str | None = None, *, persistent: bool = False, root_login: bool = False,
                no_sftp: Sequence[int] = (), shared: str | None = None, gpus: int = 0,
-               images: Sequence[str] = ()) -> Cluster:
+               images: Sequence[str] = (), slurm: bool = False) -> Cluster:
         """Bring up n_hosts hosts. Unless persistent, the cluster belongs to this process: once the
         process is gone, `gc` removes it. On any failure everything made so far is removed.
 
         Variants: root_login (log in as root instead of the non-root `ddp`), no_sftp (indices of hosts
         whose sshd has no sftp subsystem), shared (a path, e.g. "/mnt/shared", that is one folder seen
         by every host, as an NFS mount), gpus (each host's simulated nvidia-smi reports that many GPUs), images
-        (local images every host starts with, as if loaded there by hand: seed.py)."""
+        (local images every host starts with, as if loaded there by hand: seed.py), slurm (a real Slurm:
+        munged, slurmctld on this machine, slurmd on each host, its GPUs as gres when gpus: slurmd.py)."""
         if os.geteuid() != 0:
             raise NotRootError("devcluster needs root (netns, bridge, iptables, dockerd); run it as root")
         if not 1 <= n_hosts <= MAX_HOSTS:
@@ -196,11 +216,13 @@ class Cluster:
         if not 0 <= gpus <= MAX_FAKE_GPUS:
             raise DevclusterError(f"--gpus {gpus}: choose 0 to {MAX_FAKE_GPUS} simulated GPUs per host")
         need_tools(*TOOLS)
+        if slurm:
+            need_tools(*slurmd.TOOLS, packages=slurmd.PACKAGES)
         _check_disk()
         user = "root" if root_login else ensure_user().pw_name
-        planted = seed.ensure(images) if images else None
+        planted = seed.ensure(images, lambda: cls.create(1)) if images else None
         state = _claim(n_hosts, name, None if persistent else os.getpid(),
-                       user=user, no_sftp=sorted(set(no_sftp)), shared=shared, gpus=gpus)
+                       user=user, no_sftp=sorted(set(no_sftp)), shared=shared, gpus=gpus, slurm=slurm)
         try:
             _bring_up(state, planted)
         except BaseException:
@@ -282,10 +304,17 @@ class Cluster:
         """The machine's own address on the bridge: hosts reach a server of the machine here."""
         return self.state.gateway
 
+    @property
+    def slurm_conf(self) -> Path | None:
+        """The cluster's slurm.conf (Slurm variant), else None."""
+        return slurmd.slurm_conf(self.state) if self.state.slurm else None
+
     def client_env(self) -> dict[str, str]:
-        """Environment for a client process (the orchestrator, a docker-py script): this process's
-        environment with HOME=cluster.home, so ~/.ssh/config and known_hosts are the cluster's."""
-        return {**os.environ, "HOME": str(self.home)}
+        """Environment for a client process (the orchestrator, a docker-py script, sinfo/srun/sbatch): this
+        process's environment with HOME=cluster.home, so ~/.ssh/config and known_hosts are the cluster's, and
+        in the Slurm variant SLURM_CONF=its slurm.conf, so Slurm's clients reach its controller."""
+        slurm = {"SLURM_CONF": str(self.slurm_conf)} if self.slurm_conf else {}
+        return {**os.environ, "HOME": str(self.home), **slurm}
 
     def write_hosts_file(self, path: Path, slots: int = 1,
                          keys: dict[int, dict[str, str]] | None = None, hosts: Sequence[Host] | None = None) -> Path:
@@ -366,4 +395,6 @@ def _bring_up(state: ClusterState, planted: Path | None = None) -> None:
         dockerd.wait_dockerd(h, dkd[h.index])
     host_keys = {h.index: sshd.start_sshd(h, sftp=h.index not in state.no_sftp) for h in hosts}
     sshd.write_client_files(state, host_keys)
+    if state.slurm:
+        slurmd.start_slurm(state)
     log.info("cluster %s: %d hosts up in %.1f s", state.name, len(hosts), time.monotonic() - t0)

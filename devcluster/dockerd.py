@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import json
 import logging
-import socket
 from contextlib import closing
 from pathlib import Path
 
@@ -20,7 +19,17 @@ import docker
 from .errors import StartError
 from .hostfs import in_host
 from .layout import HostLayout
-from .proc import alive, cmdline, pids_matching, read_pidfile, run, spawn, stop_pids, wait_until
+from .proc import (
+    alive,
+    cmdline,
+    pids_matching,
+    read_pidfile,
+    run,
+    socket_answers,
+    spawn,
+    stop_pids,
+    wait_until,
+)
 
 log = logging.getLogger(__name__)
 
@@ -77,20 +86,8 @@ def dockerd_argv(host: HostLayout) -> list[str]:
     ]
 
 
-def _socket_answers(path: Path) -> bool:
-    if not path.exists():
-        return False
-    with socket.socket(socket.AF_UNIX) as s:
-        s.settimeout(1)
-        try:
-            s.connect(str(path))
-        except OSError:
-            return False
-    return True
-
-
 def _ping(host: HostLayout) -> bool:
-    if not _socket_answers(host.docker_sock):
+    if not socket_answers(host.docker_sock):
         return False
     try:
         with closing(docker.DockerClient(base_url=f"unix://{host.docker_sock}", timeout=5)) as c:
@@ -121,7 +118,7 @@ def spawn_containerd(host: HostLayout) -> int:
 def wait_containerd(host: HostLayout, pid: int) -> None:
     log_ = host.log_dir / "containerd.log"
     try:
-        wait_until(lambda: _socket_answers(host.containerd_sock), START_TIMEOUT,
+        wait_until(lambda: socket_answers(host.containerd_sock), START_TIMEOUT,
                    f"containerd of {host.alias}", lambda: _exited("containerd", host, log_, pid))
     except Exception as e:
         raise StartError(str(e)) from e
@@ -146,7 +143,7 @@ def wait_dockerd(host: HostLayout, pid: int) -> None:
 
 def remove_containers(host: HostLayout) -> None:
     """Force-remove every container of the host's daemon (SIGKILL + remove), if the daemon answers."""
-    if not _socket_answers(host.docker_sock):
+    if not socket_answers(host.docker_sock):
         return
     try:
         with closing(docker.DockerClient(base_url=f"unix://{host.docker_sock}", timeout=20)) as c:

@@ -132,6 +132,7 @@ class ClusterState:
     no_sftp: list[int] = field(default_factory=list)  # hosts whose sshd has no sftp subsystem
     shared: str | None = None  # a path every host sees as the same folder (<dir>/shared), as with NFS
     gpus: int = 0  # GPUs each host's simulated nvidia-smi reports (0: no nvidia-smi)
+    slurm: bool = False  # a real Slurm: slurmctld on the machine, slurmd on each host (slurmd.py)
 
     @property
     def dir(self) -> Path:

@@ -12,6 +12,7 @@ import logging
 import os
 import shutil
 import signal
+import socket
 import subprocess
 import time
 from collections.abc import Callable, Sequence
@@ -24,21 +25,18 @@ log = logging.getLogger(__name__)
 NETNS_DIR = Path("/var/run/netns")
 
 
-def need_tools(*names: str) -> None:
-    """Fail with one line naming every missing program."""
+def need_tools(*names: str, packages: str = "iproute2 openssh-server openssh-client docker.io iptables util-linux") -> None:
+    """Fail with one line naming every missing program and the Debian packages that bring them."""
     missing = [n for n in names if shutil.which(n) is None and not Path(n).is_file()]
     if missing:
-        raise ToolMissingError(
-            f"missing programs: {', '.join(missing)} (install: apt-get install iproute2 openssh-server "
-            f"openssh-client docker.io iptables util-linux)"
-        )
+        raise ToolMissingError(f"missing programs: {', '.join(missing)} (install: apt-get install {packages})")
 
 
-def run(argv: Sequence[str], *, timeout: float = 30, check: bool = True,
-        input: str | None = None) -> subprocess.CompletedProcess[str]:
+def run(argv: Sequence[str], *, timeout: float = 30, check: bool = True, input: str | None = None,
+        env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
     """Run a command without a shell; raise CommandError naming it on failure or timeout."""
     try:
-        res = subprocess.run(list(argv), capture_output=True, text=True, timeout=timeout, input=input)
+        res = subprocess.run(list(argv), capture_output=True, text=True, timeout=timeout, input=input, env=env)
     except subprocess.TimeoutExpired as e:
         raise CommandError(f"`{' '.join(argv)}` ran past {timeout:.0f} s") from e
     except FileNotFoundError as e:
@@ -78,6 +76,19 @@ def wait_until(pred: Callable[[], bool], timeout: float, what: str,
             raise CommandError(f"{what}: not ready after {timeout:.0f} s")
         time.sleep(delay)
         delay = min(delay * 1.5, 0.5)
+
+
+def socket_answers(path: Path) -> bool:
+    """True if a Unix socket at path accepts a connection (its daemon is up)."""
+    if not path.exists():
+        return False
+    with socket.socket(socket.AF_UNIX) as s:
+        s.settimeout(1)
+        try:
+            s.connect(str(path))
+        except OSError:
+            return False
+    return True
 
 
 def alive(pid: int) -> bool:

@@ -22,10 +22,11 @@ import os
 import shutil
 import subprocess
 import time
-from collections.abc import Iterator, Sequence
-from contextlib import closing, contextmanager
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import AbstractContextManager, closing, contextmanager
 from hashlib import sha256
 from pathlib import Path
+from typing import Any
 
 import docker
 import docker.errors
@@ -67,24 +68,23 @@ def _locked() -> Iterator[None]:
         yield
 
 
-def ensure(images: Sequence[str]) -> Path:
-    """The seed folder of these local images, made first when missing."""
+def ensure(images: Sequence[str], one_host: Callable[[], AbstractContextManager[Any]]) -> Path:
+    """The seed folder of these local images, made first when missing, in a cluster of one host that `one_host`
+    brings up (cluster.py passes its own; taking it as an argument keeps seed.py below cluster.py)."""
     key = key_of(images)
     seed = seeds_dir() / key
     with _locked():
         if not (seed / MARK).is_file():
-            _make(images, seed)
+            _make(images, seed, one_host)
         os.utime(seed / MARK)  # newest used: kept by _prune
         _prune(keep=seed)
     return seed
 
 
-def _make(images: Sequence[str], seed: Path) -> None:
-    from .cluster import Cluster  # the cluster module creates hosts with seeds: imported here, not at the top
-
+def _make(images: Sequence[str], seed: Path, one_host: Callable[[], AbstractContextManager[Any]]) -> None:
     t0 = time.monotonic()
     shutil.rmtree(seed, ignore_errors=True)  # an unfinished one (no mark) from a killed run
-    with Cluster.create(1) as loader:
+    with one_host() as loader:
         host = loader.hosts[0]
         _load(images, host.layout)
         host.stop_docker()

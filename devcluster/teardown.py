@@ -8,7 +8,7 @@ import subprocess
 from collections.abc import Callable
 from pathlib import Path
 
-from . import dockerd, net, sshd
+from . import dockerd, net, slurmd, sshd
 from .layout import ClusterState, HostLayout, state_root
 from .mounts import mounts_under, unmount_under
 from .proc import pids_in_netns, pids_matching, stop_pids
@@ -49,6 +49,7 @@ def stop_leftovers(host: HostLayout) -> None:
 
 def teardown(state: ClusterState) -> list[str]:
     """Remove everything of the cluster; returns the traces that could not be removed (empty = clean)."""
+    slurmd.stop_slurm(state)  # first: a slurmd whose host is gone would be drained, not stopped
     for host in state.hosts():
         teardown_host(host)
     net.remove_rules(state.name)

@@ -19,8 +19,7 @@ from typing import Any
 
 from rich.console import Console
 
-from orchestrate.config import JobsConfig, SSHOptions, UpConfig
-from orchestrate.plan.gpus import split
+from orchestrate.config import JobsConfig, SSHOptions, UpConfig, split
 
 
 def Job(hosts: str | Path, *, ssh_config: str | Path | None = None, accept_new_host_keys: bool = False,  # noqa: N802
@@ -32,7 +31,7 @@ def Job(hosts: str | Path, *, ssh_config: str | Path | None = None, accept_new_h
     ssh = SSHOptions(Path(hosts), Path(ssh_config) if ssh_config else None, accept_new_host_keys)
     if not isinstance(options.get("gpus", 0), int):  # device indices, as `--gpus 4-7`
         options = {**options, **dict(zip(("gpus", "gpu_ids"), split(options["gpus"]), strict=True))}
-    return UpConfig(ssh=ssh, **options)
+    return UpConfig.of(ssh, **options)
 
 
 def up(job: UpConfig, console: Console | None = None) -> int:
@@ -71,7 +70,7 @@ def _ssh(hosts: str | Path | None) -> SSHOptions:
 
 
 def jobs(command: str, config: JobsConfig, console: Console | None = None) -> int:
-    """kill / status / logs / plot from a JobsConfig (what the command line builds)."""
+    """kill / status / logs / plot / tensorboard from a JobsConfig (what the command line builds)."""
     return _jobs(command, config, console)
 
 

@@ -1,4 +1,5 @@
-"""Command line: `python -m orchestrate up | check | kill | status | logs | plot`.
+"""Command line: `python -m orchestrate up | check | kill | status | logs | plot | tensorboard`, and each registered
+scheduler's own subcommands (backends/__init__.py SCHEDULERS).
 
 argparse → one frozen, validated config per subcommand → one function per subcommand. Expected failures
 (OrchestrateError) are caught here only, printed as one line (or one line per host), non-zero exit.
@@ -10,24 +11,25 @@ import argparse
 import dataclasses
 import logging
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, NoReturn
 
 from rich.console import Console
 
+from orchestrate.backends import SCHEDULERS
+from orchestrate.backends.protocol import Allocation
 from orchestrate.config import (
-    LAYER_CACHE_MODES,
+    JOB_COMMANDS,
+    SECTIONS,
     JobsConfig,
     SSHOptions,
     UpConfig,
+    parse_gpus,
+    split,
 )
 from orchestrate.errors import ConfigError, MultiHostError, OrchestrateError
-from orchestrate.plan.gpus import parse_gpus, split
-from orchestrate.plan.transport import TRANSPORTS
-from trainer.config import PRECISIONS
-from trainer.config import Config as TrainerConfig
-from trainer.contract import METRICS_FILE
+from trainer.config import PRECISIONS, STRATEGIES
 
 EXAMPLES = """\
 examples:
@@ -36,35 +38,44 @@ examples:
   python -m orchestrate status --job r18
   python -m orchestrate logs --job r18 -f --node 1
   python -m orchestrate plot --job r18 --out r18.png
+  python -m orchestrate tensorboard --job r18
   python -m orchestrate check --hosts hosts.txt --gpus 8
   python -m orchestrate kill --job r18
   python -m orchestrate up --hosts hosts.txt --gpus 8 --job r18 --resume -- --epochs 30 --precision bf16
-
+""" + "".join(s.examples for s in SCHEDULERS) + """
 hosts file: one host a line, [user@]host[:port] [slots=N] [key=value ...], '#' comments; the first host
-is node 0 and the rendezvous master. Keys: slots, iface, docker_host, data_dir, ckpt_dir, log_dir.
-Names resolve through ~/.ssh/config; host keys are checked against known_hosts.
-"""
+is node 0 and the rendezvous master. Keys: slots, gpu_ids (device indices), iface, docker_host, data_dir, ckpt_dir,
+log_dir. Names resolve through ~/.ssh/config; host keys are checked against known_hosts.
+""" + "".join(s.epilog for s in SCHEDULERS)
 
 
-GPUS_HELP = ("GPUs per node: a number (Docker gives the first N), 'all' (-1), device indices (0,1,2,3 or 4-7; "
-             "one GPU: 3-3), or 0 for CPU mode (gloo)")
-TRANSPORT_HELP = ("NCCL between the nodes: ib = InfiniBand/RoCE (preflight refuses a node without an active port), "
-                  "socket = TCP, auto = IB when every node has it")
 # The defaults are the configs' own (config.py): written once, shown by --help, used by job files (jobfile.py).
-UP: dict[str, Any] = {f.name: f.default for f in dataclasses.fields(UpConfig)}
-JOBS: dict[str, Any] = {f.name: f.default for f in dataclasses.fields(JobsConfig)}
-TRAINER: dict[str, Any] = {f.name: f.default for f in dataclasses.fields(TrainerConfig)}
+# up's and check's options are the config sections' fields, and kill's, status's, logs's, plot's and
+# tensorboard's are JobsConfig's: their flags, help and defaults (config.option).
 
 
 class _Formatter(argparse.RawDescriptionHelpFormatter, argparse.ArgumentDefaultsHelpFormatter):
-    """Keeps the examples' line breaks and shows every option's default."""
+    """Keeps the examples' line breaks and shows an option's default, where it has one that the help does not
+    already say in words ("(default: None)" after "default: the hosts file the last up used" teaches nothing)."""
+
+    def _get_help_string(self, action: argparse.Action) -> str | None:
+        text = action.help or ""
+        if action.default is None or action.default is False or "default" in text:
+            return text
+        return super()._get_help_string(action)
 
 
 class _Parser(argparse.ArgumentParser):
     """Bad command lines become a ConfigError: one line, exit 2, like every other expected failure."""
 
     def error(self, message: str) -> NoReturn:
-        raise ConfigError(f"{message} (see python -m orchestrate {self.prog.split()[-1]} --help)")
+        raise ConfigError(f"{message} (see {self._command()} --help)")
+
+    def _command(self) -> str:
+        """This parser's command line head; for an option no command took (the top parser reports those), the
+        command given, so that the hint points at the help that lists its options."""
+        commands = [name for a in self._actions if isinstance(a, argparse._SubParsersAction) for name in a.choices]
+        return " ".join([self.prog, *(a for a in sys.argv[1:2] if a in commands)])
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -77,127 +88,52 @@ def build_parser() -> argparse.ArgumentParser:
                         description="Preflight every host (nothing starts unless all pass), send the image and "
                                     "the data where missing, start one container per node, stream the logs and "
                                     "stop everything if a node fails. Trainer options go after '--'.")
-    _ssh_args(up, hosts_required=False)
+    _ssh_args(up, hosts_required=False, in_allocation=True)
     up.add_argument("-f", "--file", type=Path, default=None,
                     help="job file (TOML): any option of up by its long name, and args = [...] for the program; "
                          "the command line wins (see orchestrate/jobfile.py)")
-    up.add_argument("--job", default=UP["job"], help="job name (container names and labels)")
-    up.add_argument("--image", default=UP["image"], help="image to run; sent to nodes that lack it")
-    up.add_argument("--entry", default=UP["entry"],
-                    help="program torchrun starts: '-m pkg.module' or a script path inside the image; "
-                         "its arguments go after --")
-    up.add_argument("--gpus", type=parse_gpus, default=UP["gpus"], help=GPUS_HELP)
-    up.add_argument("--nccl-transport", choices=TRANSPORTS, default=UP["nccl_transport"], help=TRANSPORT_HELP)
-    up.add_argument("--nproc-per-node", type=int, default=None, help="processes per node (default: GPUs, or 1 on CPU)")
-    up.add_argument("--master-addr", default=None, help="rendezvous address (default: node 0's address)")
-    up.add_argument("--master-port", type=int, default=UP["master_port"],
-                    help="rendezvous port on node 0 (default: one free there and held by no other job)")
-    up.add_argument("--gpus-on-cpu", action="store_true",
-                    help="hold the GPUs of --gpus (labels, CUDA_VISIBLE_DEVICES) but run on CPU: for test hosts "
-                         "whose nvidia-smi is simulated (python -m devcluster up --gpus N)")
-    up.add_argument("--data-dir", default=UP["data_dir"], help="CIFAR-10 on each node (data_dir= per host wins)")
-    up.add_argument("--ckpt-dir", default=UP["ckpt_dir"], help="{job} expands to the job name")
-    up.add_argument("--log-dir", default=UP["log_dir"],
-                    help="per-rank stdout/stderr files on each node (read one with 'logs --rank R')")
-    up.add_argument("--data-url", default=UP["data_url"], help="archive each node downloads")
-    up.add_argument("--data-from", type=Path, default=None,
-                    help="a local folder synced into every node's data dir (only changed files move), or the "
-                         "CIFAR-10 archive to send instead of downloading (another program: any single file)")
-    up.add_argument("--data-md5", default=UP["data_md5"], help="expected md5 of the archive")
-    up.add_argument("--env", action="append", default=[], metavar="KEY=VALUE", help="extra environment (repeat)")
-    up.add_argument("--pull", action="store_true", help="pull the image on the nodes instead of sending it")
-    up.add_argument("--layer-cache", choices=LAYER_CACHE_MODES, default=UP["layer_cache"],
-                    help="where the layers a node lacks are read here: 'on' = the local layer cache (docker push into "
-                         "a docker-registry on loopback, ~/.cache/ddp-cifar/layers: only new layers are compressed), "
-                         "'off' = one docker save stream (the whole image is read every time), 'auto' = on when "
-                         "docker-registry is installed, else off")
-    up.add_argument("--detach", action="store_true", help="return once every container runs")
-    up.add_argument("--dry-run", nargs="?", const="offline", choices=("offline", "hosts"), default=None,
-                    help="print the plan and touch nothing: offline (contacts nothing; the default), or =hosts "
-                         "(connects and probes every host read-only: folders, image and data actions, leftovers, "
-                         "the docker run line, the resume step)")
-    up.add_argument("--json", action="store_true", help="with --dry-run: print the plan as JSON (docs/orchestrate.md)")
-    up.add_argument("--timings", action="store_true", help="print each phase's time (seconds) at the end")
-    up.add_argument("--resume", action="store_true", help="continue from the newest valid checkpoint")
-    up.add_argument("--replace", action="store_true", help="stop a running job of the same name first")
-    up.add_argument("--stop-on-interrupt", action="store_true", help="Ctrl-C stops the job without asking")
-    up.add_argument("--min-free-gb", type=float, default=UP["min_free_gb"], help="free disk each node needs under its dirs")
-    up.add_argument("--shm-size", default=None, help="a sized /dev/shm instead of --ipc=host")
-    up.add_argument("--memory", default=None,
-                    help="memory limit of each node's container, e.g. 24g (docker run --memory, no swap beyond it): "
-                         "one job cannot take a shared host down; a container over it is OOM-killed (reported)")
-    up.add_argument("--grace", type=float, default=UP["grace"], help="seconds between SIGTERM and SIGKILL")
-    heal = up.add_argument_group("self-healing (README: What happens when...)")
-    heal.add_argument("--max-restarts", type=int, default=UP["max_restarts"],
-                      help="after a failure (a node exits non-zero, is OOM-killed, stops answering or stalls), "
-                           "stop everywhere and start again from the newest valid checkpoint, up to N times")
-    heal.add_argument("--min-nodes", type=int, default=None,
-                      help="at a restart, leave out hosts that fail preflight while this many remain "
-                           "(default: every host); the global batch stays the run's own")
-    heal.add_argument("--stall-timeout", type=float, default=UP["stall_timeout"],
-                      help="seconds without a new training step (rank 0's heartbeat) before the job counts as "
-                           "stalled: stack dumps of every rank, then stop (and restart); at least 3x the slowest "
-                           "step seen; 0: off")
-    heal.add_argument("--ckpt-mirror", type=Path, default=None,
-                      help="also copy each new checkpoint into this folder on this machine (it is always copied "
-                           "to node 1 too, when there is one)")
-    up.add_argument("--check-network", action="store_true",
-                    help="after preflight, measure the network between the nodes (as 'check' does) and start "
-                         "nothing if a node cannot take part; an outlier is named")
-    up.add_argument("--check-max-mb", type=int, default=UP["check_max_mb"], help="largest message of --check-network (MB)")
+    _section_args(up)
     up.add_argument("trainer_args", nargs="*", help="trainer options after --, e.g. -- --epochs 30")
     check = sub.add_parser("check", formatter_class=_Formatter,
-                           help="first-day self-test: GPU probe, a training step and a checkpoint per node, then "
-                                "the network between the hosts; one table for a bug report",
+                           help="first-day self-test: GPU probe, training steps and a checkpoint per node as the job "
+                                "runs them, then the network within and between the hosts; one table for a bug report",
                            description="Preflight, send the image where missing, then per node: the GPU probe "
-                                       "(skipped with --gpus 0), a few training steps of the trainer's model with "
-                                       "--precision and a checkpoint saved and loaded (trainer/selftest.py). Then "
-                                       "one container per node runs an all_reduce bandwidth test with the job's network settings "
+                                       "(skipped with --gpus 0); the job's processes under torchrun (one per GPU, "
+                                       "at least 2 on CPU) taking a few training steps with the job's strategy and "
+                                       "precision, and a checkpoint in the job's format saved and restored "
+                                       "(trainer/selftest.py). Then the network check: all_reduce bus bandwidth "
+                                       "among each node's processes, then over every process of every node "
                                        "(gloo on CPU, NCCL on GPU; 1 MB to --max-mb), then a ping-pong between "
-                                       "every pair of nodes (up to 8 nodes). Prints GB/s per node and per pair "
-                                       "and names a node whose best pair is below half the median node's. "
-                                       "Exit 1 when a part failed, a node cannot take part or is an outlier.")
+                                       "every pair of nodes (up to 8 nodes), and the transport NCCL's log names. "
+                                       "Exit 1 when a part failed, a node cannot take part, is an outlier (below "
+                                       "half the median node's best pair), misses a floor, or NCCL used another "
+                                       "network than the plan's. Trainer options after -- as for up "
+                                       "(e.g. -- --strategy fsdp --batch-size 256).")
     _ssh_args(check, hosts_required=True)
-    check.add_argument("--job", default=UP["job"], help="the job whose settings to use (containers JOB-netcheck-*)")
-    check.add_argument("--image", default=UP["image"], help="image to run it in (any image with torch)")
-    check.add_argument("--gpus", type=parse_gpus, default=UP["gpus"], help=GPUS_HELP)
-    check.add_argument("--nccl-transport", choices=TRANSPORTS, default=UP["nccl_transport"], help=TRANSPORT_HELP)
-    check.add_argument("--master-addr", default=None, help="rendezvous address (default: node 0's address)")
-    check.add_argument("--master-port", type=int, default=UP["master_port"],
-                       help="rendezvous port on node 0 (default: one free there and held by no other job)")
-    check.add_argument("--max-mb", type=int, default=UP["check_max_mb"], help="largest message (MB)")
-    check.add_argument("--precision", choices=PRECISIONS, default="bf16",
-                       help="of the self-test's training steps (fp16 runs with a gradient scaler)")
-    check.add_argument("--model", default=TRAINER["model"],
-                       help="of the self-test's training steps: the job's model (e.g. tiny for a quick check on CPU)")
-    for name, help_text in (("kill", "stop and remove the job's containers"),
-                            ("status", "one row per node, the job's progress and restarts"),
-                            ("logs", "print or follow the nodes' logs"),
-                            ("plot", f"draw the job's {METRICS_FILE} (from node 0): loss, accuracy, images/s, "
-                                     "learning rate against step, restarts marked")):
+    _check_args(check)
+    for flag, choices, what in (("--strategy", STRATEGIES, "the job's strategy"),
+                                ("--precision", PRECISIONS, "the job's precision (fp16 runs with a gradient scaler)"),
+                                ("--model", None, "the job's model (e.g. tiny for a quick check on CPU)")):
+        check.add_argument(flag, choices=choices, default=None,
+                           help=f"of the self-test's training steps: {what}; default the trainer's, as for the job")
+    check.add_argument("trainer_args", nargs="*", help="trainer options after --, as for up (they win)")
+    for name, help_text in JOB_COMMANDS.items():
         p = sub.add_parser(name, help=help_text, description=help_text, formatter_class=_Formatter)
         _ssh_args(p, hosts_required=False)
-        p.add_argument("--job", default=JOBS["job"], help="job name")
-        if name == "kill":
-            p.add_argument("--grace", type=float, default=JOBS["grace"], help="seconds between SIGTERM and SIGKILL")
-        if name == "logs":
-            p.add_argument("-f", "--follow", action="store_true", help="keep following until the job ends")
-            p.add_argument("--node", type=int, default=None, help="only this node rank")
-            p.add_argument("--tail", type=int, default=JOBS["tail"], help="last N lines per node (0: all)")
-            p.add_argument("--rank", type=int, default=None,
-                           help="one global rank's stdout/stderr files (from up's --log-dir on its node)")
-        if name == "status":
-            p.add_argument("--all", action="store_true", dest="all_jobs",
-                           help="every job on the hosts, everyone's: owner, name, nodes, GPUs, age")
-        if name == "plot":
-            p.add_argument("--out", type=Path, default=None, help="PNG to write (default: JOB-metrics.png here)")
+        _jobs_args(p, name)
+    for name, summary in ((n, t) for s in SCHEDULERS for n, t in s.summaries.items()):
+        # listed only: run() hands a scheduler's subcommand its whole command line before this parser reads it
+        sub.add_parser(name, help=summary, add_help=False)
     parser.up_parser = up  # type: ignore[attr-defined]  # the job file's schema (jobfile.py)
     return parser
 
 
-def _ssh_args(p: argparse.ArgumentParser, hosts_required: bool) -> None:
+def _ssh_args(p: argparse.ArgumentParser, hosts_required: bool, in_allocation: bool = False) -> None:
+    """--hosts and the SSH options; `in_allocation`: a scheduler's allocation this runs in is the default (up's)."""
+    inside = "".join(f"{s.default_help}, else " for s in SCHEDULERS) if in_allocation else ""
     p.add_argument("--hosts", type=Path, required=hosts_required, default=None,
-                   help="hosts file" + ("" if hosts_required else " (default: the one the job's last up used)"))
+                   help="hosts file" + "".join(f", or {s.hosts_help}" for s in SCHEDULERS) +
+                        ("" if hosts_required else f" (default: {inside}the hosts file the job's last up used)"))
     p.add_argument("--ssh-config", type=Path, default=None, help="default ~/.ssh/config")
     p.add_argument("--accept-new-host-keys", action="store_true",
                    help="trust unknown host keys on first use (adds them to known_hosts); changed keys stay refused")
@@ -214,41 +150,105 @@ def _env(pairs: Sequence[str]) -> tuple[tuple[str, str], ...]:
     return tuple(out)
 
 
-def _gpu_fields(value: int | Sequence[int]) -> dict[str, Any]:
-    """--gpus as the config holds it: a count, and the device indices when they were given."""
-    count, ids = split(value)
-    return {"gpus": count, "gpu_ids": ids}
+# Parsed values that become more than one field, or another type (an option's metadata "parse").
+PARSE: dict[str, Callable[[Any], dict[str, Any]]] = {
+    "gpus": lambda value: dict(zip(("gpus", "gpu_ids"), split(value), strict=True)),
+    "dry_run": lambda value: {"dry_run": value == "offline", "dry_run_hosts": value == "hosts"},
+    "env": lambda value: {"env": _env(value)},
+}
+ARG_TYPES: dict[str, Callable[[str], Any]] = {"gpus": parse_gpus}  # the parser's type= by "parse"
+
+
+def _options() -> list[tuple[str, type, dataclasses.Field[Any]]]:
+    """(section name, section, field) of every option, in the sections' order."""
+    return [(name, cls, f) for name, cls in SECTIONS.items() for f in dataclasses.fields(cls)]
+
+
+def _argument(p: argparse._ActionsContainer, f: dataclasses.Field[Any], flag: str, help_text: str,
+              extra: dict[str, Any]) -> None:
+    kwargs = {k: v for k, v in {**f.metadata["cli"], **extra}.items() if k not in ("parse", "parser_default", "short")}
+    parse = f.metadata["cli"].get("parse")
+    if parse in ARG_TYPES:
+        kwargs["type"] = ARG_TYPES[parse]
+    if kwargs.get("action") != "store_true":
+        # a field without a default is a required option: no default to show
+        default = None if f.default is dataclasses.MISSING else f.default
+        kwargs["default"] = f.metadata["cli"].get("parser_default", default)
+    short = f.metadata["cli"].get("short")
+    p.add_argument(*((short,) if short else ()), flag, help=help_text, **kwargs)
+
+
+def _section_args(up: argparse.ArgumentParser) -> None:
+    """up's options, one group per config section."""
+    for cls in SECTIONS.values():
+        group = up.add_argument_group(cls.__doc__)
+        for f in dataclasses.fields(cls):
+            if f.metadata.get("flag"):
+                _argument(group, f, f.metadata["flag"], f.metadata["help"], {})
+
+
+def _check_args(check: argparse.ArgumentParser) -> None:
+    """check's options: the fields that name a flag of check (by default up's own, with up's help)."""
+    for _, _, f in _options():
+        flag = _flag(f, "check")
+        if flag:
+            spec = f.metadata["check"]
+            extra = {k: v for k, v in spec.items() if k not in ("flag", "help")}
+            _argument(check, f, flag, spec.get("help", f.metadata["help"]), extra)
+
+
+def _jobs_args(p: argparse.ArgumentParser, command: str) -> None:
+    """A job command's options: the JobsConfig fields that name it, each under its field's name."""
+    for f in _jobs_fields(command):
+        taken = f.metadata["commands"]
+        _argument(p, f, f.metadata["flag"], taken[command] if isinstance(taken, dict) else f.metadata["help"],
+                  {"dest": f.name})
+
+
+def _jobs_fields(command: str) -> list[dataclasses.Field[Any]]:
+    return [f for f in dataclasses.fields(JobsConfig) if command in f.metadata.get("commands", ())]
+
+
+def _flag(f: dataclasses.Field[Any], command: str) -> str | None:
+    """The field's flag in `up` or `check` (None: not an option there)."""
+    if command == "up":
+        return f.metadata.get("flag")
+    spec = f.metadata.get("check")
+    return None if spec is None else spec.get("flag", f.metadata["flag"])
+
+
+def _fields_of(ns: argparse.Namespace, command: str) -> dict[str, Any]:
+    """The parsed options of up or check as config fields by name."""
+    out: dict[str, Any] = {}
+    for _, _, f in _options():
+        flag = _flag(f, command)
+        if flag:
+            value = getattr(ns, flag.lstrip("-").replace("-", "_"))
+            parse = f.metadata["cli"].get("parse")
+            out.update(PARSE[parse](value) if parse else {f.name: value})
+    return out
 
 
 def up_config(ns: argparse.Namespace) -> UpConfig:
-    return UpConfig(
-        ssh=SSHOptions(ns.hosts, ns.ssh_config, ns.accept_new_host_keys), job=ns.job, image=ns.image,
-        **_gpu_fields(ns.gpus), gpus_on_cpu=ns.gpus_on_cpu, nccl_transport=ns.nccl_transport,
-        nproc_per_node=ns.nproc_per_node, master_addr=ns.master_addr,
-        master_port=ns.master_port, data_dir=ns.data_dir, ckpt_dir=ns.ckpt_dir, log_dir=ns.log_dir,
-        data_url=ns.data_url, data_from=ns.data_from, data_md5=ns.data_md5, env=_env(ns.env), pull=ns.pull, layer_cache=ns.layer_cache,
-        detach=ns.detach, dry_run=ns.dry_run == "offline", dry_run_hosts=ns.dry_run == "hosts", as_json=ns.json,
-        timings=ns.timings, resume=ns.resume, replace=ns.replace,
-        stop_on_interrupt=ns.stop_on_interrupt, min_free_gb=ns.min_free_gb, shm_size=ns.shm_size, memory=ns.memory, grace=ns.grace,
-        trainer_args=tuple(ns.trainer_args), entry=ns.entry, max_restarts=ns.max_restarts,
-        min_nodes=ns.min_nodes, stall_timeout=ns.stall_timeout, ckpt_mirror=ns.ckpt_mirror,
-        check_network=ns.check_network, check_max_mb=ns.check_max_mb,
-    )
+    return UpConfig.of(SSHOptions(ns.hosts, ns.ssh_config, ns.accept_new_host_keys), **_fields_of(ns, "up"),
+                       trainer_args=tuple(ns.trainer_args))
 
 
 def check_config(ns: argparse.Namespace) -> UpConfig:
-    return UpConfig(ssh=SSHOptions(ns.hosts, ns.ssh_config, ns.accept_new_host_keys), job=ns.job, image=ns.image,
-                    **_gpu_fields(ns.gpus), nccl_transport=ns.nccl_transport, master_addr=ns.master_addr,
-                    master_port=ns.master_port, check_max_mb=ns.max_mb,
-                    trainer_args=("--precision", ns.precision, "--model", ns.model))
+    return UpConfig.of(SSHOptions(ns.hosts, ns.ssh_config, ns.accept_new_host_keys), **_fields_of(ns, "check"),
+                       trainer_args=(*_given(ns), *ns.trainer_args))
+
+
+def _given(ns: argparse.Namespace) -> tuple[str, ...]:
+    """check's --strategy, --precision and --model, the ones given (the trainer's defaults are the job's)."""
+    return tuple(arg for name in ("strategy", "precision", "model") if getattr(ns, name) is not None
+                 for arg in (f"--{name}", getattr(ns, name)))
 
 
 def jobs_config(ns: argparse.Namespace) -> JobsConfig:
-    return JobsConfig(ssh=SSHOptions(ns.hosts, ns.ssh_config, ns.accept_new_host_keys), job=ns.job,
-                      grace=float(getattr(ns, "grace", JOBS["grace"])), follow=getattr(ns, "follow", False),
-                      node=getattr(ns, "node", None), tail=int(getattr(ns, "tail", JOBS["tail"])),
-                      rank=getattr(ns, "rank", None), out=getattr(ns, "out", None),
-                      all_jobs=getattr(ns, "all_jobs", False))
+    """The options the command took; the others keep their field's default."""
+    return JobsConfig(ssh=SSHOptions(ns.hosts, ns.ssh_config, ns.accept_new_host_keys),
+                      **{f.name: getattr(ns, f.name) for f in _jobs_fields(ns.command)})
 
 
 def parse_args(argv: Sequence[str]) -> tuple[str, UpConfig | JobsConfig]:
@@ -269,27 +269,76 @@ def parse_args(argv: Sequence[str]) -> tuple[str, UpConfig | JobsConfig]:
             parser.up_parser.set_defaults(**base)  # type: ignore[attr-defined]
             ns = parser.parse_args(argv)
             trainer = trainer if given_args else file_args
+        if ns.hosts is None:  # a scheduler's allocation this runs in, if any
+            ns.hosts = next((hosts for s in SCHEDULERS if (hosts := s.default_hosts()) is not None), None)
         if ns.hosts is None:
             raise ConfigError("up needs the hosts: --hosts FILE, hosts = \"FILE\" in a job file (-f), or --job NAME "
                               "of a job that ran from here before")
+        _allocation_hosts(ns)
         ns.trainer_args = trainer
         return "up", up_config(ns)
+    if ns.command == "check":
+        if ns.trainer_args:
+            raise ConfigError(f"unexpected argument {ns.trainer_args[0]!r}; put trainer options after '--'")
+        _allocation_hosts(ns)
+        ns.trainer_args = trainer
+        return "check", check_config(ns)
     if trainer:
         raise ConfigError(f"'{ns.command}' takes no trainer options after '--'")
-    if ns.command == "check":
-        return "check", check_config(ns)
+    granted = _allocation(ns.hosts)
+    if granted:
+        ns.hosts = granted.hosts_file
     return ns.command, jobs_config(ns)
+
+
+def _allocation(hosts: Path | None) -> Allocation | None:
+    """--hosts naming a scheduler's allocation: the one this runs in; None for a hosts file."""
+    if hosts is None:
+        return None
+    from orchestrate.jobs import memory
+
+    return next((found for s in SCHEDULERS if (found := s.allocation(hosts, memory.state_dir())) is not None), None)
+
+
+def _allocation_hosts(ns: argparse.Namespace) -> None:
+    """--hosts naming a scheduler: the allocation's hosts file, and --gpus as it granted them (the hosts file's
+    gpu_ids= holds each node's indices): a count given by hand must match the grant; --gpus 0 runs on CPU
+    regardless."""
+    granted = _allocation(ns.hosts)
+    if granted:
+        ns.hosts, ns.gpus = granted.hosts_file, granted.gpus(split(ns.gpus)[0])
+
+
+class _CommandLine:
+    """The CommandLine of backends/protocol.py: what a scheduler's own subcommands (`submit`) borrow from here."""
+
+    def parser(self, command: str, description: str, options: type[Any]) -> argparse.ArgumentParser:
+        p = _Parser(prog=f"python -m orchestrate {command}", formatter_class=_Formatter, description=description)
+        for f in dataclasses.fields(options):
+            if f.metadata.get("flag"):
+                _argument(p, f, f.metadata["flag"], f.metadata["help"], {})
+        return p
+
+    def up_options(self, argv: Sequence[str]) -> argparse.Namespace:
+        return build_parser().parse_args(["up", *argv])
+
+    def up_config(self, ns: argparse.Namespace, hosts: Path, trainer: Sequence[str]) -> UpConfig:
+        ns.hosts, ns.trainer_args = hosts, list(trainer)
+        return up_config(ns)
+
+
+COMMAND_LINE = _CommandLine()
 
 
 def _job_base(ns: argparse.Namespace, up_parser: argparse.ArgumentParser) -> dict[str, object]:
     """Options under the command line's: the job file's (-f), or, without --hosts, the stored job of --job."""
     from orchestrate import jobfile
-    from orchestrate.jobs import memory as state
+    from orchestrate.jobs import memory
 
     if ns.file is not None:
         return jobfile.load(ns.file, up_parser)
     if ns.hosts is None:
-        stored = state.load(ns.job)
+        stored = memory.load(ns.job)
         if stored is not None:
             return jobfile.from_state(stored, up_parser)
     return {}
@@ -299,10 +348,26 @@ def run(argv: Sequence[str], console: Console) -> int:
     """The command line is a thin layer over the Python API (orchestrate/api.py)."""
     from orchestrate import api
 
+    scheduled = {name: command for s in SCHEDULERS for name, command in s.commands.items()}
+    if argv[:1] and argv[0] in scheduled:  # a scheduler's own subcommand (`submit`)
+        cut = list(argv).index("--") if "--" in argv else len(argv)
+        return scheduled[argv[0]](argv[1:cut], argv[cut + 1:], COMMAND_LINE, console)
     command, config = parse_args(argv)
     if isinstance(config, UpConfig):
-        return api.up(config, console) if command == "up" else api.check(config, console)
+        try:
+            return api.up(config, console) if command == "up" else api.check(config, console)
+        except MultiHostError as err:
+            raise _with_hints(err, config) from None
     return api.jobs(command, config, console)
+
+
+def _with_hints(err: MultiHostError, config: UpConfig) -> MultiHostError:
+    """Hosts that failed inside a scheduler's allocation: each line says what the site must allow."""
+    from orchestrate.jobs import memory
+
+    for s in SCHEDULERS:
+        err = s.hint(err, config.ssh.hosts_file, memory.state_dir())
+    return err
 
 
 def main(argv: Sequence[str] | None = None) -> int:

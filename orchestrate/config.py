@@ -5,13 +5,14 @@ from __future__ import annotations
 import math
 import posixpath
 import re
-from dataclasses import dataclass
+from collections.abc import Sequence
+from dataclasses import dataclass, field, fields
 from pathlib import Path
+from typing import Any
 
 from orchestrate.errors import ConfigError
-from orchestrate.plan.transport import TRANSPORTS
 from trainer import config as trainer_config
-from trainer.contract import ARCHIVE_MD5, ARCHIVE_NAME
+from trainer.contract import ARCHIVE_MD5, ARCHIVE_NAME, METRICS_FILE
 from trainer.errors import ConfigError as TrainerConfigError
 from trainer.errors import shown
 
@@ -51,6 +52,52 @@ RESERVED_TRAINER_OPTIONS = {"--data-dir": "--data-dir of 'up'", "--ckpt-dir": "-
                             "--resume": "'up --resume'",
                             "--keep-global-batch": "'up --min-nodes' (its restarts on fewer nodes pass it)"}
 
+TRANSPORTS = ("auto", "ib", "socket")  # NCCL's network between the nodes (plan/transport.py)
+
+GPUS_HELP = ("GPUs per node: a number (Docker gives the first N), 'all' (-1), device indices (0,1,2,3 or 4-7; "
+             "one GPU: 3-3), or 0 for CPU mode (gloo)")
+TRANSPORT_HELP = ("NCCL between the nodes: ib = InfiniBand/RoCE (preflight refuses a node without an active port), "
+                  "socket = TCP, auto = IB when every node has it")
+
+MAX_GPU_INDEX = 1023  # as MAX_SLOTS: an index above is a typo, not a machine
+_HELP = "give a number of GPUs per node, 'all', device indices (0,1,2,3 or 4-7), or 0 for CPU"
+_ITEM_RE = re.compile(r"^([0-9]+)(?:-([0-9]+))?$")
+
+
+def parse_gpus(text: str) -> int | tuple[int, ...]:
+    """`--gpus` as given: GPUS_ALL, a count, or the device indices in the order written. A single number is a
+    count (Docker's meaning); indices need a comma or a range, so `--gpus 3` stays three GPUs."""
+    text = text.strip()
+    if text == "all":
+        return GPUS_ALL
+    if re.fullmatch(r"-?[0-9]+", text):
+        value = int(text)
+        if value < 0:
+            raise ConfigError(f"--gpus {value} is negative; {_HELP}")
+        return value
+    indices: list[int] = []
+    for item in text.split(","):
+        found = _ITEM_RE.fullmatch(item.strip())
+        if not found:
+            raise ConfigError(f"--gpus {text!r}: {_HELP}")
+        first, last = int(found.group(1)), int(found.group(2) or found.group(1))
+        if last < first or last > MAX_GPU_INDEX:
+            raise ConfigError(f"--gpus {text!r}: range {item.strip()} is empty or above {MAX_GPU_INDEX}; "
+                              "write it low-high, e.g. 4-7")
+        indices += range(first, last + 1)
+    repeated = sorted({i for i in indices if indices.count(i) > 1})
+    if repeated:
+        raise ConfigError(f"--gpus {text!r}: GPU {', '.join(map(str, repeated))} listed twice; "
+                          "give each device index once")
+    return tuple(indices)
+
+
+def split(value: int | Sequence[int]) -> tuple[int, tuple[int, ...]]:
+    """(count, device indices) of a parsed `--gpus`: a count has no indices; indices count themselves."""
+    if isinstance(value, int):
+        return value, ()
+    return len(value), tuple(value)
+
 
 def is_secret(name: str) -> bool:
     return bool(SECRET_NAME_RE.search(name))
@@ -86,54 +133,88 @@ class SSHOptions:
     accept_new_host_keys: bool
 
 
+def option(default: Any, flag: str | None = None, help: str = "", *, check: dict[str, Any] | None = None,  # noqa: A002
+           commands: tuple[str, ...] | dict[str, str] = (), **cli: Any) -> Any:
+    """A config field declared once: its default, its `up` flag and help (cli.py builds the parser from them), any
+    other argparse keyword (`choices`, `type`, `action`...; `parser_default` when the parser's differs, `parse`
+    names cli.py's conversion of the parsed value, `short` a one-letter flag beside it), and `check`: the `check`
+    command's flag, when it has one ({} to reuse up's flag and help). No flag: an option of the Python API and job
+    files only. A JobsConfig field names instead the `commands` that take its flag (kill, status, logs, plot,
+    tensorboard), or maps each to its own help there."""
+    return field(default=default, metadata={"flag": flag, "help": help, "check": check, "commands": commands,
+                                            "cli": cli})
+
+
+def _one_of(value: str, choices: tuple[str, ...], flag: str) -> None:
+    if value not in choices:
+        raise ConfigError(f"{flag} {value!r}: choose one of {', '.join(choices)}")
+
+
 @dataclass(frozen=True)
-class UpConfig:
-    ssh: SSHOptions
-    job: str = DEFAULT_JOB
-    image: str = DEFAULT_IMAGE
-    gpus: int = GPUS_ALL  # GPUS_ALL = every GPU of each host; 0 = CPU mode
-    gpu_ids: tuple[int, ...] = ()  # --gpus 0,1 or 4-7: these device indices (gpus is then their count)
-    # Hold the GPU set (labels, CUDA_VISIBLE_DEVICES) but run on CPU: test hosts whose nvidia-smi is simulated.
-    gpus_on_cpu: bool = False
-    nccl_transport: str = "auto"  # NCCL between the nodes: ib, socket, or auto (IB where every node has it)
-    nproc_per_node: int | None = None
-    master_addr: str | None = None
-    master_port: int | None = None  # None: node 0 gets a free port at plan time (plan/ports.py)
-    data_dir: str = DEFAULT_DATA_DIR
-    ckpt_dir: str = DEFAULT_CKPT_DIR
-    log_dir: str = DEFAULT_LOG_DIR
-    data_url: str = DEFAULT_DATA_URL
-    data_from: Path | None = None
-    data_md5: str = DEFAULT_DATA_MD5
-    env: tuple[tuple[str, str], ...] = ()
-    pull: bool = False
-    layer_cache: str = "auto"  # where layers for the nodes come from: the local layer cache or `docker save`
-    detach: bool = False
-    dry_run: bool = False  # print the plan offline: nothing is contacted
-    dry_run_hosts: bool = False  # probe the hosts read-only and print the plan: nothing is changed there
-    as_json: bool = False  # a dry run's plan as JSON (docs/orchestrate.md)
-    timings: bool = False
-    resume: bool = False
-    replace: bool = False
-    stop_on_interrupt: bool = False
-    min_free_gb: float = 1.0
-    shm_size: str | None = None  # None: --ipc=host
-    memory: str | None = None  # each container's memory limit (docker run --memory, no swap beyond it); None: none
-    grace: float = 60.0
+class Program:
+    """what to run"""
+
+    job: str = option(DEFAULT_JOB, "--job", "job name (container names and labels)",
+                      check={"help": "the job whose settings to use (containers JOB-netcheck-*)"})
+    image: str = option(DEFAULT_IMAGE, "--image", "image to run; sent to nodes that lack it",
+                        check={"help": "image to run it in (any image with torch)"})
+    entry: str = option(TRAINER_ENTRY, "--entry", "program torchrun starts: '-m pkg.module' or a script path inside "
+                        "the image; its arguments go after --")  # docs/DESIGN.md §7
+    env: tuple[tuple[str, str], ...] = option((), "--env", "extra environment (repeat)", action="append", parser_default=[],
+                                              metavar="KEY=VALUE", parse="env")
     trainer_args: tuple[str, ...] = ()  # the program's arguments (after --), whatever the entry
-    entry: str = TRAINER_ENTRY  # "-m pkg.mod" or a script path inside the image (docs/DESIGN.md §7)
-    max_restarts: int = 0  # automatic restarts from the newest checkpoint after a failure (0: none)
-    min_nodes: int | None = None  # at a restart, hosts failing preflight are left out while this many remain
-    stall_timeout: float = DEFAULT_STALL_TIMEOUT_S  # no new step for this long (heartbeat) is a failure; 0: off
-    ckpt_mirror: Path | None = None  # also copy each new checkpoint into this local folder
-    check_network: bool = False  # the network check after preflight, before the job starts
-    check_max_mb: int = 256  # the network check's largest message
 
     def __post_init__(self) -> None:
         check_job(self.job)
         if not IMAGE_RE.fullmatch(self.image) or len(self.image) > MAX_IMAGE_REF:
             raise ConfigError(f"--image {self.image[:80]!r} is not a valid image name (at most {MAX_IMAGE_REF} "
                               "characters); write e.g. ddp-cifar:latest")
+        for name, _ in self.env:
+            if not ENV_NAME_RE.fullmatch(name):
+                raise ConfigError(f"--env {name!r}: not a valid variable name; write --env NAME=VALUE")
+        check_entry(self.entry)
+
+    @property
+    def is_trainer(self) -> bool:
+        return self.entry == TRAINER_ENTRY
+
+    @property
+    def entry_argv(self) -> tuple[str, ...]:
+        """What follows torchrun's own options: ("-m", "pkg.mod") or ("/path/script.py",)."""
+        return tuple(self.entry.split(" ", 1)) if self.entry.startswith("-m ") else (self.entry,)
+
+    @property
+    def entry_target(self) -> tuple[str, str]:
+        """("module", "pkg.mod") or ("script", "/path/x.py")."""
+        argv = self.entry_argv
+        return ("module", argv[1]) if argv[0] == "-m" else ("script", argv[0])
+
+    @property
+    def env_dict(self) -> dict[str, str]:
+        return dict(self.env)
+
+
+@dataclass(frozen=True)
+class Resources:
+    """resources of each node"""
+
+    # GPUS_ALL = every GPU of each host; 0 = CPU mode
+    gpus: int = option(GPUS_ALL, "--gpus", GPUS_HELP, parse="gpus", check={})
+    gpu_ids: tuple[int, ...] = ()  # --gpus 0,1 or 4-7: these device indices (gpus is then their count)
+    nccl_transport: str = option("auto", "--nccl-transport", TRANSPORT_HELP, choices=TRANSPORTS, check={})
+    nproc_per_node: int | None = option(None, "--nproc-per-node", "processes per node (default: GPUs, or 1 on CPU)",
+                                        type=int)
+    # Hold the GPU set (labels, CUDA_VISIBLE_DEVICES) but run on CPU: test hosts whose nvidia-smi is simulated.
+    gpus_on_cpu: bool = option(False, "--gpus-on-cpu", "hold the GPUs of --gpus (labels, CUDA_VISIBLE_DEVICES) but "
+                               "run on CPU: for test hosts whose nvidia-smi is simulated (python -m devcluster up "
+                               "--gpus N)", action="store_true")
+    min_free_gb: float = option(1.0, "--min-free-gb", "free disk each node needs under its dirs", type=float)
+    shm_size: str | None = option(None, "--shm-size", "a sized /dev/shm instead of --ipc=host")
+    memory: str | None = option(None, "--memory", "memory limit of each node's container, e.g. 24g (docker run "
+                                "--memory, no swap beyond it): one job cannot take a shared host down; a container "
+                                "over it is OOM-killed (reported)")
+
+    def __post_init__(self) -> None:
         if self.gpus < GPUS_ALL:
             raise ConfigError(f"--gpus {self.gpus} is negative; give a number of GPUs per node, 'all', or 0 for CPU")
         if self.gpus > MAX_SLOTS:
@@ -148,41 +229,109 @@ class UpConfig:
                               "it applies to GPU jobs (NCCL), --gpus 0 runs on gloo")
         if self.gpus > 0 and self.nproc_per_node is not None and self.nproc_per_node > self.gpus:
             raise ConfigError(f"--nproc-per-node {self.nproc_per_node} exceeds --gpus {self.gpus}: one process per GPU")
-        if self.master_port is not None:
-            check_port(self.master_port, "--master-port")
         if self.gpus_on_cpu and self.gpus == 0:
             raise ConfigError("--gpus-on-cpu holds GPUs while running on CPU: give --gpus N, 'all' or indices with it")
-        if self.layer_cache not in LAYER_CACHE_MODES:
-            raise ConfigError(f"--layer-cache {self.layer_cache!r}: choose one of {', '.join(LAYER_CACHE_MODES)}")
+        if not math.isfinite(self.min_free_gb) or self.min_free_gb < 0:
+            raise ConfigError(f"--min-free-gb {self.min_free_gb} must be a number of GB, 0 or more")
+        if self.shm_size is not None and not re.fullmatch(r"[0-9]+[bkmgBKMG]?", self.shm_size):
+            raise ConfigError(f"--shm-size {self.shm_size!r} is not a size; write e.g. 16g")
+        if self.memory is not None:
+            check_memory(self.memory)
+
+    @property
+    def cpu_mode(self) -> bool:
+        """The containers run on CPU (gloo): no GPUs asked for, or GPUs held on a simulated host."""
+        return self.gpus == 0 or self.gpus_on_cpu
+
+
+@dataclass(frozen=True)
+class Where:
+    """where the job meets and keeps its files on the hosts"""
+
+    master_addr: str | None = option(None, "--master-addr", "rendezvous address (default: node 0's address)",
+                                     check={})
+    # None: node 0 gets a free port at plan time (plan/ports.py)
+    master_port: int | None = option(None, "--master-port", "rendezvous port on node 0 (default: one free there and "
+                                     "held by no other job)", type=int, check={})
+    data_dir: str = option(DEFAULT_DATA_DIR, "--data-dir", "CIFAR-10 on each node (data_dir= per host wins)")
+    ckpt_dir: str = option(DEFAULT_CKPT_DIR, "--ckpt-dir", "{job} expands to the job name")
+    log_dir: str = option(DEFAULT_LOG_DIR, "--log-dir", "per-rank stdout/stderr files on each node (read one with "
+                          "'logs --rank R')")
+
+    def __post_init__(self) -> None:
+        if self.master_port is not None:
+            check_port(self.master_port, "--master-port")
         if self.master_addr is not None and not re.fullmatch(r"[A-Za-z0-9.:-]+", self.master_addr):
             raise ConfigError(f"--master-addr {self.master_addr!r} is not a host address; give an IP address")
         for flag, path in (("--data-dir", self.data_dir), ("--ckpt-dir", self.ckpt_dir), ("--log-dir", self.log_dir)):
             problem = host_dir_problem(path)
             if problem:
                 raise ConfigError(f"{flag} {path!r}: {problem}")
+
+
+@dataclass(frozen=True)
+class Data:
+    """the data set"""
+
+    data_url: str = option(DEFAULT_DATA_URL, "--data-url", "archive each node downloads")
+    data_from: Path | None = option(None, "--data-from", "a local folder synced into every node's data dir (only "
+                                    "changed files move), or the CIFAR-10 archive to send instead of downloading "
+                                    "(another program: any single file)", type=Path)
+    data_md5: str = option(DEFAULT_DATA_MD5, "--data-md5", "expected md5 of the archive")
+
+    def __post_init__(self) -> None:
         if self.data_from is not None and not (self.data_from.is_file() or self.data_from.is_dir()):
-            raise ConfigError(f"--data-from {shown(self.data_from)}: no such file or folder; give a folder to sync to every "
-                              f"node, or the path of {ARCHIVE_NAME}")
+            raise ConfigError(f"--data-from {shown(self.data_from)}: no such file or folder; give a folder to sync to "
+                              f"every node, or the path of {ARCHIVE_NAME}")
         if not re.fullmatch(r"(https?|ftp)://\S+", self.data_url):
             raise ConfigError(f"--data-url {url_masked(self.data_url)!r} is not an http(s) URL")
         if not MD5_RE.fullmatch(self.data_md5):
             raise ConfigError(f"--data-md5 {self.data_md5!r} is not an md5 (32 lowercase hex digits)")
-        for name, _ in self.env:
-            if not ENV_NAME_RE.fullmatch(name):
-                raise ConfigError(f"--env {name!r}: not a valid variable name; write --env NAME=VALUE")
-        if not math.isfinite(self.min_free_gb) or self.min_free_gb < 0:
-            raise ConfigError(f"--min-free-gb {self.min_free_gb} must be a number of GB, 0 or more")
-        if self.shm_size is not None and not re.fullmatch(r"[0-9]+[bkmgBKMG]?", self.shm_size):
-            raise ConfigError(f"--shm-size {self.shm_size!r} is not a size; write e.g. 16g")
+
+
+@dataclass(frozen=True)
+class Delivery:
+    """how the image reaches the nodes"""
+
+    pull: bool = option(False, "--pull", "pull the image on the nodes instead of sending it", action="store_true")
+    # where layers for the nodes come from: the local layer cache or `docker save`
+    layer_cache: str = option("auto", "--layer-cache", "where the layers a node lacks are read here: 'on' = the local "
+                              "layer cache (docker push into a docker-registry on loopback, ~/.cache/ddp-cifar/layers: "
+                              "only new layers are compressed), 'off' = one docker save stream (the whole image is "
+                              "read every time), 'auto' = on when docker-registry is installed, else off",
+                              choices=LAYER_CACHE_MODES)
+
+    def __post_init__(self) -> None:
+        _one_of(self.layer_cache, LAYER_CACHE_MODES, "--layer-cache")
+
+
+@dataclass(frozen=True)
+class Resilience:
+    """self-healing (README: What happens when...)"""
+
+    resume: bool = option(False, "--resume", "continue from the newest valid checkpoint", action="store_true")
+    replace: bool = option(False, "--replace", "stop a running job of the same name first", action="store_true")
+    stop_on_interrupt: bool = option(False, "--stop-on-interrupt", "Ctrl-C stops the job without asking",
+                                     action="store_true")
+    grace: float = option(60.0, "--grace", "seconds between SIGTERM and SIGKILL", type=float)
+    # automatic restarts from the newest checkpoint after a failure (0: none)
+    max_restarts: int = option(0, "--max-restarts", "after a failure (a node exits non-zero, is OOM-killed, stops "
+                               "answering or stalls), stop everywhere and start again from the newest valid "
+                               "checkpoint, up to N times", type=int)
+    min_nodes: int | None = option(None, "--min-nodes", "at a restart, leave out hosts that fail preflight while this "
+                                   "many remain (default: every host); the global batch stays the run's own", type=int)
+    # no new step for this long (heartbeat) is a failure; 0: off
+    stall_timeout: float = option(DEFAULT_STALL_TIMEOUT_S, "--stall-timeout", "seconds without a new training step "
+                                  "(rank 0's heartbeat) before the job counts as stalled: stack dumps of every rank, "
+                                  "then stop (and restart); at least 3x the slowest step seen; 0: off", type=float)
+    ckpt_mirror: Path | None = option(None, "--ckpt-mirror", "also copy each new checkpoint into this folder on this "
+                                      "machine (it is always copied to node 1 too, when there is one)", type=Path)
+
+    def __post_init__(self) -> None:
         if not math.isfinite(self.grace) or self.grace < 0:
             raise ConfigError(f"--grace {self.grace} must be a number of seconds, 0 or more")
-        if self.memory is not None:
-            check_memory(self.memory)
-        if self.as_json and not (self.dry_run or self.dry_run_hosts):
-            raise ConfigError("--json prints a dry run's plan: add --dry-run or --dry-run=hosts")
         if self.resume and self.replace:
             raise ConfigError("--resume and --replace together: kill the job first, then 'up --resume'")
-        check_entry(self.entry)
         if not 0 <= self.max_restarts <= MAX_RESTARTS:
             raise ConfigError(f"--max-restarts {self.max_restarts} must be between 0 and {MAX_RESTARTS}")
         if self.min_nodes is not None and self.min_nodes < 1:
@@ -195,46 +344,140 @@ class UpConfig:
                               f"{MIN_STALL_TIMEOUT_S:g} seconds and a week")
         if self.ckpt_mirror is not None and (self.ckpt_mirror.exists() and not self.ckpt_mirror.is_dir()):
             raise ConfigError(f"--ckpt-mirror {shown(self.ckpt_mirror)} exists and is not a folder; give a folder")
+
+
+@dataclass(frozen=True)
+class Checks:
+    """the network check"""
+
+    check_network: bool = option(False, "--check-network", "after preflight, measure the network between the nodes "
+                                 "(as 'check' does) and start nothing if a node cannot take part; an outlier is named",
+                                 action="store_true")
+    check_max_mb: int = option(256, "--check-max-mb", "largest message of --check-network (MB)", type=int,
+                               check={"flag": "--max-mb", "help": "largest message (MB)"})
+    # the all-node all_reduce floor (GB/s); None: the transport's default
+    check_min_busbw: float | None = option(None, check={
+        "flag": "--min-busbw", "type": float, "metavar": "GBPS", "help": "floor of the all_reduce bus bandwidth "
+        "across nodes (GB/s); default by the transport NCCL used: IB 2, sockets 0.05; gloo 0.001"})
+    # the floor within each node (GB/s); None: the transport's default
+    check_min_node_busbw: float | None = option(None, check={
+        "flag": "--min-node-busbw", "type": float, "metavar": "GBPS",
+        "help": "floor of the all_reduce bus bandwidth within each node (GB/s); default NCCL 2, gloo 0.001"})
+
+    def __post_init__(self) -> None:
         if not 1 <= self.check_max_mb <= 4096:
             raise ConfigError(f"--max-mb {self.check_max_mb} must be between 1 and 4096 (MB)")
-        if self.is_trainer:  # another program's arguments are its own business
+        for flag, floor in (("--min-busbw", self.check_min_busbw), ("--min-node-busbw", self.check_min_node_busbw)):
+            if floor is not None and not (math.isfinite(floor) and floor > 0):
+                raise ConfigError(f"{flag} {floor} must be a bandwidth in GB/s above 0 (e.g. 0.5)")
+
+
+@dataclass(frozen=True)
+class RunMode:
+    """run mode"""
+
+    detach: bool = option(False, "--detach", "return once every container runs", action="store_true")
+    # print the plan offline: nothing is contacted (--dry-run); dry_run_hosts: probe the hosts read-only and print
+    # the plan, nothing is changed there (--dry-run=hosts)
+    dry_run: bool = option(False, "--dry-run", "print the plan and touch nothing: offline (contacts nothing; the "
+                           "default), or =hosts (connects and probes every host read-only: folders, image and data "
+                           "actions, leftovers, the docker run line, the resume step)", nargs="?", const="offline",
+                           choices=("offline", "hosts"), parser_default=None, parse="dry_run")
+    dry_run_hosts: bool = False
+    as_json: bool = option(False, "--json", "with --dry-run: print the plan as JSON (docs/orchestrate.md)",
+                           action="store_true")
+    timings: bool = option(False, "--timings", "print each phase's time (seconds) at the end", action="store_true")
+
+    def __post_init__(self) -> None:
+        if self.as_json and not (self.dry_run or self.dry_run_hosts):
+            raise ConfigError("--json prints a dry run's plan: add --dry-run or --dry-run=hosts")
+
+
+SECTIONS = {"program": Program, "resources": Resources, "where": Where, "data": Data, "delivery": Delivery,
+            "resilience": Resilience, "checks": Checks, "mode": RunMode}
+SECTION_OF = {f.name: name for name, cls in SECTIONS.items() for f in fields(cls)}
+
+
+@dataclass(frozen=True)
+class UpConfig:
+    """`up` and `check`: the hosts (ssh) and one section per concern; each phase is handed the section it reads."""
+
+    ssh: SSHOptions
+    program: Program = field(default_factory=Program)
+    resources: Resources = field(default_factory=Resources)
+    where: Where = field(default_factory=Where)
+    data: Data = field(default_factory=Data)
+    delivery: Delivery = field(default_factory=Delivery)
+    resilience: Resilience = field(default_factory=Resilience)
+    checks: Checks = field(default_factory=Checks)
+    mode: RunMode = field(default_factory=RunMode)
+
+    def __post_init__(self) -> None:
+        if self.program.is_trainer:  # another program's arguments are its own business
             try:
-                check_trainer_args(self.trainer_args, self.cpu_mode)
+                check_trainer_args(self.program.trainer_args, self.resources.cpu_mode)
             except ConfigError as e:  # the trainer's words may quote an option's value, a secret too
-                raise ConfigError(mask_text(str(e), secret_values(self.env_dict))) from None
+                raise ConfigError(mask_text(str(e), secret_values(self.program.env_dict))) from None
 
-    @property
-    def is_trainer(self) -> bool:
-        return self.entry == TRAINER_ENTRY
+    @classmethod
+    def of(cls, ssh: SSHOptions, **options: Any) -> UpConfig:
+        """From the options by name (`gpus=8, max_restarts=3`), each into its section."""
+        unknown = sorted(set(options) - set(SECTION_OF))
+        if unknown:
+            raise TypeError(f"UpConfig.of() got an unexpected keyword argument {unknown[0]!r}")
+        by_section: dict[str, dict[str, Any]] = {name: {} for name in SECTIONS}
+        for key, value in options.items():
+            by_section[SECTION_OF[key]][key] = value
+        return cls(ssh=ssh, **{name: SECTIONS[name](**kw) for name, kw in by_section.items()})
 
-    @property
-    def entry_argv(self) -> tuple[str, ...]:
-        """What follows torchrun's own options: ("-m", "pkg.mod") or ("/path/script.py",)."""
-        return tuple(self.entry.split(" ", 1)) if self.entry.startswith("-m ") else (self.entry,)
+    def options(self) -> dict[str, Any]:
+        """Every option by name (the sections flattened): what a job's memory stores and a job file shows."""
+        return {f.name: getattr(getattr(self, SECTION_OF[f.name]), f.name)
+                for cls in SECTIONS.values() for f in fields(cls)}
 
-    @property
-    def cpu_mode(self) -> bool:
-        """The containers run on CPU (gloo): no GPUs asked for, or GPUs held on a simulated host."""
-        return self.gpus == 0 or self.gpus_on_cpu
+    def with_options(self, **changes: Any) -> UpConfig:
+        """A copy with these options changed (by name), validated again."""
+        return UpConfig.of(self.ssh, **{**self.options(), **changes})
 
-    @property
-    def env_dict(self) -> dict[str, str]:
-        return dict(self.env)
+
+def option_defaults() -> dict[str, Any]:
+    """Every option's default by name."""
+    return {f.name: f.default for cls in SECTIONS.values() for f in fields(cls)}
+
+
+# The commands on a job that runs (or ran), and their help: their options are JobsConfig's fields.
+JOB_COMMANDS = {
+    "kill": "stop and remove the job's containers",
+    "status": "one row per node, the job's progress and restarts",
+    "logs": "print or follow the nodes' logs",
+    "plot": f"draw the job's {METRICS_FILE} (from node 0): loss, accuracy, images/s, learning rate against step, "
+            "restarts marked",
+    "tensorboard": "fetch the job's TensorBoard event files (node 0's log dir, and its replica's) into a folder here "
+                   "and start TensorBoard on it; Ctrl-C stops it",
+}
 
 
 @dataclass(frozen=True)
 class JobsConfig:
-    """kill / status / logs."""
+    """kill / status / logs / plot / tensorboard: each option names the commands that take it (cli.py builds their
+    parsers from the fields)."""
 
     ssh: SSHOptions
-    job: str = DEFAULT_JOB
-    grace: float = 60.0
-    follow: bool = False
-    node: int | None = None
-    tail: int = 100
-    rank: int | None = None  # logs --rank: one global rank's log files
-    out: Path | None = None  # plot --out
-    all_jobs: bool = False  # status --all: every owner's jobs on the hosts
+    job: str = option(DEFAULT_JOB, "--job", "job name", commands=tuple(JOB_COMMANDS))
+    grace: float = option(60.0, "--grace", "seconds between SIGTERM and SIGKILL", type=float, commands=("kill",))
+    follow: bool = option(False, "--follow", "keep following until the job ends", short="-f", action="store_true",
+                          commands=("logs",))
+    node: int | None = option(None, "--node", "only this node rank", type=int, commands=("logs",))
+    tail: int = option(100, "--tail", "last N lines per node (0: all)", type=int, commands=("logs",))
+    rank: int | None = option(None, "--rank", "one global rank's stdout/stderr files (from up's --log-dir on its "
+                              "node)", type=int, commands=("logs",))
+    out: Path | None = option(None, "--out", type=Path, commands={
+        "plot": "PNG to write (default: JOB-metrics.png here)",
+        "tensorboard": "folder for the event files (default: JOB-tensorboard here)"})
+    port: int | None = option(None, "--port", "TensorBoard's port (default: 6006 or the next free one)", type=int,
+                              commands=("tensorboard",))
+    all_jobs: bool = option(False, "--all", "every job on the hosts, everyone's: owner, name, nodes, GPUs, age",
+                            action="store_true", commands=("status",))
 
     def __post_init__(self) -> None:
         check_job(self.job)
@@ -244,6 +487,8 @@ class JobsConfig:
             raise ConfigError(f"--node {self.node} must be a node rank (0 or more)")
         if self.tail < 0:
             raise ConfigError(f"--tail {self.tail} must not be negative")
+        if self.port is not None and not 0 < self.port < 65536:
+            raise ConfigError(f"--port {self.port} must be a TCP port (1-65535)")
         if self.rank is not None and (self.rank < 0 or self.node is not None):
             raise ConfigError(f"--rank {self.rank}: give a global rank (0 or more), without --node")
 

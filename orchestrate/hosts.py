@@ -1,6 +1,6 @@
 """Hosts file and ~/.ssh/config → a list of Host records (node 0 first).
 
-Hosts file syntax, one host a line: ``[user@]host[:port] [slots=N] [key=value ...]``; ``#`` starts a comment.
+Hosts file syntax, one host a line: ``[user@]host[:port] [slots=N] [gpu_ids=0,1] [key=value ...]``; ``#`` starts a comment.
 The DeepSpeed/MPI form ``host slots=N`` is accepted as is. Every error names the file and the line.
 """
 
@@ -10,12 +10,14 @@ import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
-
-import paramiko
+from typing import TYPE_CHECKING
 
 from orchestrate.config import MAX_SLOTS, host_dir_problem
 from orchestrate.errors import HostsFileError
 from trainer.errors import shown
+
+if TYPE_CHECKING:  # imported where ssh configs are read: the pure plan imports Host without loading SSH
+    import paramiko
 
 # Host names and users are restricted to plain characters: nothing that a shell could interpret.
 _NAME_RE = re.compile(r"^[A-Za-z0-9_]([A-Za-z0-9._-]*[A-Za-z0-9_])?$")
@@ -25,7 +27,8 @@ _DOCKER_HOST_RE = re.compile(r"^(unix://|tcp://|ssh://)\S+$")
 PATH_KEYS = ("data_dir", "ckpt_dir", "log_dir")
 
 MAX_HOST_NAME = 253  # DNS (RFC 1035)
-KNOWN_KEYS = ("slots", "docker_host", "iface", *PATH_KEYS)
+KNOWN_KEYS = ("slots", "gpu_ids", "docker_host", "iface", *PATH_KEYS)
+_INDICES_RE = re.compile(r"^[0-9]+(-[0-9]+)?(,[0-9]+(-[0-9]+)?)*$")
 
 
 @dataclass(frozen=True)
@@ -40,6 +43,7 @@ class Host:
     known_hosts_files: tuple[str, ...] = ()
     identities_only: bool = False  # ssh config IdentitiesOnly: use only key_filenames, no agent/default keys
     slots: int | None = None
+    gpu_ids: tuple[int, ...] = ()  # gpu_ids=0,1: the device indices the job gets here (a scheduler's grant)
     docker_host: str | None = None
     iface: str | None = None
     data_dir: str | None = None
@@ -118,6 +122,8 @@ def match_exec_blocks(text: str) -> list[tuple[int, int]]:
 
 
 def load_ssh_config(path: str | os.PathLike[str] | None, run_match_exec: bool = True) -> paramiko.SSHConfig:
+    import paramiko
+
     cfg_path = ssh_config_path(path)
     if not cfg_path.exists():
         if path is not None:
@@ -152,6 +158,7 @@ def parse_line(line: str, where: str, config: paramiko.SSHConfig) -> Host:
         known_hosts_files=tuple(os.path.expanduser(p) for p in looked.get("userknownhostsfile", "").split()),
         identities_only=looked.get("identitiesonly", "no").lower() == "yes",
         slots=_slots(keys.get("slots"), where),
+        gpu_ids=_gpu_ids(keys.get("gpu_ids"), where),
         docker_host=_checked(keys.get("docker_host"), _DOCKER_HOST_RE, "docker_host", where,
                              "e.g. docker_host=unix:///run/user/1000/docker.sock"),
         iface=_checked(keys.get("iface"), _IFACE_RE, "iface", where, "give a network interface name, e.g. iface=eth0"),
@@ -200,6 +207,23 @@ def _int(text: str, what: str, where: str) -> int:
         return int(text)
     except ValueError:
         raise HostsFileError(f"{where}: {what} must be a whole number, got {text!r}") from None
+
+
+def indices(text: str) -> list[int]:
+    """Device indices as written: `0-1,3` → [0, 1, 3]."""
+    out: list[int] = []
+    for part in filter(None, text.split(",")):
+        first, _, last = part.partition("-")
+        out.extend(range(int(first), int(last or first) + 1))
+    return out
+
+
+def _gpu_ids(text: str | None, where: str) -> tuple[int, ...]:
+    ids = indices(_checked(text, _INDICES_RE, "gpu_ids", where, "give device indices, e.g. gpu_ids=0,1 or 4-7") or "")
+    if text and (not ids or len(set(ids)) != len(ids)):
+        raise HostsFileError(f"{where}: gpu_ids={text}: a range is empty or an index repeats; give each index once, "
+                             "ranges low to high (e.g. gpu_ids=4-7)")
+    return tuple(ids)
 
 
 def _slots(text: str | None, where: str) -> int | None:

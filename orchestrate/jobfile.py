@@ -145,23 +145,21 @@ def _stored_value(action: argparse.Action, value: Any) -> Any:
 def of_config(config: Any) -> str:
     """PURE: a job as a job file (secrets masked): the options that differ from the defaults. What `--dry-run`
     prints first, and what `up -f` of that text would apply."""
-    import dataclasses
-
-    from orchestrate.config import GPUS_ALL, mask_text, masked_env, secret_values, url_masked
+    from orchestrate.config import GPUS_ALL, mask_text, masked_env, option_defaults, secret_values, url_masked
     from orchestrate.plan.gpus import gpus_text
 
-    skip = {"ssh", "dry_run", "dry_run_hosts", "as_json", "env", "gpu_ids"}
-    defaults = {f.name: f.default for f in dataclasses.fields(config) if f.name not in skip}
-    options: dict[str, Any] = {k: getattr(config, k) for k in defaults}
+    skip = {"dry_run", "dry_run_hosts", "as_json", "env", "gpu_ids"}
+    defaults = {k: v for k, v in option_defaults().items() if k not in skip}
+    options: dict[str, Any] = {k: v for k, v in config.options().items() if k in defaults}
     options = {k: (str(v) if isinstance(v, Path) else v) for k, v in options.items()}
     options["data_url"] = url_masked(options["data_url"])
-    if config.gpus == GPUS_ALL:
+    if config.resources.gpus == GPUS_ALL:
         options["gpus"] = defaults["gpus"] = "all"
-    if config.gpu_ids:  # device indices, as --gpus takes them back
-        options["gpus"] = gpus_text(config.gpu_ids)
+    if config.resources.gpu_ids:  # device indices, as --gpus takes them back
+        options["gpus"] = gpus_text(config.resources.gpu_ids)
     head = {"hosts": str(config.ssh.hosts_file)} if config.ssh.hosts_file else {}
     if config.ssh.ssh_config:
         head["ssh_config"] = str(config.ssh.ssh_config)
-    env = [f"{k}={v}" for k, v in masked_env(config.env_dict).items()]
+    env = [f"{k}={v}" for k, v in masked_env(config.program.env_dict).items()]
     body = dump({**head, **options, **({"env": env} if env else {})}, defaults)
-    return mask_text(body, secret_values(config.env_dict))  # a secret's value also hides in the program's args
+    return mask_text(body, secret_values(config.program.env_dict))  # a secret's value also hides in the program's args

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Make this machine ready to build, test and demo the project, from nothing but Python and apt (run as root):
 # installs the missing tools (docker.io, openssh-server, iproute2, iptables, debootstrap, docker-compose, tini,
-# make, python3-venv, docker-registry for the --pull test, shellcheck for make lint), starts dockerd if none answers, and creates .venv with the project and its dev deps.
+# make, python3-venv, docker-registry for the --pull test, shellcheck for make lint, Slurm and munge for the test
+# hosts' Slurm), starts dockerd if none answers, and creates .venv with the project and its dev deps.
 # Idempotent: a second run changes nothing and takes a second or two. Used by README's commands and .ci/run.
 set -euo pipefail
 export DEBIAN_FRONTEND=noninteractive
@@ -14,6 +15,7 @@ declare -A PACKAGE_OF=(
     [docker]=docker.io [dockerd]=docker.io [sshd]=openssh-server [ip]=iproute2 [iptables]=iptables
     [debootstrap]=debootstrap [docker-compose]=docker-compose [tini]=tini [make]=make [nsenter]=util-linux
     [docker-registry]=docker-registry [shellcheck]=shellcheck
+    [slurmctld]=slurm-wlm [slurmd]=slurm-wlm [sbatch]=slurm-wlm [munged]=munge
 )
 
 say() { printf '=== [setup %s] %s\n' "$(date +%H:%M:%S)" "$*"; }

@@ -5,6 +5,8 @@
 - ``cpu_image`` (session): the tag ``ddp-cifar:cpu`` (or $DDP_TEST_IMAGE, so that parallel work trees can test
   images of their own); fails with "run make image-cpu" when it is missing.
 - ``repo_root``: the repository's root folder (a Path).
+- A skip fails the run (SkipsFail): a skipped test or module makes pytest exit 1, with xdist too (the controller
+  sees the workers' reports), so CI cannot pass with a test that did not run. tests/test_skips_fail.py runs it.
 - Ctrl-C as in a terminal: a suite started in the background of a shell without job control (``cmd &`` in a
   script) inherits SIGINT ignored, and so would every ``up`` it starts: the Ctrl-C test would see it ignored.
 
@@ -43,10 +45,13 @@ from xdist.scheduler import LoadScopeScheduling
 CLUSTER_GROUPS: dict[str, tuple[str, ...]] = {
     "cluster-2-hosts": ("test_data_staging", "test_devcluster", "test_examples", "test_host_faults",
                         "test_orchestrate_bad_input", "test_orchestrate_faults", "test_progress_attempt",
-                        "test_selftest_check", "test_shared_hosts", "test_shared_storage",
-                        "test_image_delta_on_hosts", "test_orchestrate_up", "test_concurrent_data"),
+                        "test_shared_hosts", "test_shared_storage",
+                        "test_image_delta_on_hosts", "test_orchestrate_up", "test_concurrent_data",
+                        "test_slurm_restarts"),
     "cluster-3-hosts": ("test_network_check", "test_self_healing", "test_stock_hosts",
-                        "test_eight_hosts", "test_image_pull", "test_gpu_sets", "test_plan_on_hosts"),
+                        "test_eight_hosts", "test_image_pull", "test_gpu_sets", "test_plan_on_hosts",
+                        "test_devcluster_slurm", "test_slurm_backend", "test_cleanup_safety_net",
+                        "test_see_every_rank"),
 }
 CPU_IMAGE = os.environ.get("DDP_TEST_IMAGE", "ddp-cifar:cpu")
 REPO_ROOT = Path(__file__).resolve().parent.parent
@@ -57,6 +62,43 @@ def pytest_configure(config: pytest.Config) -> None:
     # here, the programs the tests start take Ctrl-C (KeyboardInterrupt) as they do when typed in a terminal.
     if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
         signal.signal(signal.SIGINT, signal.default_int_handler)
+    config.pluginmanager.register(SkipsFail(), "skips-fail")
+
+
+class SkipsFail:
+    """Notes every skipped test or module (an xfail is not a skip) and turns a run that passed into a failure."""
+
+    def __init__(self) -> None:
+        self.skipped: list[str] = []
+
+    def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
+        self._note(report)
+
+    def pytest_collectreport(self, report: pytest.CollectReport) -> None:
+        self._note(report)
+
+    def _note(self, report: pytest.TestReport | pytest.CollectReport) -> None:
+        if report.skipped and not hasattr(report, "wasxfail"):
+            self.skipped.append(report.nodeid)
+
+    def pytest_sessionfinish(self, session: pytest.Session) -> None:
+        if self.skipped and session.exitstatus == pytest.ExitCode.OK:
+            session.exitstatus = pytest.ExitCode.TESTS_FAILED
+
+    def pytest_terminal_summary(self, terminalreporter: pytest.TerminalReporter) -> None:
+        if self.skipped:
+            terminalreporter.write_line(f"error: {len(self.skipped)} skipped ({', '.join(self.skipped)}): a skip "
+                                        "fails this suite; make the test run here or remove it", red=True)
+
+
+GPU_TIER = REPO_ROOT / "tests" / "trainer" / "gpu"
+
+
+def pytest_ignore_collect(collection_path: Path, config: pytest.Config) -> bool | None:
+    """The GPU tier is collected only by `make test-gpu` (-m gpu): the default run neither runs nor skips it."""
+    if collection_path == GPU_TIER and config.getoption("markexpr") != "gpu":
+        return True
+    return None
 
 
 @pytest.fixture(scope="session")

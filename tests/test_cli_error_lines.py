@@ -17,7 +17,11 @@ CASES = {
     "trainer.data": (["-m", "trainer.data", "synth", "--out", "{tmp}", "--bogus"], "unrecognized arguments: --bogus"),
     "trainer.data without a command": (["-m", "trainer.data"], "the following arguments are required: cmd"),
     "trainer.plot": (["-m", "trainer.plot", "{tmp}/metrics.jsonl", "--bogus"], "unrecognized arguments: --bogus"),
-    "orchestrate": (["-m", "orchestrate", "up", "--bogus"], "unrecognized arguments: --bogus"),
+    # The hint names the help of the command given (the top parser reports an option no command took).
+    "orchestrate": (["-m", "orchestrate", "up", "--bogus"],
+                    "unrecognized arguments: --bogus (see python -m orchestrate up --help)"),
+    "orchestrate kill": (["-m", "orchestrate", "kill", "--grace", "x"],
+                         "invalid float value: 'x' (see python -m orchestrate kill --help)"),
     "devcluster": (["-m", "devcluster", "up", "--hosts", "two"], "argument --hosts: invalid int value: 'two'"),
     # A value with a newline is echoed escaped: still one line.
     "trainer data dir with a newline": (["-m", "trainer", "--data-dir", "{tmp}/a\nb", "--ckpt-dir", "{tmp}/ck",

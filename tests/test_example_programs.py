@@ -9,13 +9,13 @@ import os
 import re
 import shutil
 import signal
-import socket
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
+from kit.net import free_port
+from kit.waits import wait_until
 
 pytestmark = pytest.mark.slow
 REPO = Path(__file__).resolve().parents[1]
@@ -27,30 +27,26 @@ EXAMPLES = {
 }
 
 
-def _port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 TEXT = "to be or not to be, that is the question. " * 40
 
 
 def _env(tmp_path: Path, ckpt: Path, **extra: str) -> dict[str, str]:
-    """DATA_DIR with a small text, CKPT_DIR, LOG_DIR and PROBE_DIR under tmp_path; loopback for gloo."""
+    """DATA_DIR with a small text, CKPT_DIR, LOG_DIR and PROBE_DIR under tmp_path; loopback for gloo; CUDA hidden, so
+    that the examples take their gloo path on a GPU machine too (2 or 4 ranks would need as many GPUs)."""
     for sub in ("data", "logs", "probe"):
         (tmp_path / sub).mkdir(exist_ok=True)
     ckpt.mkdir(exist_ok=True)
     (tmp_path / "data" / "input.txt").write_text(TEXT)
     return {**os.environ, "OMP_NUM_THREADS": "1", "GLOO_SOCKET_IFNAME": "lo", "DATA_DIR": str(tmp_path / "data"),
             "CKPT_DIR": str(ckpt), "LOG_DIR": str(tmp_path / "logs"), "PROBE_DIR": str(tmp_path / "probe"),
+            "CUDA_VISIBLE_DEVICES": "",
             "PYTHONPATH": os.pathsep.join([str(PROBE), str(REPO / "examples/charlm"), str(REPO / "examples")]),
             **extra}
 
 
 def _torchrun(nproc: int, entry: list[str], args: list[str]) -> list[str]:
     return [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(nproc), "--master_addr",
-            "127.0.0.1", "--master_port", str(_port()), *entry, *args]
+            "127.0.0.1", "--master_port", str(free_port()), *entry, *args]
 
 
 # Every rank prints its own lines into one stream; two may interleave within a line, so numbers are found by pattern.
@@ -89,9 +85,7 @@ def _stop_after(cmd: list[str], env: dict[str, str], out: Path, line: str) -> No
     with out.open("w") as fh:
         proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=fh, stderr=subprocess.STDOUT, text=True)
     try:
-        deadline = time.monotonic() + 120
-        while line not in out.read_text() and proc.poll() is None and time.monotonic() < deadline:
-            time.sleep(0.2)
+        wait_until(lambda: line in out.read_text() or proc.poll() is not None, 120, repr(line), every=0.2)
         assert line in out.read_text(), out.read_text()[-3000:]
         proc.send_signal(signal.SIGTERM)
         proc.wait(timeout=60)
@@ -148,7 +142,7 @@ def test_charlm_tp_shards_its_mlp_stops_with_a_checkpoint_and_resumes_in_another
 def _charlm_alone(tmp_path: Path, args: list[str], **env: str) -> subprocess.CompletedProcess[str]:
     """charlm as one process without torchrun (rank 0 of 1, or WORLD_SIZE as given)."""
     base = _env(tmp_path, tmp_path / "ckpt", RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", MASTER_ADDR="127.0.0.1",
-                MASTER_PORT=str(_port()))
+                MASTER_PORT=str(free_port()))
     return subprocess.run([sys.executable, *CHARLM, *CHARLM_ARGS, *args], cwd=REPO, env=base | env,
                           capture_output=True, text=True, timeout=120)
 

@@ -11,12 +11,26 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import IO, NoReturn, TypeVar
 
-from . import checkpoint, data, device, dist, loop, models, snapshot, state
+from . import (
+    checkpoint,
+    data,
+    defaults,
+    device,
+    dist,
+    hardware,
+    loop,
+    models,
+    parallel,
+    precision,
+    snapshot,
+    state,
+)
 from .config import Config, parse
 from .contract import ENV_LOG_DIR, EXIT_DIVERGED, stack_file_name
 from .dist import DistContext
 from .errors import ConfigError, DivergedError, TrainerError
-from .metrics import Heartbeat, is_restart, record_resume, setup_logging
+from .metrics import Heartbeat, StepLog, is_restart, open_tensorboard, record_resume, setup_logging
+from .ranktime import RankTimer, enabled_by_env
 
 log = logging.getLogger("trainer")
 T = TypeVar("T")
@@ -40,7 +54,7 @@ def _prepare_data(cfg: Config, ctx: DistContext) -> tuple[data.Split, data.Split
         _agreed(ctx, lambda: data.extract_archive(cfg.data_dir, cfg.allow_unverified_data))
     else:
         _agreed(ctx, lambda: None)
-    train, test = _agreed(ctx, lambda: data.load_cifar(cfg.data_dir, cfg.allow_unverified_data))
+    train, test = _agreed(ctx, lambda: data.load_cifar(cfg.data_dir, cfg.allow_unverified_data, warn=ctx.is_main))
     if cfg.batch_size * ctx.world_size > len(train):
         raise ConfigError(
             f"--batch-size {cfg.batch_size} x {ctx.world_size} processes = {cfg.batch_size * ctx.world_size} "
@@ -52,6 +66,8 @@ def _prepare_data(cfg: Config, ctx: DistContext) -> tuple[data.Split, data.Split
 def _train(cfg: Config, ctx: DistContext) -> int:
     train, test = _prepare_data(cfg, ctx)
     _agreed(ctx, lambda: checkpoint.check_writable(cfg.ckpt_dir) if ctx.is_main else None)
+    # The run's first line once its inputs are known good (a run refused before prints its error line alone).
+    settings = _settings(cfg, ctx, cfg.batch_size * ctx.world_size)
     st = state.build(cfg, ctx)
     saved_batch = _agreed(ctx, lambda: snapshot.restore(cfg, ctx, st)) if cfg.resume else 0
     state.wrap(cfg, ctx, st)
@@ -59,16 +75,37 @@ def _train(cfg: Config, ctx: DistContext) -> int:
     loader = data.TrainLoader(train, per_rank, ctx.rank, ctx.world_size, cfg.seed)
     if (cfg.resume or is_restart()) and ctx.is_main:
         record_resume(cfg.ckpt_dir, st.pos.step, st.pos.epoch, ctx.world_size, loader.global_batch)
+    if loader.global_batch != settings.global_batch:  # --keep-global-batch: the lr of the checkpoint's batch
+        settings = _settings(cfg, ctx, loader.global_batch)
+    log.info("%s: %s (grads and optimizer as of the first step)", cfg.strategy,
+             parallel.expected_memory(st.model, st.optimizer).describe())
     log.info("model %s (%.2fM params) precision %s device %s backend %s world_size %d batch %d/process "
              "global batch %d, %d train / %d test images, %d steps/epoch",
-             cfg.model, sum(p.numel() for p in st.model.parameters()) / 1e6, cfg.precision, ctx.device,
+             cfg.model, sum(p.numel() for p in st.model.parameters()) / 1e6, settings.precision, ctx.device,
              ctx.backend if ctx.distributed else "none", ctx.world_size, cfg.batch_size, loader.global_batch,
              len(train), len(test), loader.steps())
     stop = loop.StopRequest()
     stop.install()
-    beat = Heartbeat(cfg.ckpt_dir, ctx.is_main, _total_steps(cfg, st.pos, loader), cfg.epochs, loader.global_batch)
-    pace = loop.Pace(beat, ckpt_every_s=cfg.ckpt_every_minutes * 60, micro=micro)
-    return loop.run(cfg, ctx, st, loader, test, stop, pace)
+    speed = hardware.measure(cfg.model, ctx.device, settings.precision, ctx.world_size) if ctx.is_main else None
+    beat = Heartbeat(cfg.ckpt_dir, ctx.is_main, _total_steps(cfg, st.pos, loader), cfg.epochs, loader.global_batch,
+                     speed)
+    group = dist.checkpoint_group(ctx, cfg.dist_timeout) if settings.ckpt_async and cfg.strategy == "fsdp" else None
+    steps = StepLog(cfg.ckpt_dir, loader.global_batch, speed, open_tensorboard(
+        cfg.ckpt_dir, st.pos.step if cfg.resume or is_restart() else None)) if ctx.is_main else None
+    timer = RankTimer(ctx.device, ctx.world_size) if enabled_by_env() else None
+    pace = loop.Pace(beat, settings, micro=micro, ckpt_group=group, timer=timer, steps=steps)
+    try:
+        return loop.run(cfg, ctx, st, loader, test, stop, pace)
+    finally:
+        if steps:
+            steps.close()
+
+
+def _settings(cfg: Config, ctx: DistContext, global_batch: int) -> defaults.RunSettings:
+    """What "auto" becomes on this device, logged by global rank 0: its first line says what and why."""
+    settings = defaults.resolve(cfg, ctx.device.type, precision.bf16_fast(ctx.device), global_batch)
+    log.info("%s", settings.describe())
+    return settings
 
 
 def _batch_split(cfg: Config, ctx: DistContext, saved_batch: int) -> tuple[int, int]:

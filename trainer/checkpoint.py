@@ -15,6 +15,9 @@ import json
 import logging
 import os
 import pickle
+import threading
+import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -80,6 +83,60 @@ def save(folder: Path, state: dict[str, Any], *, step: int, epoch: int, epoch_co
     _write_atomic(folder / manifest_name(step), json.dumps(manifest.to_dict(), indent=1).encode())
     prune(folder, keep)
     return target
+
+
+class BackgroundWriter:
+    """At most one checkpoint write in flight, in a thread of its own, while training goes on: the write, fsync
+    and sha256 of a state already copied off the device. Its outcome is read by `wait` (global rank 0 only)."""
+
+    def __init__(self) -> None:
+        self._thread: threading.Thread | None = None
+        self._step = 0
+        self.write_s = 0.0  # how long the last write took, from start to its manifest
+        self._error: BaseException | None = None
+
+    @property
+    def pending(self) -> bool:
+        """A write was started and its outcome not read yet."""
+        return self._thread is not None
+
+    @property
+    def writing(self) -> bool:
+        """The write itself still runs."""
+        return self._thread is not None and self._thread.is_alive()
+
+    def start(self, write: Callable[[], Path], step: int) -> None:
+        if self._thread is not None:
+            raise RuntimeError("a checkpoint write is already in flight: wait for it first")  # a bug of the caller
+        self._step, self._error = step, None
+        # A daemon: a rank that dies of another error exits without waiting (the write is atomic: a cut one is
+        # a temp file that the next prune deletes).
+        self._thread = threading.Thread(target=self._run, args=(write,), name=f"checkpoint-{step}", daemon=True)
+        self._thread.start()
+
+    def _run(self, write: Callable[[], Path]) -> None:
+        t0 = time.monotonic()
+        try:
+            path = write()
+            self.write_s = time.monotonic() - t0
+            log.info("checkpoint %s written in the background (%.2f s)", path, self.write_s)
+        except BaseException as e:  # noqa: BLE001  # handed to the training thread by wait()
+            self._error = e
+
+    def wait(self, timeout_s: float) -> int | None:
+        """The step of the pending write's checkpoint (None when none was pending), once it is complete; its
+        error raised here. A write that outlasts `timeout_s` is a CheckpointError (a stalled disk)."""
+        if self._thread is None:
+            return None
+        self._thread.join(timeout_s)
+        if self._thread.is_alive():
+            raise CheckpointError(f"the checkpoint of step {self._step} was still being written after {timeout_s:g} s "
+                                  "(a stalled disk or network filesystem under --ckpt-dir?); the previous "
+                                  "checkpoints are intact")
+        self._thread = None
+        if self._error is not None:
+            raise self._error
+        return self._step
 
 
 def sha256_file(path: Path) -> str:

@@ -19,11 +19,17 @@ from .contract import BASE_FOLDER, EXIT_DIVERGED, EXIT_STOPPED, METRICS_FILE, ST
 from .errors import ConfigError
 
 PRECISIONS = ("fp32", "bf16", "fp16")
+# "auto": bf16 on a GPU with bf16 tensor cores, fp32 elsewhere (trainer/defaults.py resolves it at start).
+PRECISION_CHOICES = ("auto", *PRECISIONS)
+CKPT_ASYNC = ("auto", "on", "off")
+# The global batch --lr is given for on GPU when --lr-ref-batch is auto (the linear rule of Goyal et al. 2017).
+LR_REF_BATCH = 256
 MAX_DIST_TIMEOUT_S = 7 * 24 * 3600
 COMPRESSIONS = ("none", "fp16", "bf16")
 DEVICES = ("auto", "cpu", "cuda")
 OPTIMIZERS = ("sgd", "apex-fused-sgd")
 STRATEGIES = ("ddp", "fsdp")
+FSDP_SHARD = ("node", "all")
 # The trainer's own models (trainer/models.py builds them); any other name must be a torchvision model's.
 MODEL_NAMES = ("resnet18", "resnet18-gn", "resnet20", "resnet20-gn", "tiny", "vit-cifar")
 TORCHVISION_NAME_RE = re.compile(r"[a-z][a-z0-9_]*")
@@ -41,23 +47,39 @@ class Config:
     batch_size: int = 128
     """Per process; the global batch is batch_size x world size."""
     lr: float = 0.1
-    """Peak learning rate, reached after the warmup, then decayed with a cosine to 0 at the last epoch."""
-    warmup_epochs: float = 1.0
+    """Peak learning rate for a global batch of lr_ref_batch (the linear rule), reached after the warmup, then
+    decayed with a cosine to 0 at the last epoch."""
+    lr_ref_batch: int | None = None
+    """The global batch --lr is given for: the run uses lr x global batch / this. None: auto (256 on GPU; on
+    CPU --lr as given). 0: --lr as given."""
+    warmup_epochs: float | None = None
+    """Linear warmup; None: auto (1 epoch, 5 when the linear rule raises the lr, at most half the run)."""
     momentum: float = 0.9
     weight_decay: float = 5e-4
     model: str = "resnet18"
-    precision: str = "fp32"
+    precision: str = "auto"
     strategy: str = "ddp"
     """ddp: a full replica per process. fsdp: parameters, gradients and optimizer state sharded (FSDP2)."""
+    fsdp_shard: str = "node"
+    """fsdp over several nodes: shard within each node and replicate across nodes (HSDP), or shard over all."""
     sync_bn: bool = False
     grad_compression: str = "none"
     optimizer: str = "sgd"
-    eval_every: int = 1
-    """Evaluate every N epochs (and always after the last one)."""
-    ckpt_every: int = 1
-    """Write a checkpoint every N epochs (and always at the end, at --max-steps and on SIGTERM)."""
-    ckpt_every_minutes: float = 0.0
-    """Also write one when this many minutes passed since the last, mid-epoch if need be (0: off)."""
+    eval_every: int | None = None
+    """Evaluate every N epochs (and always after the last one). None: auto (every epoch on CPU, not by epoch on
+    GPU)."""
+    eval_every_minutes: float | None = None
+    """Evaluate at an epoch's end when this many minutes passed since the last (0: off). None: auto (1 on GPU,
+    off on CPU)."""
+    ckpt_every: int | None = None
+    """Write a checkpoint every N epochs (and always at the end, at --max-steps and on SIGTERM). None: auto
+    (every epoch on CPU, not by epoch on GPU)."""
+    ckpt_every_minutes: float | None = None
+    """Also write one when this many minutes passed since the last, mid-epoch if need be (0: off). None: auto
+    (5 on GPU, off on CPU)."""
+    ckpt_async: str = "auto"
+    """on: copy the state to the CPU, write and hash it in a background thread while training goes on. auto:
+    on for GPU jobs, off on CPU."""
     keep_checkpoints: int = 3
     resume: bool = False
     keep_global_batch: bool = False
@@ -77,21 +99,27 @@ class Config:
         _positive("--batch-size", self.batch_size, "images per process and step")
         _positive("--eval-every", self.eval_every, "epochs between evaluations")
         _positive("--ckpt-every", self.ckpt_every, "epochs between checkpoints")
+        if self.lr_ref_batch is not None and self.lr_ref_batch < 0:
+            raise ConfigError(f"--lr-ref-batch must be the global batch --lr is given for, 'none' (--lr as given) "
+                              f"or 'auto', got {self.lr_ref_batch}")
         _positive("--keep-checkpoints", self.keep_checkpoints, "how many checkpoints to keep")
         _positive("--log-every", self.log_every, "steps between progress lines")
         _positive("--eval-batch-size", self.eval_batch_size, "images per evaluation batch")
         for flag, value in (("--lr", self.lr), ("--warmup-epochs", self.warmup_epochs), ("--momentum", self.momentum),
                             ("--weight-decay", self.weight_decay), ("--dist-timeout", self.dist_timeout),
-                            ("--ckpt-every-minutes", self.ckpt_every_minutes)):
-            if not math.isfinite(value):  # nan passes every comparison below, inf overflows timedelta
+                            ("--ckpt-every-minutes", self.ckpt_every_minutes),
+                            ("--eval-every-minutes", self.eval_every_minutes)):
+            if value is not None and not math.isfinite(value):  # nan passes every comparison below, inf overflows timedelta
                 raise ConfigError(f"{flag} must be a finite number, got {value}")
         if not self.lr > 0:
             raise ConfigError(f"--lr must be > 0, got {self.lr}; a usual value is 0.1 for batch 128")
-        if self.warmup_epochs < 0:
+        if self.warmup_epochs is not None and self.warmup_epochs < 0:
             raise ConfigError(f"--warmup-epochs must be >= 0, got {self.warmup_epochs}")
-        if not 0 <= self.ckpt_every_minutes <= MAX_DIST_TIMEOUT_S / 60:
-            raise ConfigError(f"--ckpt-every-minutes must be between 0 (off) and {MAX_DIST_TIMEOUT_S // 60} "
-                              f"(a week), got {self.ckpt_every_minutes}")
+        for flag, minutes in (("--ckpt-every-minutes", self.ckpt_every_minutes),
+                              ("--eval-every-minutes", self.eval_every_minutes)):
+            if minutes is not None and not 0 <= minutes <= MAX_DIST_TIMEOUT_S / 60:
+                raise ConfigError(f"{flag} must be between 0 (off) and {MAX_DIST_TIMEOUT_S // 60} (a week), "
+                                  f"got {minutes}")
         if self.max_steps < 0:
             raise ConfigError(f"--max-steps must be >= 0 (0 means no limit), got {self.max_steps}")
         if not 0 < self.dist_timeout <= MAX_DIST_TIMEOUT_S:
@@ -101,11 +129,16 @@ class Config:
             raise ConfigError(f"--seed must be between 0 and 2**63-1, got {self.seed}")
         if self.momentum < 0 or self.weight_decay < 0:
             raise ConfigError("--momentum and --weight-decay must be >= 0")
-        _choice("--precision", self.precision, PRECISIONS)
+        _choice("--precision", self.precision, PRECISION_CHOICES)
+        _choice("--ckpt-async", self.ckpt_async, CKPT_ASYNC)
         _choice("--grad-compression", self.grad_compression, COMPRESSIONS)
         _choice("--device", self.device, DEVICES)
         _choice("--optimizer", self.optimizer, OPTIMIZERS)
         _choice("--strategy", self.strategy, STRATEGIES)
+        _choice("--fsdp-shard", self.fsdp_shard, FSDP_SHARD)
+        if self.fsdp_shard != "node" and self.strategy != "fsdp":
+            raise ConfigError(f"--fsdp-shard {self.fsdp_shard} applies to --strategy fsdp only: add --strategy fsdp "
+                              "or drop --fsdp-shard")
         refused = fsdp_refuses(self)
         if refused:
             option, why = refused[0]
@@ -157,8 +190,9 @@ def cuda_only(cfg: Config) -> list[tuple[str, str]]:
     return [(option, instead) for option, used, instead in CUDA_ONLY if used(cfg)]
 
 
-def _positive(option: str, value: int, meaning: str) -> None:
-    if value < 1:
+def _positive(option: str, value: int | None, meaning: str) -> None:
+    """None: the option was left at auto."""
+    if value is not None and value < 1:
         raise ConfigError(f"{option} must be a positive integer ({meaning}), got {value}")
 
 
@@ -202,27 +236,46 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--ckpt-dir", type=Path, required=True, help=f"checkpoints and {METRICS_FILE} go here")
     p.add_argument("--epochs", type=int, default=d["epochs"].default, help="passes over the training set")
     p.add_argument("--batch-size", type=int, default=d["batch_size"].default, help="per process")
-    p.add_argument("--lr", type=float, default=d["lr"].default, help="peak learning rate")
+    p.add_argument("--lr", type=float, default=d["lr"].default,
+                   help="peak learning rate for a global batch of --lr-ref-batch")
+    p.add_argument("--lr-ref-batch", type=_ref_batch, default=d["lr_ref_batch"].default, metavar="N|none|auto",
+                   help="the run uses lr x global batch / N (the linear rule); none: --lr as given; "
+                        f"auto (None): {LR_REF_BATCH} on GPU, none on CPU")
     p.add_argument("--warmup-epochs", type=float, default=d["warmup_epochs"].default,
-                   help="linear warmup, then cosine decay to 0")
+                   help="linear warmup, then cosine decay to 0; auto (None): 1, or 5 when the linear rule raises "
+                        "the lr (at most half the run)")
     p.add_argument("--momentum", type=float, default=d["momentum"].default, help="SGD (Nesterov) momentum")
     p.add_argument("--weight-decay", type=float, default=d["weight_decay"].default, help="L2 weight decay")
     p.add_argument("--model", default=d["model"].default,
                    help="resnet18 (CIFAR variant), resnet20, resnet18-gn, resnet20-gn, tiny, vit-cifar (25M params), "
                         "or a torchvision name")
-    p.add_argument("--precision", default=d["precision"].default, choices=PRECISIONS,
-                   help="autocast dtype; fp16 adds a gradient scaler")
+    p.add_argument("--precision", default=d["precision"].default, choices=PRECISION_CHOICES,
+                   help="autocast dtype; fp16 adds a gradient scaler; auto: bf16 on a GPU with bf16 tensor "
+                        "cores, else fp32")
     p.add_argument("--strategy", default=d["strategy"].default, choices=STRATEGIES,
                    help="ddp: a full model replica per process; fsdp: parameters, gradients and optimizer state "
                         "sharded over the processes (FSDP2), checkpoints in DCP folders that resume at any world size")
+    p.add_argument("--fsdp-shard", default=d["fsdp_shard"].default, choices=FSDP_SHARD,
+                   help="with --strategy fsdp on several nodes: node shards within each node and replicates across "
+                        "nodes (HSDP: only one gradient all-reduce per step crosses nodes); all shards over every "
+                        "process (least memory per GPU)")
     p.add_argument("--sync-bn", action="store_true", default=d["sync_bn"].default, help="SyncBatchNorm across processes (CUDA only)")
     p.add_argument("--grad-compression", default=d["grad_compression"].default, choices=COMPRESSIONS, help="DDP communication hook")
     p.add_argument("--optimizer", default=d["optimizer"].default, choices=OPTIMIZERS,
                    help="apex-fused-sgd needs NVIDIA apex built from source (never the PyPI 'apex')")
-    p.add_argument("--eval-every", type=int, default=d["eval_every"].default, help="epochs")
-    p.add_argument("--ckpt-every", type=int, default=d["ckpt_every"].default, help="epochs")
+    p.add_argument("--eval-every", type=int, default=d["eval_every"].default,
+                   help="epochs; auto (None): 1 on CPU, not by epoch on GPU")
+    p.add_argument("--eval-every-minutes", type=float, default=d["eval_every_minutes"].default,
+                   help="evaluate at an epoch's end when this many minutes passed since the last (0: off); "
+                        "auto (None): 1 on GPU, off on CPU")
+    p.add_argument("--ckpt-every", type=int, default=d["ckpt_every"].default,
+                   help="epochs; auto (None): 1 on CPU, not by epoch on GPU")
     p.add_argument("--ckpt-every-minutes", type=float, default=d["ckpt_every_minutes"].default,
-                   help="also checkpoint when this many minutes passed since the last, mid-epoch if need be (0: off)")
+                   help="also checkpoint when this many minutes passed since the last, mid-epoch if need be "
+                        "(0: off); auto (None): 5 on GPU, off on CPU")
+    p.add_argument("--ckpt-async", default=d["ckpt_async"].default, choices=CKPT_ASYNC,
+                   help="write checkpoints in a background thread after a copy to the CPU (the end, --max-steps "
+                        "and a stop still end with a complete one); auto: on for GPU jobs")
     p.add_argument("--keep-checkpoints", type=int, default=d["keep_checkpoints"].default,
                    help="older checkpoints are deleted")
     p.add_argument("--resume", action="store_true", default=d["resume"].default, help="continue from the newest valid checkpoint")
@@ -241,6 +294,16 @@ def build_parser() -> argparse.ArgumentParser:
     # torch.distributed.launch (legacy) passes this; torchrun's LOCAL_RANK environment variable wins.
     p.add_argument("--local_rank", "--local-rank", dest="local_rank", type=int, default=None, help=argparse.SUPPRESS)
     return p
+
+
+def _ref_batch(text: str) -> int | None:
+    """--lr-ref-batch: a global batch, `none` (0: --lr as given) or `auto` (None)."""
+    if text in ("auto", "none"):
+        return None if text == "auto" else 0
+    try:
+        return int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a global batch size, 'none' or 'auto', got {text!r}") from None
 
 
 def parse(argv: list[str] | None = None) -> tuple[Config, int | None]:

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import json
 import re
+import statistics
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any, TypeVar
 
@@ -29,9 +31,17 @@ ALL_FILES = TRAIN_FILES + TEST_FILES + (META_FILE,)
 
 # ---- files global rank 0 writes into the checkpoint dir -------------------------------------------------------
 METRICS_FILE = "metrics.jsonl"
+# metrics.jsonl holds epoch records, resume/restart events ("event") and, every --log-every steps, step records
+# ("kind": STEP_KIND). A reader of epoch records skips the other two.
+STEP_KIND = "train_step"
 HEARTBEAT_FILE = "heartbeat.json"
 
 # ---- files every rank writes into the log dir ($LOG_DIR) ---------------------------------------------------------
+# Global rank 0's TensorBoard event files (events.out.tfevents.*): $LOG_DIR/tensorboard/, or
+# CKPT_DIR/tensorboard/ when no LOG_DIR is set (a run started by hand). A program under --entry may write its
+# own event files anywhere under $LOG_DIR.
+TENSORBOARD_FOLDER = "tensorboard"
+TENSORBOARD_EVENTS_PREFIX = "events.out.tfevents."
 # torch's NCCL flight-recorder dumps (TORCH_FR_DUMP_TEMP_FILE is this prefix; torch adds the rank)
 FR_DUMP_PREFIX = "nccl_trace_rank_"
 
@@ -188,15 +198,19 @@ class ShardedManifest:
 # arch: the container's uname -m; torch/cuda: torch's version and the CUDA it was built for (None: a CPU build);
 # driver_cuda: cuDriverGetVersion (e.g. 12080; None: no libcuda.so.1); driver: the kernel module's release;
 # count: torch.cuda.device_count(); nccl: NCCL's version; kernel: "ok" or what a tiny kernel hit;
-# warning: torch's CUDA initialization warning, or why torch did not import.
-GPU_PROBE_FIELDS = ("arch", "torch", "cuda", "driver_cuda", "driver", "count", "nccl", "kernel", "warning")
+# warning: torch's CUDA initialization warning, or why torch did not import; cu_init: cuInit's CUresult (None: no
+# libcuda.so.1) and cu_error: CUDA's name and words for it; denied: the GPU and RDMA device files the job's user
+# cannot open, as "path: reason".
+GPU_PROBE_FIELDS = ("arch", "torch", "cuda", "driver_cuda", "driver", "count", "nccl", "kernel", "warning",
+                    "cu_init", "cu_error", "denied")
 
-# ---- the self-test's answer (python -m trainer.selftest: one line, SELFTEST_MARK + JSON; `orchestrate check`) --
-# device, precision, scaler (whether a gradient scaler ran), steps, loss (the last step's), step_s (seconds per
-# step after the first), ckpt_bytes, ckpt_ok (saved, found by its manifest, loaded, weights equal), error
-# (None, or the one line that says what failed).
+# ---- the self-test's answer (python -m trainer.selftest: a line per process, SELFTEST_MARK + JSON; `check`) --
+# One line from every process: rank, world_size, device, strategy, precision, scaler (whether a gradient scaler
+# ran), steps, loss (the last step's), step_s (seconds per step after the first), ckpt_bytes, ckpt_ok (saved,
+# found by its manifest, restored, weights equal), error (None, or the one line that says what failed).
 SELFTEST_MARK = "SELFTEST "
-SELFTEST_FIELDS = ("device", "precision", "scaler", "steps", "loss", "step_s", "ckpt_bytes", "ckpt_ok", "error")
+SELFTEST_FIELDS = ("rank", "world_size", "device", "strategy", "precision", "scaler", "steps", "loss", "step_s",
+                   "ckpt_bytes", "ckpt_ok", "error")
 
 
 _B = TypeVar("_B", bound="Beat")
@@ -220,6 +234,20 @@ class Beat:
     ckpt_step: int | None = None  # this run's newest checkpoint
     time: float | None = None  # when it was written: epoch seconds by the writer's clock
     raw: str = field(default="", compare=False)  # the file as read: any change in it is progress
+    # Every rank's own timings over the last agreement window (AGREE_EVERY steps), seconds per step, index =
+    # global rank: `rank_step_s` the wall clock of a step (about the same on every rank: a synchronous job runs at
+    # its slowest rank's pace), `rank_work_s` the rank's own work in it (data wait + forward: no collective in
+    # either under DDP), whose ratio to the median is the straggler score (straggler_scores).
+    rank_step_s: tuple[float, ...] | None = None
+    rank_work_s: tuple[float, ...] | None = None
+    rank_data_s: tuple[float, ...] | None = None  # the data-wait part of rank_work_s
+    ranks_per_node: int | None = None  # node of a rank = rank // ranks_per_node (torchrun's LOCAL_WORLD_SIZE)
+    rank_score: tuple[float, ...] | None = None  # straggler_scores(rank_work_s), rounded
+    node_score: tuple[float, ...] | None = None  # straggler_scores(node_times(rank_work_s, ranks_per_node))
+    mfu: float | None = None  # model FLOPs/s over the job's peak; absent: not applicable (CPU, GPU not in table)
+    # Per rank, how many agreement windows in a row (up to STRAGGLER_WINDOWS) it has been clearly slower
+    # (clearly_slower): slowest() names only a rank at STRAGGLER_WINDOWS; absent (an older trainer's beat): nobody.
+    rank_streak: tuple[int, ...] | None = None
 
     def to_dict(self) -> dict[str, Any]:
         """What the file holds: the fields known, not `raw`."""
@@ -234,7 +262,11 @@ class Beat:
                        _int(data.get("epoch")), _int(data.get("epochs")), _float(data.get("loss")),
                        _float(data.get("images_per_s")), _float(data.get("eta_s")),
                        _float(data.get("slowest_step_s")) or 0.0, _int(data.get("ckpt_step")),
-                       _float(data.get("time")), text)
+                       _float(data.get("time")), text, _floats(data.get("rank_step_s")),
+                       _floats(data.get("rank_work_s")), _floats(data.get("rank_data_s")),
+                       _int(data.get("ranks_per_node")), _floats(data.get("rank_score")),
+                       _floats(data.get("node_score")), _float(data.get("mfu")),
+                       _ints(data.get("rank_streak")))
         except (ValueError, KeyError, TypeError):
             return None
 
@@ -245,3 +277,82 @@ def _int(value: Any) -> int | None:
 
 def _float(value: Any) -> float | None:
     return None if value is None else float(value)
+
+
+def _floats(value: Any) -> tuple[float, ...] | None:
+    return None if value is None else tuple(float(v) for v in value)
+
+
+def _ints(value: Any) -> tuple[int, ...] | None:
+    return None if value is None else tuple(int(v) for v in value)
+
+
+# ---- the straggler: the rank (and its node) that holds a synchronous job back ----------------------------------
+# A rank is named when its own work per step (Beat.rank_work_s) is at least this many times the median rank's.
+# 1.3: the ranks of one healthy job differ by a few percent (seen: up to 12% on CPU ranks sharing 2 cores), a
+# throttled node or a slow data path by tens of percent or more. With two nodes the median is their mean, so a
+# node twice as slow as the other scores 1.33.
+STRAGGLER_RATIO = 1.3
+# The ratio alone named healthy ranks: with a tiny model on busy CPU hosts a rank's own work is a few ms per step,
+# so one step preempted by another process (tens of ms) lifts its window's mean 1.3-5x, for that one window. As
+# nvidia-resiliency-ext does (scores relative to the median over a report interval of many steps, a threshold, a
+# minimum of reports), a single window is never enough: a rank is named only when it is clearly slower in
+# STRAGGLER_WINDOWS windows in a row (3 x AGREE_EVERY = 24 steps: a preemption is one step or two, a throttled node
+# or a slow data path lasts), and "clearly" also needs STRAGGLER_GAP_S more own work per step than the median: a
+# few ms is what one preempted step spread over a window adds, and a job whose slowest rank costs it less than
+# that per step has no straggler worth a user's time. The first window it is not clearly slower clears it.
+STRAGGLER_WINDOWS = 3
+STRAGGLER_GAP_S = 0.005
+
+
+def straggler_scores(times: Sequence[float]) -> list[float]:
+    """Each time over the median of all (1.0: typical; 2.0: twice the median). PURE."""
+    mid = statistics.median(times) if times else 0.0
+    return [t / mid if mid > 0 else 1.0 for t in times]
+
+
+def node_times(times: Sequence[float], ranks_per_node: int) -> list[float]:
+    """Each node's time: its slowest rank's (node of rank r = r // ranks_per_node). PURE."""
+    per = max(1, ranks_per_node)
+    return [max(times[i:i + per]) for i in range(0, len(times), per)]
+
+
+@dataclass(frozen=True)
+class Straggler:
+    node: int
+    rank: int
+    score: float  # the rank's own work per step over the median rank's
+
+    def line(self) -> str:
+        return f"slowest: node {self.node} rank {self.rank}, {self.score:.1f}x the median step"
+
+
+def clearly_slower(times: Sequence[float], ratio: float = STRAGGLER_RATIO,
+                   gap_s: float = STRAGGLER_GAP_S) -> list[bool]:
+    """Per rank, whether its time this window is at least `ratio` times the median's and `gap_s` over it. PURE."""
+    mid = statistics.median(times) if times else 0.0
+    return [mid > 0 and t >= ratio * mid and t - mid >= gap_s for t in times]
+
+
+def streaks(previous: Sequence[int] | None, times: Sequence[float]) -> tuple[int, ...]:
+    """Per rank, windows in a row clearly slower, this one (`times`) included, capped at STRAGGLER_WINDOWS (the
+    heartbeat keeps one digit a rank); `previous` None (or another job size): counted from this window. PURE."""
+    prev = previous if previous is not None and len(previous) == len(times) else [0] * len(times)
+    return tuple(min(STRAGGLER_WINDOWS, n + 1) if slow else 0
+                 for n, slow in zip(prev, clearly_slower(times), strict=True))
+
+
+def slowest(beat: Beat) -> Straggler | None:
+    """The slowest rank and its node among those clearly slower than the median for STRAGGLER_WINDOWS windows in
+    a row (Beat.rank_streak), else None (also for a heartbeat without per-rank timings: another program's, one
+    process, before the first window, an older trainer's). PURE: the orchestrator calls it on the heartbeat it
+    read."""
+    times, streak = beat.rank_work_s, beat.rank_streak
+    if not times or len(times) < 2 or not streak or len(streak) != len(times):
+        return None
+    scores = straggler_scores(times)
+    named = [r for r in range(len(times)) if streak[r] >= STRAGGLER_WINDOWS]
+    if not named:
+        return None
+    rank = max(named, key=scores.__getitem__)
+    return Straggler(rank // max(1, beat.ranks_per_node or 1), rank, scores[rank])

@@ -111,8 +111,9 @@ def _read_batch(path: Path) -> tuple[np.ndarray, np.ndarray]:
     return data.reshape(-1, 3, 32, 32), labels_arr
 
 
-def verify_files(folder: Path, allow_unverified: bool) -> None:
-    """Every official file must exist; its md5 must match unless the user accepts unverified data."""
+def verify_files(folder: Path, allow_unverified: bool, warn: bool = True) -> None:
+    """Every official file must exist; its md5 must match unless the user accepts unverified data. `warn`: say
+    so when it does not (global rank 0 alone: once per job, not once per rank)."""
     for name, _ in ALL_FILES:
         try:
             present = (folder / name).is_file()
@@ -129,7 +130,7 @@ def verify_files(folder: Path, allow_unverified: bool) -> None:
             f"data files in {shown(folder)} do not match the official CIFAR-10 md5 ({', '.join(bad)}); re-download "
             f"the archive, or pass --allow-unverified-data for synthetic or your own data"
         )
-    if bad:
+    if bad and warn:
         log.warning("using unverified data in %s (md5 differs for %s)", folder, ", ".join(bad))
 
 
@@ -170,12 +171,13 @@ def extract_archive(data_dir: Path, allow_unverified: bool) -> None:
     log.info("extracted %s", archive)
 
 
-def load_cifar(data_dir: Path, allow_unverified: bool) -> tuple[Split, Split]:
-    """Read the train and test splits from <data-dir>/cifar-10-batches-py into CPU uint8 tensors."""
+def load_cifar(data_dir: Path, allow_unverified: bool, warn: bool = True) -> tuple[Split, Split]:
+    """Read the train and test splits from <data-dir>/cifar-10-batches-py into CPU uint8 tensors; `warn`: as
+    verify_files."""
     folder = data_dir / BASE_FOLDER
     if not data_dir.is_dir():
         raise DataError(f"data dir {shown(data_dir)} does not exist; create it with: python -m trainer.data synth --out {shown(data_dir)}")
-    verify_files(folder, allow_unverified)
+    verify_files(folder, allow_unverified, warn)
     return _load_split(folder, TRAIN_FILES), _load_split(folder, TEST_FILES)
 
 

@@ -21,9 +21,11 @@ import logging
 import os
 import shutil
 import time
+from collections.abc import Callable
+from concurrent.futures import Future
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar, cast
 
 import torch
 import torch.distributed as tdist
@@ -47,6 +49,7 @@ from .dist import DistContext
 from .errors import CheckpointError
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -70,33 +73,103 @@ def _state(model: nn.Module, optimizer: torch.optim.Optimizer) -> dict[str, Any]
 
 # ---- save (every rank) -------------------------------------------------------------------------------------------
 
+@dataclass(frozen=True)
+class ShardedSave:
+    """One save: what sealing it needs once every rank's shards are written."""
+
+    folder: Path
+    trainer_state: dict[str, Any]
+    step: int
+    epoch: int
+    epoch_complete: bool
+    keep: int
+    started: float
+
+
+@dataclass(frozen=True)
+class PendingShards:
+    """A save whose shards DCP writes in the background (async_save)."""
+
+    save: ShardedSave
+    written: Future[Any]
+
+
 def save(folder: Path, model: nn.Module, optimizer: torch.optim.Optimizer, trainer_state: dict[str, Any], *,
          ctx: DistContext, step: int, epoch: int, epoch_complete: bool, keep: int) -> Path:
     """Write ckpt-<step>/ (collective: call on every rank); prune beyond `keep`. Raises CheckpointError on
     every rank alike."""
+    if _prepare(folder, ctx, step):
+        return folder / ckpt_folder_name(step)
+    t0 = time.monotonic()
+    _shards_written(folder, step, lambda: dcp.save(_state(model, optimizer), storage_writer=_writer(folder, step)))
+    return _complete(ctx, ShardedSave(folder, trainer_state, step, epoch, epoch_complete, keep, t0))
+
+
+def start_save(folder: Path, model: nn.Module, optimizer: torch.optim.Optimizer, trainer_state: dict[str, Any], *,
+               ctx: DistContext, step: int, epoch: int, epoch_complete: bool, keep: int,
+               group: tdist.ProcessGroup | None) -> PendingShards | None:
+    """Collective: every rank copies its shards to the CPU (DCP's blocking stager: the only pause), then DCP
+    writes them in its own thread, with its collectives on `group` (a gloo group of its own, so they never
+    interleave with training's); finish_save completes it. None: this step is already saved."""
+    if _prepare(folder, ctx, step):
+        return None
+    t0 = time.monotonic()
+    # FileSystemWriter is DCP's BlockingAsyncStager: the copy is done when async_save returns, which then gives
+    # a plain Future of the write (an AsyncSaveResponse only comes with an asynchronous stager).
+    written = cast(Future, _shards_written(folder, step, lambda: dcp.async_save(
+        _state(model, optimizer), storage_writer=_writer(folder, step), process_group=group)))
+    log.info("sharded checkpoint of step %d copied off the device (training paused %.3f s), writing in the "
+             "background", step, time.monotonic() - t0)
+    return PendingShards(ShardedSave(folder, trainer_state, step, epoch, epoch_complete, keep, t0), written)
+
+
+def finish_save(pending: PendingShards, ctx: DistContext, timeout_s: float) -> Path:
+    """Collective: wait for this rank's background write, then gather, seal and prune as a synchronous save."""
+    done = pending.save
+    try:
+        _shards_written(done.folder, done.step, lambda: pending.written.result(timeout_s))
+    except TimeoutError:
+        raise CheckpointError(f"the sharded checkpoint of step {done.step} was still being written after "
+                              f"{timeout_s:g} s (a stalled disk under --ckpt-dir?)") from None
+    return _complete(ctx, done)
+
+
+def _writer(folder: Path, step: int) -> dcp.FileSystemWriter:
+    return dcp.FileSystemWriter(folder / ckpt_tmp_name(step), sync_files=True)  # DCP fsyncs each file
+
+
+def _prepare(folder: Path, ctx: DistContext, step: int) -> bool:
+    """Rank 0 makes a fresh temporary folder; True when this step is already saved (e.g. SIGTERM right after a
+    save of it). Collective: every rank gets rank 0's answers."""
     final, tmp = folder / ckpt_folder_name(step), folder / ckpt_tmp_name(step)
     exists, failed = False, False
     if ctx.is_main:
-        exists = _validate(final, warn=False) is not None  # e.g. SIGTERM right after a save of this step
+        exists = _validate(final, warn=False) is not None
         failed = not exists and not _fresh_folder(tmp)
     exists, failed = dist.any_ranks(ctx, exists, failed)  # rank 0's answers, on every rank
     if failed:
         raise CheckpointError(f"cannot create {tmp}; fix the permissions of --ckpt-dir or choose another")
-    if exists:
-        return final
-    t0 = time.monotonic()
+    return exists
+
+
+def _shards_written(folder: Path, step: int, write: Callable[[], T]) -> T:
     try:
-        dcp.save(_state(model, optimizer), storage_writer=dcp.FileSystemWriter(tmp, sync_files=True))
+        return write()
     except dcp.CheckpointException as e:  # a BaseException; DCP raises it on every rank when any rank failed
-        raise CheckpointError(f"cannot write sharded checkpoint {tmp}: {_first_failure(e)}; free space or fix "
-                              "--ckpt-dir; the previous checkpoints are intact") from None
+        raise CheckpointError(f"cannot write sharded checkpoint {folder / ckpt_tmp_name(step)}: {_first_failure(e)}; "
+                              "free space or fix --ckpt-dir; the previous checkpoints are intact") from None
+
+
+def _complete(ctx: DistContext, p: ShardedSave) -> Path:
+    """Every rank's shards are written: gather them on global rank 0, which seals and prunes (collective)."""
+    final, tmp = p.folder / ckpt_folder_name(p.step), p.folder / ckpt_tmp_name(p.step)
     _gather_shards(ctx, tmp)
     err = None
     if ctx.is_main:
         try:
-            _seal(folder, tmp, final, trainer_state, ctx.world_size, step, epoch, epoch_complete)
-            prune(folder, keep)
-            log.info("sharded checkpoint %s (%d processes, %.2f s)", final, ctx.world_size, time.monotonic() - t0)
+            _seal(p.folder, tmp, final, p.trainer_state, ctx.world_size, p.step, p.epoch, p.epoch_complete)
+            prune(p.folder, p.keep)
+            log.info("sharded checkpoint %s (%d processes, %.2f s)", final, ctx.world_size, time.monotonic() - p.started)
         except CheckpointError as e:
             err = e
     if dist.any_rank(ctx, err is not None):

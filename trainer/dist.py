@@ -7,6 +7,7 @@ import logging
 import os
 import re
 import tempfile
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -27,6 +28,8 @@ class DistContext:
     local_rank: int
     world_size: int
     device: torch.device
+    local_world_size: int = 1
+    """Processes on this node (torchrun's LOCAL_WORLD_SIZE): FSDP's HSDP layout shards within a node."""
 
     @property
     def is_main(self) -> bool:
@@ -63,7 +66,8 @@ def context_from_env(device_pref: str, legacy_local_rank: int | None = None) -> 
     local_rank = _env_int("LOCAL_RANK", legacy_local_rank if legacy_local_rank is not None else 0)
     if not 0 <= rank < world:
         raise DeviceError(f"RANK={rank} is outside WORLD_SIZE={world}: check the launcher's --nnodes/--node_rank")
-    return DistContext(rank, local_rank, world, _pick_device(device_pref, local_rank))
+    local_world = _env_int("LOCAL_WORLD_SIZE", world)
+    return DistContext(rank, local_rank, world, _pick_device(device_pref, local_rank), local_world)
 
 
 def _pick_device(pref: str, local_rank: int) -> torch.device:
@@ -111,6 +115,15 @@ def init(ctx: DistContext, timeout_s: float) -> None:
         log.info("transport: %s", transport.describe_gloo(dict(os.environ)))
 
 
+def checkpoint_group(ctx: DistContext, timeout_s: float) -> dist.ProcessGroup | None:
+    """A gloo group of all ranks for DCP's background saves (collective): their collectives run in DCP's own
+    thread, and must neither interleave with training's on the default group nor need NCCL (async_save asks
+    for a CPU backend). A lost peer fails them after --dist-timeout, as any collective. None for one process."""
+    if not ctx.distributed:
+        return None
+    return dist.new_group(backend="gloo", timeout=datetime.timedelta(seconds=timeout_s))
+
+
 def shutdown() -> None:
     if dist.is_available() and dist.is_initialized():
         dist.destroy_process_group()
@@ -135,25 +148,31 @@ def any_ranks(ctx: DistContext, *flags: bool) -> tuple[bool, ...]:
     return tuple(bool(v) for v in t.tolist())
 
 
-def wait_for_peers(ctx: DistContext, t: torch.Tensor) -> list[int]:
-    """All-reduce (MAX) an int tensor and read it: the host's one wait every AGREE_EVERY steps. On a GPU the
+def wait_for_peers(ctx: DistContext, t: torch.Tensor) -> list[float]:
+    """All-reduce (MAX) a tensor and read it: the host's one wait every AGREE_EVERY steps. On a GPU the
     read waits for every queued kernel and for the collective, so a rank whose peer is lost blocks here, in a
     frame the stall report recognises by its name (contract.PEER_WAIT_FUNCTION)."""
     if ctx.distributed:
         dist.all_reduce(t, op=dist.ReduceOp.MAX)
-    return [int(v) for v in t.tolist()]
+    return [float(v) for v in t.tolist()]
 
 
-def agree(ctx: DistContext, loss: torch.Tensor, *flags: bool) -> tuple[tuple[bool, ...], bool]:
-    """The flags agreed over all ranks (True if True on any), and whether any rank's `loss` is non-finite: one
-    all_reduce, one read. The tensor is filled on the device (no copy from the host: that would be a second wait)."""
-    t = torch.zeros(len(flags) + 1, dtype=torch.int32, device=loss.device)
+def agree(ctx: DistContext, loss: torch.Tensor, *flags: bool,
+          times: Sequence[float] = ()) -> tuple[tuple[bool, ...], bool, list[float]]:
+    """The flags agreed over all ranks (True if True on any), whether any rank's `loss` is non-finite, and every
+    rank's `times` (this rank's in its own slots, rank r's at r * len(times); the others' slots are 0 on each
+    rank, so MAX gathers them): one all_reduce, one read. The tensor is filled on the device, element by element
+    (no copy from the host: that would be a second wait); float64 keeps the 0/1 flags exact."""
+    t = torch.zeros(len(flags) + 1 + len(times) * ctx.world_size, dtype=torch.float64, device=loss.device)
     for i, flag in enumerate(flags):
         if flag:
             t[i] = 1
-    t[-1] = (~torch.isfinite(loss)).any()
-    *agreed, nonfinite = wait_for_peers(ctx, t)
-    return tuple(v > 0 for v in agreed), nonfinite > 0
+    t[len(flags)] = (~torch.isfinite(loss)).any()
+    base = len(flags) + 1 + ctx.rank * len(times)
+    for i, value in enumerate(times):
+        t[base + i] = value
+    values = wait_for_peers(ctx, t)
+    return tuple(v > 0 for v in values[:len(flags)]), values[len(flags)] > 0, values[len(flags) + 1:]
 
 
 def sum_tensor(ctx: DistContext, t: torch.Tensor) -> torch.Tensor:

@@ -1,8 +1,8 @@
 """GPU probe: what a container of this image sees of the node's GPUs. Printed as one JSON line, never raising.
 
-The orchestrator runs this file's text as `python3 -c` in one short container of the job's image, with the
-job's device request and through the image's entrypoint (on NGC images that is where CUDA forward
-compatibility is set up), so the answer is what the job itself would see. It needs only Python and torch, so
+The orchestrator runs this file's text as `python3 -c` in one short container of the job's image, as the job's
+user, with the job's device request, devices, capabilities and ulimits, through the image's entrypoint (on NGC
+images that is where CUDA forward compatibility is set up), so the answer is what the job itself would see. It needs only Python and torch, so
 any image the job may name can run it; the fields are trainer.contract.GPU_PROBE_FIELDS (this file cannot
 import the contract: it runs outside the project's image too). The orchestrator judges the answer
 (orchestrate/probe/gpuprobe.py).
@@ -11,23 +11,58 @@ import the contract: it runs outside the project's image too). The orchestrator 
 from __future__ import annotations
 
 import ctypes
+import glob
 import json
+import os
 import platform
 import re
 import warnings
 from typing import Any
 
+# The device files the job opens: the GPUs' (nvidiactl, nvidia-uvm, one per GPU) and, when the job gets
+# /dev/infiniband, the verbs devices and the RDMA connection manager that NCCL's IB transport opens. Not umad*
+# or issm* (subnet management, root-only by design) nor nvidia-caps (MIG administration).
+DEVICE_FILES = ("/dev/nvidiactl", "/dev/nvidia-uvm", "/dev/nvidia[0-9]*", "/dev/infiniband/uverbs*",
+                "/dev/infiniband/rdma_cm")
 
-def driver_cuda() -> int | None:
-    """The highest CUDA version the loaded driver supports (cuDriverGetVersion, e.g. 12080 for 12.8); None
-    when no libcuda.so.1 can be loaded (no GPU passed in). With NGC's forward compatibility active this is
-    the compat library's version."""
+
+def libcuda() -> Any | None:
+    """The driver's libcuda.so.1; None when it cannot be loaded (no GPU driver passed in)."""
     try:
-        lib = ctypes.CDLL("libcuda.so.1")
+        return ctypes.CDLL("libcuda.so.1")
     except OSError:
         return None
+
+
+def driver_cuda(lib: Any) -> int | None:
+    """The highest CUDA version the loaded driver supports (cuDriverGetVersion, e.g. 12080 for 12.8). With
+    NGC's forward compatibility active this is the compat library's version."""
     version = ctypes.c_int(0)
     return int(version.value) if lib.cuDriverGetVersion(ctypes.byref(version)) == 0 else None
+
+
+def cuda_init(lib: Any) -> tuple[int, str | None]:
+    """cuInit(0)'s CUresult and, when it failed, CUDA's own words for it ("CUDA_ERROR_SYSTEM_NOT_READY: system
+    not yet initialized"). torch says only that it found no GPU; this is the cause."""
+    code = int(lib.cuInit(0))
+    if code == 0:
+        return 0, None
+    name, text = ctypes.c_char_p(), ctypes.c_char_p()
+    lib.cuGetErrorName(code, ctypes.byref(name))
+    lib.cuGetErrorString(code, ctypes.byref(text))
+    return code, f"{(name.value or b'?').decode()}: {(text.value or b'?').decode()}"
+
+
+def unopenable(patterns: tuple[str, ...] = DEVICE_FILES) -> list[str]:
+    """The device files present here that this process (the job's uid and groups) cannot open for reading and
+    writing, as 'path: reason'. Root opens any of them; the job's user may not."""
+    denied = []
+    for path in sorted({p for pattern in patterns for p in glob.glob(pattern)}):
+        try:
+            os.close(os.open(path, os.O_RDWR))
+        except OSError as err:
+            denied.append(f"{path}: {err.strerror}")
+    return denied
 
 
 def driver_release() -> str | None:
@@ -53,8 +88,13 @@ def tiny_kernel(torch: Any, count: int) -> str:
 
 
 def probe() -> dict[str, Any]:
-    out: dict[str, Any] = {"arch": platform.machine(), "torch": None, "cuda": None, "driver_cuda": driver_cuda(),
-                           "driver": driver_release(), "count": 0, "nccl": None, "kernel": None, "warning": None}
+    lib = libcuda()
+    out: dict[str, Any] = {"arch": platform.machine(), "torch": None, "cuda": None, "driver_cuda": None,
+                           "driver": driver_release(), "count": 0, "nccl": None, "kernel": None, "warning": None,
+                           "cu_init": None, "cu_error": None, "denied": unopenable()}
+    if lib is not None:
+        out["driver_cuda"] = driver_cuda(lib)
+        out["cu_init"], out["cu_error"] = cuda_init(lib)
     try:
         import torch
     except Exception as err:

@@ -8,6 +8,8 @@ import math
 import os
 import signal
 import time
+from collections.abc import Callable
+from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import FrameType
@@ -16,36 +18,40 @@ import torch
 import torch.distributed as tdist
 import torch.nn.functional as F
 from torch import nn
+from torch.distributed.fsdp import FSDPModule
 
-from . import checkpoint, dist, metrics
+from . import checkpoint, dist, metrics, parallel
 from .config import Config
 from .contract import DIVERGED_LINE, EXIT_STOPPED, STOP_LINE
 from .data import Split, TrainLoader, normalize
+from .dcp_checkpoint import PendingShards, finish_save
+from .defaults import RunSettings
 from .device import memory_format
 from .dist import DistContext
 from .errors import CheckpointError, DivergedError
 from .precision import autocast
-from .snapshot import save_sharded, to_checkpoint
-from .state import TrainState
+from .ranktime import RankTimer
+from .snapshot import off_device, save_sharded, start_sharded, to_checkpoint
+from .state import Position, TrainState
 
 log = logging.getLogger(__name__)
 
 EXIT_OK = 0
 
 
-def lr_at(cfg: Config, progress: float) -> float:
-    """Linear warmup then cosine to 0, as a function of epochs done (fractional).
+def lr_at(run: RunSettings, progress: float) -> float:
+    """Linear warmup to the (scaled) peak, then cosine to 0, as a function of epochs done (fractional).
 
-    A pure function of the position in the data, so a resume, even with another world size, continues
-    with exactly the learning rate the uninterrupted run would have used.
+    A pure function of the position in the data, so a resume with the same global batch continues with exactly
+    the learning rate the uninterrupted run would have used (another global batch scales it by the linear rule).
     """
-    if cfg.warmup_epochs > 0 and progress < cfg.warmup_epochs:
-        return cfg.lr * progress / cfg.warmup_epochs
-    span = cfg.epochs - cfg.warmup_epochs
+    if run.warmup_epochs > 0 and progress < run.warmup_epochs:
+        return run.lr * progress / run.warmup_epochs
+    span = run.epochs - run.warmup_epochs
     if span <= 0:
-        return cfg.lr
-    t = min(1.0, (progress - cfg.warmup_epochs) / span)
-    return cfg.lr * 0.5 * (1.0 + math.cos(math.pi * t))
+        return run.lr
+    t = min(1.0, (progress - run.warmup_epochs) / span)
+    return run.lr * 0.5 * (1.0 + math.cos(math.pi * t))
 
 
 def _model_layout(x: torch.Tensor) -> torch.Tensor:
@@ -54,10 +60,11 @@ def _model_layout(x: torch.Tensor) -> torch.Tensor:
 
 
 def train_step(st: TrainState, x: torch.Tensor, y: torch.Tensor, lr: float, precision: str,
-               micro: int = 0) -> torch.Tensor:
+               micro: int = 0, forward: Callable[[], AbstractContextManager[None]] = contextlib.nullcontext,
+               ) -> torch.Tensor:
     """One optimizer step on this rank's share of the global batch, in micro-batches of at most `micro` images
     (0: all at once) whose gradients add up to the full share's: gradient accumulation, DDP's all-reduce only on
-    the last one. Returns the share's mean loss."""
+    the last one. `forward` is entered around each forward (the rank's timer). Returns the share's mean loss."""
     for group in st.optimizer.param_groups:
         group["lr"] = lr
     x = _model_layout(x)
@@ -70,7 +77,9 @@ def train_step(st: TrainState, x: torch.Tensor, y: torch.Tensor, lr: float, prec
         skip_sync = st.ddp.no_sync() if not last and hasattr(st.ddp, "no_sync") else contextlib.nullcontext()  # type: ignore[operator]
         with skip_sync:
             with autocast(x.device, precision):
-                loss = F.cross_entropy(st.ddp(xs), ys) * (len(ys) / len(y))
+                with forward():
+                    out = st.ddp(xs)
+                loss = F.cross_entropy(out, ys) * (len(ys) / len(y))
             st.scaler.scale(loss).backward()  # the scaler is a pass-through unless fp16
         total += loss.detach()
     st.scaler.step(st.optimizer)
@@ -89,16 +98,30 @@ def evaluate(model: nn.Module, test: Split, ctx: DistContext, precision: str, ba
     model.eval()
     idx = torch.arange(ctx.rank, len(test), ctx.world_size, device=test.images.device)
     counts = torch.zeros(2, dtype=torch.float64, device=test.images.device)
-    for lo in range(0, len(idx), batch):
-        part = idx[lo : lo + batch]
-        x = _model_layout(normalize(test.images[part]))
+    for part in _eval_batches(idx, batch, len(test), ctx.world_size, lockstep=isinstance(model, FSDPModule)):
+        rows = part if len(part) else part.new_zeros(1)  # an empty lockstep batch: image 0, not counted
+        x = _model_layout(normalize(test.images[rows]))
         with autocast(x.device, precision):
             pred = model(x).argmax(dim=1)
-        counts[0] += (pred == test.labels[part]).sum()
-        counts[1] += len(part)
+        if len(part):
+            counts[0] += (pred == test.labels[part]).sum()
+            counts[1] += len(part)
     model.train(was_training)
     counts = dist.sum_tensor(ctx, counts)
     return float(counts[0] / counts[1]) if counts[1] > 0 else 0.0
+
+
+def _eval_batches(idx: torch.Tensor, batch: int, n_test: int, world: int, lockstep: bool) -> list[torch.Tensor]:
+    """This rank's evaluation batches. `lockstep` (a sharded model): as many batches on every rank as the rank
+    with the most samples has, the missing ones empty. Each forward of an FSDP model all-gathers parameters with
+    every other rank, so a rank that ran one batch fewer (10000 test images on 3 ranks: 3334, 3333, 3333) would
+    leave its peers waiting in an all-gather until the collective timeout. An empty batch runs one image's
+    forward, whose prediction is not counted."""
+    parts = list(idx.split(batch))
+    if lockstep:
+        most = math.ceil(math.ceil(n_test / world) / batch)
+        parts += [idx[:0]] * (most - len(parts))
+    return parts
 
 
 # Steps between two agreements on the stop and save flags. The agreement is an all_reduce whose result the
@@ -127,17 +150,39 @@ CRASH_AT_STEP_ENV = "DDP_CIFAR_TEST_CRASH_AT_STEP"
 
 @dataclass
 class Pace:
-    """What runs beside the steps: the heartbeat, the time-based checkpoint clock, the test-only crash."""
+    """What runs beside the steps: the resolved settings, the heartbeat, the clocks of time-based checkpoints
+    and evaluations, the background checkpoint writer, the test-only crash."""
 
     heartbeat: metrics.Heartbeat
-    ckpt_every_s: float = 0.0  # 0: no time-based checkpoints
+    settings: RunSettings
     micro: int = 0  # micro-batch size for gradient accumulation (0: none)
     last_save: float = field(default_factory=lambda: time.monotonic())
+    last_eval: float = field(default_factory=lambda: time.monotonic())
+    writer: checkpoint.BackgroundWriter = field(default_factory=checkpoint.BackgroundWriter)  # DDP's
+    ckpt_group: tdist.ProcessGroup | None = None  # FSDP's background saves (dist.checkpoint_group)
+    shards: PendingShards | None = None  # FSDP's save in flight (the same on every rank)
     crash_at: int = field(default_factory=lambda: int(os.environ.get(CRASH_AT_STEP_ENV, "0") or 0))
+    timer: RankTimer | None = None  # this rank's step timings (None: not timed)
+    steps: metrics.StepLog | None = None  # global rank 0's step records and TensorBoard (None on the others)
+
+    def restart_clocks(self, step: int) -> None:
+        """After a pause that is not steps (a checkpoint, an epoch's end): the step clocks start again."""
+        if self.timer:
+            self.timer.restart()
+        if self.steps:
+            self.steps.restart(step)
 
     def save_due(self, ctx: DistContext) -> bool:
         """Rank 0's clock decides (the others agree through the step's flag all_reduce)."""
-        return ctx.is_main and self.ckpt_every_s > 0 and time.monotonic() - self.last_save >= self.ckpt_every_s
+        return ctx.is_main and _elapsed(self.last_save, self.settings.ckpt_every_s)
+
+    def eval_due(self, ctx: DistContext) -> bool:
+        """Rank 0's clock, agreed like save_due; acted on at an epoch's end only."""
+        return ctx.is_main and _elapsed(self.last_eval, self.settings.eval_every_s)
+
+
+def _elapsed(since: float, every_s: float) -> bool:
+    return every_s > 0 and time.monotonic() - since >= every_s
 
 
 @dataclass
@@ -146,59 +191,136 @@ class EpochStats:
     images_per_s: float
     complete: bool
     stopped: bool = False  # every rank agreed to stop (SIGTERM on any of them)
-    # Rank 0's checkpoint clock as every rank agreed at the epoch's last step: the epoch-end save follows this,
-    # never rank 0's clock read again (rank 0 alone would enter the save's collective).
+    # Rank 0's clocks as every rank agreed at the epoch's last step: the epoch-end save and evaluation follow
+    # these, never rank 0's clock read again (rank 0 alone would enter their collectives).
     save_due: bool = False
+    eval_due: bool = False
 
 
-def save(cfg: Config, ctx: DistContext, st: TrainState, loader: TrainLoader, pace: Pace) -> Path | None:
-    """Global rank 0 writes; every rank learns whether it worked (a collective, so no rank is left waiting)."""
-    path, err = None, None
-    _refuse_nonfinite_weights(cfg, st)
+def save(cfg: Config, ctx: DistContext, st: TrainState, loader: TrainLoader, pace: Pace,
+         background: bool = False) -> Path | None:
+    """A checkpoint of this step, after the pending one (at most one in flight). `background` (DDP): global
+    rank 0 copies the state to the CPU and writes it in a thread while training goes on; returns None, and
+    the next save (or the end) learns how it went. Otherwise global rank 0 writes now and every rank learns
+    whether it worked (a collective, so no rank is left waiting); FSDP's ranks each write their shards."""
+    finish_pending_save(cfg, ctx, pace, fail=background)
+    _refuse_nonfinite_weights(ctx, st, pace.settings.precision)
     pace.heartbeat.mark("checkpointing", step=st.pos.step)
-    t0 = time.monotonic()
-    if cfg.strategy == "fsdp":  # every rank writes its own shards; a failure raises on every rank alike
+    path = None
+    if cfg.strategy == "fsdp" and background:
+        pace.shards = start_sharded(cfg, ctx, st, loader.global_batch, pace.ckpt_group)
+    elif cfg.strategy == "fsdp":  # every rank writes its own shards; a failure raises on every rank alike
         path = save_sharded(cfg, ctx, st, loader.global_batch)
-    elif ctx.is_main:
+    elif background and ctx.is_main:
+        _save_in_background(cfg, ctx, st, loader, pace)
+    elif not background:
+        path = _save_now(cfg, ctx, st, loader)
+    pace.last_save = time.monotonic()
+    pace.heartbeat.mark("training", step=st.pos.step, **({"ckpt_step": st.pos.step} if path else {}))
+    return path
+
+
+def _write_full(cfg: Config, ctx: DistContext, state: dict[str, object], pos: Position) -> Path:
+    return checkpoint.save(cfg.ckpt_dir, state, step=pos.step, epoch=pos.epoch, epoch_complete=pos.sample == 0,
+                           world_size=ctx.world_size, keep=cfg.keep_checkpoints)
+
+
+def _save_now(cfg: Config, ctx: DistContext, st: TrainState, loader: TrainLoader) -> Path | None:
+    path, err = None, None
+    if ctx.is_main:
+        t0 = time.monotonic()
         try:
-            path = checkpoint.save(
-                cfg.ckpt_dir, to_checkpoint(cfg, ctx, st, loader.global_batch), step=st.pos.step,
-                epoch=st.pos.epoch, epoch_complete=st.pos.sample == 0, world_size=ctx.world_size,
-                keep=cfg.keep_checkpoints)
+            path = _write_full(cfg, ctx, to_checkpoint(cfg, ctx, st, loader.global_batch), st.pos)
             log.info("checkpoint %s (training paused %.2f s)", path, time.monotonic() - t0)
         except CheckpointError as e:
             err = e
     if dist.any_rank(ctx, err is not None):
         raise err or CheckpointError("global rank 0 could not write the checkpoint; see its error line")
-    pace.last_save = time.monotonic()
-    pace.heartbeat.mark("training", step=st.pos.step, ckpt_step=st.pos.step)
     return path
 
 
-def _diverged(cfg: Config, step: int, what: str, lr: float) -> DivergedError:
+def _save_in_background(cfg: Config, ctx: DistContext, st: TrainState, loader: TrainLoader, pace: Pace) -> None:
+    """Global rank 0: the pause is the copy of the state to the CPU; the write, fsync and sha256 run in the
+    writer's thread."""
+    t0 = time.monotonic()
+    state = off_device(to_checkpoint(cfg, ctx, st, loader.global_batch))
+    pos = Position(st.pos.epoch, st.pos.sample, st.pos.step)  # the step's own: training moves on
+    pace.writer.start(lambda: _write_full(cfg, ctx, state, pos), pos.step)
+    log.info("checkpoint of step %d copied off the device (training paused %.3f s), writing in the background",
+             pos.step, time.monotonic() - t0)
+
+
+def finish_pending_save(cfg: Config, ctx: DistContext, pace: Pace, fail: bool = True) -> None:
+    """Wait for the background write and tell every rank whether it worked. A collective on every rank when
+    checkpoints are asynchronous (a setting every rank shares), nothing otherwise. A failed write raises on
+    every rank, or with `fail` False (before the end's or a stop's own save, which must still be tried) is a
+    warning."""
+    if not pace.settings.ckpt_async:
+        return
+    try:
+        if cfg.strategy == "fsdp":
+            _finish_sharded(cfg, ctx, pace)
+        else:
+            _finish_full(cfg, ctx, pace)
+    except CheckpointError as e:
+        if fail:
+            raise
+        if ctx.is_main:
+            log.warning("%s; writing this step's checkpoint now", e)
+
+
+def _finish_full(cfg: Config, ctx: DistContext, pace: Pace) -> None:
+    """DDP: global rank 0 waits for its writer thread; every rank learns the outcome (collective)."""
+    err = None
+    if ctx.is_main:
+        try:
+            step = pace.writer.wait(cfg.dist_timeout)
+            if step is not None:
+                pace.heartbeat.mark("training", ckpt_step=step)
+        except CheckpointError as e:
+            err = e
+    if dist.any_rank(ctx, err is not None):
+        raise err or CheckpointError("global rank 0 could not write the checkpoint; see its error line")
+
+
+def _finish_sharded(cfg: Config, ctx: DistContext, pace: Pace) -> None:
+    """FSDP: every rank waits for its own background shard write, then rank 0 seals (collective)."""
+    pending, pace.shards = pace.shards, None
+    if pending is not None:
+        finish_save(pending, ctx, cfg.dist_timeout)
+        pace.heartbeat.mark("training", ckpt_step=pending.save.step)
+
+
+def _diverged(precision: str, step: int, what: str, lr: float) -> DivergedError:
     """`what`: `loss nan` (the agreement saw it) or `weights not finite` (a save refused them)."""
-    hint = "lower --lr" + (" or use --precision bf16 (fp32's range, no loss scale)" if cfg.precision == "fp16" else
+    hint = "lower --lr" + (" or use --precision bf16 (fp32's range, no loss scale)" if precision == "fp16" else
                            " (or lengthen --warmup-epochs)")
     return DivergedError(f"{DIVERGED_LINE} at step {step}: {what}, lr {lr:g}; no checkpoint of it was written, "
                          f"the newest one is from before; {hint}, then --resume")
 
 
-def _refuse_nonfinite_weights(cfg: Config, st: TrainState) -> None:
+def _refuse_nonfinite_weights(ctx: DistContext, st: TrainState, precision: str) -> None:
     """No checkpoint of non-finite weights, ever: a step can leave them so with a loss that was still finite.
-    Every rank checks its own copy (DDP keeps them equal), so all stop here together; one read per save."""
-    params = [p.detach() for p in st.model.parameters()]
-    if params and not bool(torch.stack([torch.isfinite(p).all() for p in params]).all()):
-        raise _diverged(cfg, st.pos.step, "weights not finite", st.optimizer.param_groups[0]["lr"])
+    Each rank checks what it holds (DDP: its full copy; FSDP: its shards, whose reduction over a replicated mesh
+    dimension DTensor cannot do) and every rank learns the verdict, so all stop here together; once per save."""
+    held = [parallel.local_part(p.detach()) for p in st.model.parameters()]
+    bad = bool(held) and not bool(torch.stack([torch.isfinite(t).all() for t in held]).all())
+    if dist.any_rank(ctx, bad):
+        raise _diverged(precision, st.pos.step, "weights not finite", st.optimizer.param_groups[0]["lr"])
 
 
 def _train_epoch(cfg: Config, ctx: DistContext, st: TrainState, loader: TrainLoader, stop: StopRequest,
                  pace: Pace) -> EpochStats:
     n = len(loader.split)
     total = torch.zeros(2, dtype=torch.float64, device=loader.split.images.device)
-    steps_done, stopped, save_due, t0 = 0, False, False, time.perf_counter()
-    for x, y in loader.batches(st.pos.epoch, st.pos.sample):
-        lr = lr_at(cfg, st.pos.epoch + (st.pos.sample + loader.global_batch) / n)
-        loss = train_step(st, x, y, lr, cfg.precision, pace.micro)
+    steps_done, stopped, save_due, eval_due, t0 = 0, False, False, False, time.perf_counter()
+    run = pace.settings
+    pace.restart_clocks(st.pos.step)
+    batches = loader.batches(st.pos.epoch, st.pos.sample)
+    for x, y in pace.timer.batches(batches) if pace.timer else batches:
+        lr = lr_at(run, st.pos.epoch + (st.pos.sample + loader.global_batch) / n)
+        loss = train_step(st, x, y, lr, run.precision, pace.micro,
+                          pace.timer.forward if pace.timer else contextlib.nullcontext)
         total[0] += loss.double() * len(y)
         total[1] += len(y)
         st.pos.step += 1
@@ -207,26 +329,33 @@ def _train_epoch(cfg: Config, ctx: DistContext, st: TrainState, loader: TrainLoa
         if ctx.is_main and st.pos.step == pace.crash_at:
             raise RuntimeError(f"injected crash at step {st.pos.step} ({CRASH_AT_STEP_ENV}, tests only)")
         pace.heartbeat.step_done(st.pos.step, st.pos.epoch + 1, loss.item)
-        if st.pos.step % cfg.log_every == 0:
-            log.info("epoch %d step %d loss %.4f lr %.5f", st.pos.epoch + 1, st.pos.step, loss.item(), lr)
+        if pace.steps and st.pos.step % cfg.log_every == 0:  # the loss read is a host sync: rank 0's alone
+            pace.steps.record(st.pos.step, st.pos.epoch + 1, loss.item(), lr, pace.heartbeat.rank_fields)
         hit_max = cfg.max_steps > 0 and st.pos.step >= cfg.max_steps
         epoch_end = loader.steps(st.pos.sample) == 0
         if not (hit_max or epoch_end or st.pos.step % AGREE_EVERY == 0):
             continue
-        # Every rank must stop (or save) at the same step, though a signal or rank 0's clock tells them at
-        # different times: one all_reduce of both flags, every AGREE_EVERY steps and wherever the loop may end.
+        # Every rank must stop (or save, or evaluate) at the same step, though a signal or rank 0's clocks tell
+        # them at different times: one all_reduce of the flags, every AGREE_EVERY steps and wherever the loop may
+        # end.
         # The agreed value, never the flag itself: a signal landing after this line sets the flag on one rank
         # only, and a rank that acted on it alone would meet its peers in another collective (gloo aborts).
         # The flag stays set, so the next agreement stops every rank.
         # The loss rides in the same all_reduce: a non-finite one on any rank (fp16's skipped steps have inf
         # gradients, not an inf loss) stops every rank here, before any save.
-        (stopped, save_due), diverged = dist.agree(ctx, total[0], stop.requested, pace.save_due(ctx))
+        # Each rank's step timings ride in it too (ranktime.py): no collective of their own.
+        (stopped, save_due, eval_due), diverged, times = dist.agree(
+            ctx, total[0], stop.requested, pace.save_due(ctx), pace.eval_due(ctx),
+            times=pace.timer.send() if pace.timer else ())
+        if pace.timer:
+            pace.heartbeat.ranks(pace.timer.window_done(times), ctx.local_world_size)
         if diverged:
-            raise _diverged(cfg, st.pos.step, f"loss {float(loss):g}", lr)
+            raise _diverged(run.precision, st.pos.step, f"loss {float(loss):g}", lr)
         if stopped or hit_max:
             break
         if save_due and not epoch_end:  # at an epoch's end, _after_epoch's save is due anyway
-            save(cfg, ctx, st, loader, pace)
+            save(cfg, ctx, st, loader, pace, background=run.ckpt_async)
+            pace.restart_clocks(st.pos.step)
     elapsed = time.perf_counter() - t0
     total = dist.sum_tensor(ctx, total)
     complete = loader.steps(st.pos.sample) == 0
@@ -234,16 +363,16 @@ def _train_epoch(cfg: Config, ctx: DistContext, st: TrainState, loader: TrainLoa
         st.pos.epoch, st.pos.sample = st.pos.epoch + 1, 0
     loss_mean = float(total[0] / total[1]) if total[1] > 0 else float("nan")
     return EpochStats(loss_mean, steps_done * loader.global_batch / max(elapsed, 1e-9), complete, stopped,
-                      save_due)
+                      save_due, eval_due)
 
 
 def _record_epoch(cfg: Config, ctx: DistContext, st: TrainState, loader: TrainLoader, stats: EpochStats,
-                  acc: float | None, partial: bool = False) -> None:
+                  pace: Pace, acc: float | None, partial: bool = False) -> None:
     """The epoch's log line and metrics.jsonl record (global rank 0; no collective). `partial`: the run ended
     inside the epoch (--max-steps, SIGTERM); `epoch` then counts the complete epochs before it."""
     if not ctx.is_main:
         return
-    lr = lr_at(cfg, float(st.pos.epoch))
+    lr = lr_at(pace.settings, float(st.pos.epoch))
     acc_txt = f"{acc:.4f}" if acc is not None else "-"
     log.info("epoch %d/%d step %d train_loss %.4f test_acc %s images/s %.0f lr %.5f",
              st.pos.epoch, cfg.epochs, st.pos.step, stats.loss, acc_txt, stats.images_per_s, lr)
@@ -255,15 +384,28 @@ def _record_epoch(cfg: Config, ctx: DistContext, st: TrainState, loader: TrainLo
 
 def _after_epoch(cfg: Config, ctx: DistContext, st: TrainState, loader: TrainLoader, test: Split,
                  stats: EpochStats, pace: Pace) -> float | None:
-    """Evaluate, log, append metrics and checkpoint when due; returns the test accuracy if evaluated."""
+    """Evaluate, log, append metrics and checkpoint when due (by epoch or by rank 0's agreed clock); returns the
+    test accuracy if evaluated. The last epoch is always evaluated; its checkpoint is the run's final save."""
+    run = pace.settings
     last = st.pos.epoch >= cfg.epochs
     acc = None
-    if last or st.pos.epoch % cfg.eval_every == 0:
-        pace.heartbeat.mark("evaluating", step=st.pos.step)
-        acc = evaluate(st.model, test, ctx, cfg.precision, cfg.eval_batch_size)
-    _record_epoch(cfg, ctx, st, loader, stats, acc)
-    if not last and (st.pos.epoch % cfg.ckpt_every == 0 or stats.save_due):
-        save(cfg, ctx, st, loader, pace)
+    if last or _every(st.pos.epoch, run.eval_every) or stats.eval_due:
+        acc = _evaluate(cfg, ctx, st, test, pace)
+    _record_epoch(cfg, ctx, st, loader, stats, pace, acc)
+    if not last and (_every(st.pos.epoch, run.ckpt_every) or stats.save_due):
+        save(cfg, ctx, st, loader, pace, background=run.ckpt_async)
+    return acc
+
+
+def _every(epoch: int, every: int) -> bool:
+    """`every` 0: not by epoch."""
+    return every > 0 and epoch % every == 0
+
+
+def _evaluate(cfg: Config, ctx: DistContext, st: TrainState, test: Split, pace: Pace) -> float:
+    pace.heartbeat.mark("evaluating", step=st.pos.step)
+    acc = evaluate(st.model, test, ctx, pace.settings.precision, cfg.eval_batch_size)
+    pace.last_eval = time.monotonic()
     return acc
 
 
@@ -271,8 +413,8 @@ def _stop(cfg: Config, ctx: DistContext, st: TrainState, loader: TrainLoader, st
     """SIGTERM: the checkpoint first (SIGKILL follows within torchrun's 30 s, docker stop's 10 s). An epoch the
     stop happened to complete still gets its metrics line, with test_acc null: there is no time to evaluate,
     and the resumed run starts the next epoch (the position, not this line, is what resume relies on)."""
-    path = save(cfg, ctx, st, loader, pace)
-    _record_epoch(cfg, ctx, st, loader, stats, acc=None, partial=not stats.complete)
+    path = save(cfg, ctx, st, loader, pace)  # after the pending background write: a complete checkpoint
+    _record_epoch(cfg, ctx, st, loader, stats, pace, acc=None, partial=not stats.complete)
     pace.heartbeat.mark("stopped")
     log.warning("%s at step %d (epoch %d, sample %d); checkpoint %s", STOP_LINE,
                 st.pos.step, st.pos.epoch + 1, st.pos.sample, path)
@@ -295,11 +437,10 @@ def run(cfg: Config, ctx: DistContext, st: TrainState, loader: TrainLoader, test
         if stats.complete:
             acc = _after_epoch(cfg, ctx, st, loader, test, stats, pace)
     if acc is None or st.pos.sample != 0:
-        pace.heartbeat.mark("evaluating")
-        acc = evaluate(st.model, test, ctx, cfg.precision, cfg.eval_batch_size)
+        acc = _evaluate(cfg, ctx, st, test, pace)
         if stats is not None and not stats.complete:  # --max-steps inside an epoch: its record, marked partial
-            _record_epoch(cfg, ctx, st, loader, stats, acc, partial=True)
-    path = save(cfg, ctx, st, loader, pace)
+            _record_epoch(cfg, ctx, st, loader, stats, pace, acc, partial=True)
+    path = save(cfg, ctx, st, loader, pace)  # synchronous, after the pending background write
     pace.heartbeat.mark("done", step=st.pos.step, epoch=st.pos.epoch, eta_s=0)
     # Every rank is past its last collective before any tears the process group down (gloo aborts a
     # rank whose peer closes the connection under it).

@@ -14,7 +14,22 @@ from pathlib import Path
 from typing import Any
 
 from .atomic import write_atomic
-from .contract import ENV_RESTART, ENV_RESTART_CAUSE, HEARTBEAT_FILE, METRICS_FILE, Beat
+from .contract import (
+    ENV_LOG_DIR,
+    ENV_RESTART,
+    ENV_RESTART_CAUSE,
+    HEARTBEAT_FILE,
+    METRICS_FILE,
+    STEP_KIND,
+    TENSORBOARD_FOLDER,
+    Beat,
+    node_times,
+    straggler_scores,
+    streaks,
+)
+from .hardware import Speed, mfu_text
+
+log = logging.getLogger(__name__)
 
 
 def setup_logging(rank: int, is_main: bool) -> None:
@@ -61,8 +76,10 @@ class Heartbeat:
     images/s and ETA over the last window, the slowest step seen (the orchestrator's stall check waits at least
     3x that), the newest checkpoint's step. Other ranks hold a disabled one."""
 
-    def __init__(self, ckpt_dir: Path, enabled: bool, total_steps: int, epochs: int, global_batch: int) -> None:
-        self.path, self.enabled = ckpt_dir / HEARTBEAT_FILE, enabled
+    def __init__(self, ckpt_dir: Path, enabled: bool, total_steps: int, epochs: int, global_batch: int,
+                 speed: Speed | None = None) -> None:
+        self.path, self.enabled, self.speed = ckpt_dir / HEARTBEAT_FILE, enabled, speed
+        self.rank_fields: dict[str, Any] = {}  # every rank's timings and scores, as of the last agreement
         self.total_steps, self.global_batch = total_steps, global_batch
         self.last_write = self.last_step_end = self.run_start = time.monotonic()
         self.window_steps, self.window_s, self.run_steps = 0, 0.0, 0
@@ -86,11 +103,27 @@ class Heartbeat:
         # images/s over the steps since the last beat (what the run does now); the ETA from the whole run so far,
         # evaluations and checkpoints included: they are part of the wait, and the long average does not jump.
         run_step_s = (now - self.run_start) / self.run_steps
-        self.beat = replace(self.beat, state="training", loss=loss(),
-                            images_per_s=self.global_batch * self.window_steps / max(self.window_s, 1e-9),
-                            eta_s=max(0, self.total_steps - step) * run_step_s)
+        images_per_s = self.global_batch * self.window_steps / max(self.window_s, 1e-9)
+        mfu = self.speed.mfu(images_per_s) if self.speed else None
+        self.beat = replace(self.beat, state="training", loss=loss(), images_per_s=images_per_s,
+                            eta_s=max(0, self.total_steps - step) * run_step_s,
+                            mfu=round(mfu, 4) if mfu is not None else None)
         self.window_steps, self.window_s, self.last_write = 0, 0.0, now
         self._write()
+
+    def ranks(self, rows: list[tuple[float, ...]] | None, ranks_per_node: int) -> None:
+        """Every rank's (step, own work, data wait) seconds per step of the last window (ranktime.RankTimer),
+        with the straggler scores: into the next beat and the step records. Rounded: a 64-rank job's heartbeat
+        stays about 2.2 KB."""
+        if not self.enabled or rows is None:
+            return
+        step, work, data = (tuple(float(f"{v:.3g}") for v in col) for col in zip(*rows, strict=True))
+        self.rank_fields = {
+            "rank_step_s": step, "rank_work_s": work, "rank_data_s": data, "ranks_per_node": ranks_per_node,
+            "rank_score": tuple(round(v, 2) for v in straggler_scores(work)),
+            "node_score": tuple(round(v, 2) for v in straggler_scores(node_times(work, ranks_per_node))),
+            "rank_streak": streaks(self.beat.rank_streak, work)}
+        self.beat = replace(self.beat, **self.rank_fields)
 
     def mark(self, state: str, **fields: Any) -> None:
         """A phase without steps (evaluating, checkpointing, done), written at once; the step clock restarts
@@ -111,6 +144,56 @@ class Heartbeat:
             write_json_atomic(self.path, beat.to_dict())
         except OSError as e:  # progress is not worth a crash of rank 0; the checkpoint save reports a full disk
             logging.getLogger(__name__).warning("cannot write %s: %s", self.path, e)
+
+
+# ---------------------------------------------------------------- step records and TensorBoard
+
+def open_tensorboard(ckpt_dir: Path, purge_step: int | None) -> Any | None:
+    """Global rank 0's TensorBoard writer in $LOG_DIR/tensorboard (CKPT_DIR/tensorboard without a LOG_DIR).
+    `purge_step` (a resume): TensorBoard drops the earlier run's events from that step on, as record_resume
+    drops its records. None, after one warning, when the tensorboard package is missing (a user's image)."""
+    folder = Path(os.environ.get(ENV_LOG_DIR) or ckpt_dir) / TENSORBOARD_FOLDER
+    try:
+        from torch.utils.tensorboard import SummaryWriter
+
+        return SummaryWriter(str(folder), purge_step=purge_step, flush_secs=10)
+    except (ImportError, OSError) as e:
+        log.warning("no TensorBoard event files: %s (install the TensorBoard package in the image for them)", e)
+        return None
+
+
+class StepLog:
+    """Global rank 0's step records every --log-every steps: a log line, a metrics.jsonl record marked
+    "kind": "train_step" (step, epoch, loss, lr, images/s and seconds per step since the previous record, MFU, every
+    rank's timings and scores) and the same scalars in TensorBoard."""
+
+    def __init__(self, ckpt_dir: Path, global_batch: int, speed: Speed | None, writer: Any | None) -> None:
+        self.ckpt_dir, self.global_batch, self.speed, self.writer = ckpt_dir, global_batch, speed, writer
+        self.restart(0)
+
+    def restart(self, step: int) -> None:
+        """The clock restarts after a pause that is not steps (an epoch's end, a checkpoint)."""
+        self.since, self.since_step = time.perf_counter(), step
+
+    def record(self, step: int, epoch: int, loss: float, lr: float, rank_fields: dict[str, Any]) -> None:
+        now = time.perf_counter()
+        step_s = (now - self.since) / max(step - self.since_step, 1)
+        images_per_s = self.global_batch / max(step_s, 1e-9)
+        mfu = self.speed.mfu(images_per_s) if self.speed else None
+        log.info("epoch %d step %d loss %.4f lr %.5f images/s %.0f MFU %s", epoch, step, loss, lr, images_per_s,
+                 mfu_text(mfu))
+        scalars = {"loss": loss, "lr": lr, "images_per_s": images_per_s, "step_s": step_s,
+                   **({"mfu": mfu} if mfu is not None else {})}
+        append_metrics(self.ckpt_dir, {"kind": STEP_KIND, "step": step, "epoch": epoch, **scalars,
+                                       "mfu": mfu, **rank_fields})
+        if self.writer is not None:
+            for name, value in scalars.items():
+                self.writer.add_scalar(f"train/{name}", value, step)
+        self.restart(step)
+
+    def close(self) -> None:
+        if self.writer is not None:
+            self.writer.close()
 
 
 # ---------------------------------------------------------------- resume records

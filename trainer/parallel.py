@@ -29,6 +29,7 @@ from typing import Any
 import torch
 import torch.distributed as tdist
 from torch import nn
+from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 from torch.distributed.fsdp.sharded_grad_scaler import ShardedGradScaler
 from torch.nn.parallel import DistributedDataParallel
@@ -47,11 +48,14 @@ _FORWARD_SYNC_KW = ("forward_sync_buffers" if "forward_sync_buffers" in
                     inspect.signature(DistributedDataParallel.__init__).parameters else "broadcast_buffers")
 
 
-def ddp_kwargs(device: torch.device, sync_bn: bool = False) -> dict[str, Any]:
+def ddp_kwargs(device: torch.device) -> dict[str, Any]:
     """One GPU per process: DDP needs its index (device_ids, output_device); CPU modules take none.
-    With SyncBatchNorm the running statistics are already equal on every rank (they are computed from the
-    global batch), so broadcasting rank 0's buffers before each forward would only cost a collective per step."""
-    kwargs: dict[str, Any] = {_FORWARD_SYNC_KW: False} if sync_bn else {}
+    No broadcast of rank 0's buffers before each forward: a collective per step for BatchNorm's running
+    statistics, which no training step reads (the forward normalises with the batch's own). Evaluation
+    broadcasts rank 0's buffers itself (loop.evaluate), and checkpoints hold rank 0's; with SyncBatchNorm they
+    are equal anyway. Gradients as views into DDP's buckets: no copy of every gradient into its bucket and back,
+    and one gradient-sized buffer less."""
+    kwargs: dict[str, Any] = {_FORWARD_SYNC_KW: False, "gradient_as_bucket_view": True}
     if device.type == "cuda":
         kwargs.update(device_ids=[device.index], output_device=device.index)
     return kwargs
@@ -92,7 +96,7 @@ def wrap_ddp(cfg: Config, ctx: DistContext, model: nn.Module) -> nn.Module:
         return model
     # The model is already SyncBN-converted, on its device and in its memory format: DDP builds its
     # gradient buckets from the parameters as they are now. Its constructor broadcasts rank 0's weights.
-    ddp = DistributedDataParallel(model, **ddp_kwargs(ctx.device, cfg.sync_bn))
+    ddp = DistributedDataParallel(model, **ddp_kwargs(ctx.device))
     hook = comm_hook(cfg.grad_compression)
     if hook is not None:
         ddp.register_comm_hook(None, hook)  # before the first backward; None: the default process group
@@ -107,37 +111,91 @@ def mp_policy(precision_name: str) -> MixedPrecisionPolicy:
                                 reduce_dtype=torch.float32)
 
 
+def norm_policy(precision_name: str) -> MixedPrecisionPolicy:
+    """BatchNorm's own policy: weights kept in fp32 (no param_dtype), output cast to the job's dtype.
+
+    Under the job's policy BatchNorm's weight and bias would be cast to bf16/fp16 while its running statistics,
+    buffers that FSDP never casts, stay fp32: the first step then fails with `expected scalar type BFloat16 but
+    found Float`. PyTorch's own test_fully_shard_mixed_precision.py (`_test_norm_modules`) expects that error and
+    gives the norm module this policy instead (torchtitan#674 is the same report)."""
+    if precision_name == "fp32":
+        return MixedPrecisionPolicy()
+    return MixedPrecisionPolicy(output_dtype=precision.precision_plan(precision_name).autocast_dtype,
+                                reduce_dtype=torch.float32)
+
+
 def shard_units(model: nn.Module) -> list[nn.Module]:
     """The residual blocks of the model, in forward order: each becomes one FSDP unit."""
     return [m for m in model.modules() if isinstance(m, models.BLOCK_TYPES)]
 
 
-def shard(cfg: Config, model: nn.Module) -> nn.Module:
-    """fully_shard every block (see the module docstring for reshard_after_forward), then the root. Call on
-    every rank with the same (seeded) weights: each keeps its own 1/world slice of each parameter."""
-    policy = mp_policy(cfg.precision)
+def batch_norm_groups(model: nn.Module, units: list[nn.Module]) -> list[list[nn.Module]]:
+    """The BatchNorm layers of each block, then those outside every block (the stem's): one FSDP group each, so
+    one all-gather fetches a block's norms rather than one per layer."""
+    def norms(m: nn.Module) -> list[nn.Module]:
+        return [n for n in m.modules() if isinstance(n, nn.modules.batchnorm._BatchNorm)]
+
+    inside = {id(n) for unit in units for n in norms(unit)}
+    groups = [norms(unit) for unit in units]
+    groups.append([n for n in norms(model) if id(n) not in inside])
+    return [g for g in groups if g]
+
+
+# How --fsdp-shard lays the processes out when the job spans more than one node.
+def mesh_shape(shard_over: str, world: int, local_world: int) -> tuple[int, int] | None:
+    """(replicas, shards) for HSDP, or None for one flat group of `world` shards.
+
+    `node` (the default) shards within a node and replicates across nodes (HSDP): every all-gather and
+    reduce-scatter of the forward and backward stays on the node's NVLink, and only one all-reduce of the
+    gradient shards per step crosses the slower inter-node network. Flat FSDP over several nodes sends every
+    block's all-gather across it, twice (forward, and again in backward after resharding). `all` shards over
+    every process: 1/world of the state per GPU, for a model too big for one node. One node (or one process per
+    node, where a replica would hold everything) keeps the flat layout."""
+    if shard_over == "all" or local_world <= 1 or world <= local_world or world % local_world:
+        return None
+    return world // local_world, local_world
+
+
+def device_mesh(cfg: Config, ctx: DistContext) -> DeviceMesh | None:
+    shape = mesh_shape(cfg.fsdp_shard, ctx.world_size, ctx.local_world_size)
+    if shape is None:
+        return None
+    log.info("fsdp: %d nodes x %d processes: sharded within a node, replicated across nodes (HSDP)", *shape)
+    return init_device_mesh(ctx.device.type, shape, mesh_dim_names=("replicate", "shard"))
+
+
+def shard(cfg: Config, ctx: DistContext, model: nn.Module) -> nn.Module:
+    """fully_shard every block's BatchNorm layers (fp32, norm_policy), every block (see the module docstring for
+    reshard_after_forward), then the root. Call on every rank with the same (seeded) weights: each keeps its
+    own slice of each parameter."""
+    name = precision.resolve(cfg.precision, ctx.device)
+    policy, mesh = mp_policy(name), device_mesh(cfg, ctx)
     units = shard_units(model)
+    for group in batch_norm_groups(model, units):
+        # Not resharded after forward: a block's norms are a few KiB, not worth a second all-gather in backward.
+        fully_shard(group, mesh=mesh, mp_policy=norm_policy(name), reshard_after_forward=False)
     for i, unit in enumerate(units):
-        fully_shard(unit, mp_policy=policy, reshard_after_forward=i < len(units) - 1)
-    fully_shard(model, mp_policy=policy)
+        fully_shard(unit, mesh=mesh, mp_policy=policy, reshard_after_forward=i < len(units) - 1)
+    fully_shard(model, mesh=mesh, mp_policy=policy)
     return model
 
 
 def grad_scaler(cfg: Config, device: torch.device) -> torch.amp.GradScaler:
     """fp16 under FSDP: ShardedGradScaler (found_inf agreed across ranks); otherwise precision's own."""
+    name = precision.resolve(cfg.precision, device)
     if cfg.strategy == "fsdp":
-        return ShardedGradScaler(device.type, enabled=precision.precision_plan(cfg.precision).scaler_enabled)
-    return precision.grad_scaler(device, cfg.precision)
+        return ShardedGradScaler(device.type, enabled=precision.precision_plan(name).scaler_enabled)
+    return precision.grad_scaler(device, name)
 
 
-def _local(t: torch.Tensor) -> torch.Tensor:
+def local_part(t: torch.Tensor) -> torch.Tensor:
     """This process's own part of a tensor: an FSDP DTensor's local shard, a plain tensor itself."""
     to_local = getattr(t, "to_local", None)
     return to_local() if callable(to_local) else t
 
 
 def _nbytes(tensors: Any) -> int:
-    return sum(_local(t).numel() * _local(t).element_size() for t in tensors if isinstance(t, torch.Tensor))
+    return sum(local_part(t).numel() * local_part(t).element_size() for t in tensors if isinstance(t, torch.Tensor))
 
 
 @dataclass(frozen=True)

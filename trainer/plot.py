@@ -1,7 +1,9 @@
 """A run's curves from its metrics.jsonl: `python -m trainer.plot METRICS.jsonl [--out FILE.png]`.
 
 Train loss, test accuracy, images/s and learning rate against the global step, one panel each; every automatic
-restart (and every resume) is a vertical line on each panel. Headless (matplotlib's Agg) and without torch, so
+restart (and every resume) is a vertical line on each panel. Where the run wrote step records (every --log-every
+steps), the loss, images/s and learning-rate panels draw them, one point per record, with the epoch records'
+figures as markers over them; test accuracy exists per epoch only. Headless (matplotlib's Agg) and without torch, so
 `python -m orchestrate plot` uses it on the machine that runs the orchestrator.
 """
 
@@ -15,12 +17,13 @@ from pathlib import Path
 from typing import Any
 
 from .config import OneLineParser
-from .contract import METRICS_FILE
+from .contract import METRICS_FILE, STEP_KIND
 from .errors import ConfigError
 
 # (record field, panel title); the order of the panels.
 PANELS = (("train_loss", "train loss"), ("test_acc", "test accuracy"), ("images_per_s", "images/s"),
           ("lr", "learning rate"))
+STEP_FIELDS = {"train_loss": "loss", "images_per_s": "images_per_s", "lr": "lr"}  # panel -> step record field
 SIZE_IN, DPI = (10.0, 7.0), 100  # a 1000 x 700 PNG
 
 
@@ -30,6 +33,7 @@ class Run:
 
     epochs: list[dict[str, Any]] = field(default_factory=list)
     events: list[dict[str, Any]] = field(default_factory=list)
+    steps: list[dict[str, Any]] = field(default_factory=list)  # "kind": "train_step" records
     skipped: int = 0  # lines that are not records (a torn last line, garbage)
 
 
@@ -49,6 +53,8 @@ def parse(text: str) -> Run:
             run.skipped += 1
         elif "event" in record:
             run.events.append(record | {"step": step})
+        elif record.get("kind") == STEP_KIND:
+            run.steps.append(record | {"step": step})
         else:
             run.epochs.append(record | {"step": step})
     return run
@@ -65,8 +71,11 @@ def draw(run: Run, title: str) -> Any:
     fig.suptitle(title)
     axes = fig.subplots(2, 2, sharex=True).flatten()
     for ax, (key, name) in zip(axes, PANELS, strict=True):
-        points = [(r["step"], float(r[key])) for r in run.epochs if r.get(key) is not None]
-        ax.plot([p[0] for p in points], [p[1] for p in points], marker="o", markersize=3, label=name)
+        steps, values = _points(run.steps, STEP_FIELDS.get(key, ""))
+        if steps:
+            ax.plot(steps, values, linewidth=1, label=f"every {_spacing(run.steps)} steps")
+        ax.plot(*_points(run.epochs, key), marker="o", markersize=3, linestyle="none" if steps else "-",
+                label="per epoch")
         ax.set_title(name)
         ax.grid(alpha=0.3)
         for event in run.events:
@@ -74,9 +83,20 @@ def draw(run: Run, title: str) -> Any:
             ax.axvline(event["step"], color="tab:red", linestyle="--", linewidth=1, label=label)
     for ax in axes[2:]:
         ax.set_xlabel("step")
-    if run.events:
+    if run.events or run.steps:
         axes[0].legend(loc="upper right", fontsize="small")
     return fig
+
+
+def _points(records: list[dict[str, Any]], key: str) -> tuple[list[int], list[float]]:
+    rows = [(int(r["step"]), float(r[key])) for r in records if r.get(key) is not None]
+    return [s for s, _ in rows], [v for _, v in rows]
+
+
+def _spacing(steps: list[dict[str, Any]]) -> int:
+    """The steps between two step records (--log-every), for the legend."""
+    gaps = [b["step"] - a["step"] for a, b in zip(steps, steps[1:], strict=False) if b["step"] > a["step"]]
+    return min(gaps) if gaps else 1
 
 
 def main(argv: Sequence[str] | None = None) -> int:

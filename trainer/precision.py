@@ -9,6 +9,8 @@ from dataclasses import dataclass
 
 import torch
 
+from . import defaults
+
 _DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 
 
@@ -34,3 +36,13 @@ def autocast(device: torch.device, precision: str) -> torch.autocast:
 def grad_scaler(device: torch.device, precision: str) -> torch.amp.GradScaler:
     """torch.amp.GradScaler(device type) for fp16; a disabled pass-through otherwise (step() just steps)."""
     return torch.amp.GradScaler(device.type, enabled=precision_plan(precision).scaler_enabled)
+
+
+def bf16_fast(device: torch.device) -> bool:
+    """A GPU with bf16 tensor cores (compute capability 8.0, Ampere, or later); elsewhere bf16 is emulated."""
+    return device.type == "cuda" and torch.cuda.get_device_capability(device)[0] >= 8
+
+
+def resolve(given: str, device: torch.device) -> str:
+    """--precision as this device runs it: "auto" made concrete by trainer/defaults.py's rule."""
+    return defaults.resolve_precision(given, device.type, bf16_fast(device))[0]

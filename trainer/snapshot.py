@@ -39,6 +39,18 @@ def to_checkpoint(cfg: Config, ctx: DistContext, st: TrainState, global_batch: i
     }
 
 
+def off_device(obj: Any) -> Any:
+    """A copy of a checkpoint's state with every tensor copied to the CPU, even those on it already: training
+    goes on changing its tensors in place while a background thread writes this copy."""
+    if isinstance(obj, torch.Tensor):
+        return obj.detach().to("cpu", copy=True)
+    if isinstance(obj, dict):
+        return {k: off_device(v) for k, v in obj.items()}
+    if isinstance(obj, list | tuple):
+        return type(obj)(off_device(v) for v in obj)
+    return obj
+
+
 def _trainer_state(cfg: Config, ctx: DistContext, st: TrainState, global_batch: int) -> dict[str, Any]:
     """Everything but the model and optimizer: for a DDP .pt and a sharded checkpoint's trainer.pt alike."""
     return {
@@ -55,6 +67,16 @@ def save_sharded(cfg: Config, ctx: DistContext, st: TrainState, global_batch: in
     return dcp_checkpoint.save(cfg.ckpt_dir, st.model, st.optimizer, _trainer_state(cfg, ctx, st, global_batch),
                                ctx=ctx, step=st.pos.step, epoch=st.pos.epoch, epoch_complete=st.pos.sample == 0,
                                keep=cfg.keep_checkpoints)
+
+
+def start_sharded(cfg: Config, ctx: DistContext, st: TrainState, global_batch: int,
+                  group: tdist.ProcessGroup | None) -> dcp_checkpoint.PendingShards | None:
+    """--strategy fsdp, asynchronous: every rank's shards copied to the CPU, then written by DCP in the
+    background (collective); None when this step is saved already."""
+    return dcp_checkpoint.start_save(cfg.ckpt_dir, st.model, st.optimizer,
+                                     off_device(_trainer_state(cfg, ctx, st, global_batch)), ctx=ctx,
+                                     step=st.pos.step, epoch=st.pos.epoch, epoch_complete=st.pos.sample == 0,
+                                     keep=cfg.keep_checkpoints, group=group)
 
 
 def _load_on_main(cfg: Config, ctx: DistContext) -> tuple[dict[str, Any] | None, str | None]:

@@ -4,7 +4,6 @@ a checkpoint and restores it."""
 
 from __future__ import annotations
 
-import logging
 from dataclasses import dataclass
 
 import torch
@@ -13,8 +12,6 @@ from torch import nn
 from . import device, models, optim, parallel
 from .config import Config
 from .dist import DistContext
-
-log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -40,10 +37,8 @@ def build(cfg: Config, ctx: DistContext) -> TrainState:
     shards the model here, before the optimizer takes its (sharded) parameters; one process keeps it whole."""
     model = device.place(models.for_run(cfg), ctx.device)
     if cfg.strategy == "fsdp" and ctx.distributed:
-        model = parallel.shard(cfg, model)
+        model = parallel.shard(cfg, ctx, model)
     optimizer = optim.build(cfg, model.parameters())  # after the move: fused optimizers need CUDA parameters
-    log.info("%s: %s (grads and optimizer as of the first step)", cfg.strategy,
-             parallel.expected_memory(model, optimizer).describe())
     return TrainState(model, model, optimizer, parallel.grad_scaler(cfg, ctx.device), Position())
 
 

@@ -17,6 +17,7 @@ from __future__ import annotations
 import logging
 import os
 import re
+from dataclasses import dataclass
 from pathlib import Path
 
 log = logging.getLogger(__name__)
@@ -81,3 +82,28 @@ def report_nccl(nccl_log: Path | None) -> None:
         text = ""
     found = describe_nccl(text)
     log.info("transport: NCCL %s (NCCL's INFO and warnings of rank 0: %s)", found or "did not say", nccl_log)
+
+
+@dataclass(frozen=True)
+class NcclPaths:
+    """What NCCL connected over, from its INFO statements (the network check's `nccl_says` lines)."""
+
+    net: str | None  # the network between nodes: IB, Socket, or an external plugin's name; None: no NET connection
+    local: tuple[str, ...]  # within a node: P2P/CUMEM, P2P/IPC, P2P/MNNVL, P2P/direct, P2P/indirect, SHM, NVLS
+    said: str | None  # describe_nccl's text of the network (devices, interfaces)
+
+
+# Channel lines, as p2p.cc, shm.cc and net.cc write them after "via ": "P2P/IPC/read", "P2P/CUMEM/CE",
+# "P2P/direct pointer", "P2P/indirect/2[2]", "SHM/direct/direct", "NET/IB/0/GDRDMA", "NET/Socket/1".
+_VIA_NET = re.compile(r"via NET/([^/]+)/")
+_VIA_LOCAL = re.compile(r"via (P2P/(?:direct|indirect|[A-Z]+)|SHM)")
+_NVLS = "NVLS multicast support is available"
+
+
+def nccl_paths(lines: list[str]) -> NcclPaths:
+    """PURE: the transports named in NCCL's statements (bandwidth.nccl_says: each line from "via ...",
+    "Using network ...", "NET/IB : Using ...", "NET/Socket : Using ..." or "NVLS multicast support is available")."""
+    nets = [m.group(1) for m in map(_VIA_NET.match, lines) if m]
+    local = [m.group(1) for m in map(_VIA_LOCAL.match, lines) if m] + (["NVLS"] if any(_NVLS in ln for ln in lines) else [])
+    said = describe_nccl("".join(f"NCCL INFO {line}\n" for line in lines))
+    return NcclPaths(nets[0] if nets else None, tuple(dict.fromkeys(local)), said)

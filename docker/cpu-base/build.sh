@@ -2,11 +2,12 @@
 # Build the CPU base image `ddp-cifar-base:cpu` from nothing, without any registry:
 #   1. debootstrap a minimal Debian bookworm (python3 + venv + CA certificates) into a tarball, cached;
 #   2. `docker import` the tarball as a raw base (re-imported only when the tarball changes);
-#   3. download the CPU torch wheel and its runtime deps ON THE HOST into docker/wheels/ (inside a build,
-#      the network is reachable only through a TLS proxy; a local wheel set needs no network at all);
+#   3. download the CPU torch wheel, tensorboard (rank 0's event files) and their runtime deps ON THE HOST
+#      into docker/wheels/ (inside a build, the network is reachable only through a TLS proxy; a local wheel set
+#      needs no network at all);
 #   4. build docker/cpu-base/Dockerfile: /opt/venv with those wheels, installed with --no-index.
 # Every step is skipped or served from cache when its inputs did not change, so a second run takes seconds.
-# Environment knobs: DEBIAN_MIRROR, TORCH_VERSION, NUMPY_VERSION, CPU_BASE_TAG, DDP_CACHE_DIR.
+# Environment knobs: DEBIAN_MIRROR, TORCH_VERSION, NUMPY_VERSION, TENSORBOARD_VERSION, CPU_BASE_TAG, DDP_CACHE_DIR.
 set -euo pipefail
 
 REPO_ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
@@ -16,6 +17,7 @@ readonly SUITE=bookworm
 readonly PY_TAG=311
 readonly TORCH_VERSION="${TORCH_VERSION:-2.13.0}"
 readonly NUMPY_VERSION="${NUMPY_VERSION:-2.4.6}"
+readonly TENSORBOARD_VERSION="${TENSORBOARD_VERSION:-2.21.0}"
 readonly CACHE_DIR="${DDP_CACHE_DIR:-$REPO_ROOT/.cache}/cpu-base"
 readonly WHEEL_DIR="$REPO_ROOT/docker/wheels"
 readonly ROOTFS_TAR="$CACHE_DIR/$SUITE-minbase.tar"
@@ -80,21 +82,22 @@ import_raw_base() {
         "$ROOTFS_TAR" "$RAW_TAG" >/dev/null
 }
 
-# torch (CPU wheel, from this machine's local package files), its runtime deps and numpy, all cp311.
+# torch (CPU wheel, from this machine's local package files), its runtime deps, numpy and tensorboard, all cp311.
 download_wheels() {
     [[ -x "$PIP" ]] || die "$PIP is missing: run 'make setup' first (or set PIP=)"
     mkdir -p "$WHEEL_DIR" "$CACHE_DIR"
     local arch
     arch="$(uname -m)"  # x86_64 or aarch64: the wheels must match the machine the image runs on
-    log "wheels: pip download torch==$TORCH_VERSION numpy==$NUMPY_VERSION (cp$PY_TAG) -> $WHEEL_DIR"
+    local wanted=("torch==$TORCH_VERSION" "numpy==$NUMPY_VERSION" "tensorboard==$TENSORBOARD_VERSION")
+    log "wheels: pip download ${wanted[*]} (cp$PY_TAG) -> $WHEEL_DIR"
     "$PIP" download --quiet --dest "$WHEEL_DIR" --only-binary=:all: \
         --python-version "3.$((PY_TAG % 100))" --implementation cp --abi "cp$PY_TAG" \
         --platform "manylinux_2_28_$arch" --platform "manylinux_2_17_$arch" \
         --platform "manylinux2014_$arch" --platform any \
-        "torch==$TORCH_VERSION" "numpy==$NUMPY_VERSION" 2>"$CACHE_DIR/pip-download.log" \
-        || { cat "$CACHE_DIR/pip-download.log" >&2; die "pip download of torch==$TORCH_VERSION / numpy==$NUMPY_VERSION failed (log above; is the package index reachable?)"; }
+        "${wanted[@]}" 2>"$CACHE_DIR/pip-download.log" \
+        || { cat "$CACHE_DIR/pip-download.log" >&2; die "pip download of ${wanted[*]} failed (log above; is the package index reachable?)"; }
     # The build installs exactly this list, so stale wheels from an older version change nothing.
-    (cd "$WHEEL_DIR" && printf '%s\n' "torch==$TORCH_VERSION" "numpy==$NUMPY_VERSION" >requirements.txt)
+    (cd "$WHEEL_DIR" && printf '%s\n' "${wanted[@]}" >requirements.txt)
 }
 
 build_base() {

@@ -74,9 +74,11 @@ def main() -> int:
             checkpoint(model, opt, step, world, rank, done=False)
         time.sleep(args.step_seconds)
     checkpoint(model, opt, step, world, rank, done=True)
+    # Every rank done before any tears its group down (gloo can abort the early one), and before DONE: every
+    # rank's last step line is printed by then, so DONE is the job's last line (the ranks share one stream).
+    dist.barrier()
     if rank == 0:
         print(f"DONE step={step} loss={loss.item():.4f}", flush=True)
-    dist.barrier()  # every rank done before any tears its group down (gloo can abort the early one)
     dist.destroy_process_group()
     return 0
 

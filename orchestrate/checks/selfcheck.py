@@ -1,5 +1,6 @@
-"""`check`, the first-day self-test of a cluster: per node the GPU probe, then a few training steps of the
-trainer's own model in the job's image with the chosen precision and a checkpoint saved and loaded
+"""`check`, the first-day self-test of a cluster: per node the GPU probe, then the job's processes under torchrun
+(one per GPU; at least 2 on a CPU node) taking a few training steps of the trainer's own model in the job's image
+with the job's strategy and precision, and a checkpoint in the job's format saved and restored
 (trainer/selftest.py), then the network check (netcheck.py); one table at the end to paste into a bug report.
 
 A node whose GPU probe failed runs nothing more (its containers could not use the GPUs either); the network
@@ -8,8 +9,8 @@ check needs every node, so it runs only when all passed.
 
 from __future__ import annotations
 
-import dataclasses
 import json
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -18,14 +19,22 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from orchestrate.checks.netcheck import Verdict, measure, require_all_joined
-from orchestrate.config import UpConfig
-from orchestrate.jobs.owner import OWNER_LABEL, container_name
-from orchestrate.plan.jobplan import NodeSpec
-from orchestrate.probe import gpuprobe
-from orchestrate.remote.docker import JOB_LABEL
-from orchestrate.remote.session import Nodes
-from orchestrate.remote.ssh import fan_out
+from orchestrate.backends import backend
+from orchestrate.checks import gpuprobe, netcheck
+from orchestrate.checks.netcheck import (
+    Options,
+    Verdict,
+    measure,
+    path_text,
+    rate,
+    require_all_joined,
+)
+from orchestrate.config import Checks, Program, Resources
+from orchestrate.errors import MultiHostError
+from orchestrate.plan import shortlived
+from orchestrate.plan.jobplan import ContainerSpec, JobPlan
+from orchestrate.plan.shortlived import network_check
+from orchestrate.remote.session import Session
 from trainer.contract import SELFTEST_MARK
 
 SELFTEST_TIMEOUT_S = 600  # import torch, build the model, 3 small steps, one checkpoint: a minute on a slow CPU
@@ -50,25 +59,19 @@ class NodeRow:
         return self.gpus.ok and self.step.ok and self.ckpt.ok and self.network.ok
 
 
-def selftest_specs(specs: Sequence[NodeSpec], config: UpConfig) -> list[NodeSpec]:
-    """PURE: the job's containers turned into the self-test's: same image, environment, user and GPUs; no
-    network, no mounts (it writes its checkpoint under the container's /tmp), its own name and job label."""
-    job = f"{config.job}-selftest"
-    device = "cpu" if config.cpu_mode else "cuda"  # a GPU job must fail here when CUDA is missing, not fall back
-    command = ("python3", "-m", "trainer.selftest", *config.trainer_args, "--device", device)
-    return [dataclasses.replace(s, name=container_name(job, s.rank, s.labels.get(OWNER_LABEL)), command=command, mounts=(), network_mode="none",
-                                extra_hosts=(), labels={**s.labels, JOB_LABEL: job}) for s in specs]
-
-
 def parse(logs: str) -> dict[str, Any] | None:
-    """PURE: the self-test's line (the last one with its mark); None when it printed none."""
-    for line in reversed(logs.splitlines()):
-        if line.startswith(SELFTEST_MARK):
-            try:
-                return dict(json.loads(line[len(SELFTEST_MARK):]))
-            except ValueError:
-                return None
-    return None
+    """PURE: the node's answer from its processes' lines: the first error (lowest rank), else global rank 0's;
+    None when none printed one. Each answer is read where its mark starts, so two processes' lines that ran
+    together in the stream still count."""
+    answers, decoder = [], json.JSONDecoder()
+    for found in re.finditer(re.escape(SELFTEST_MARK) + "{", logs):
+        try:
+            answer, _ = decoder.raw_decode(logs, found.end() - 1)
+        except ValueError:
+            continue
+        answers.append(dict(answer))
+    answers.sort(key=lambda a: (a.get("error") is None, a.get("rank") or 0))
+    return answers[0] if answers else None
 
 
 def step_cell(payload: dict[str, Any] | None, exit_code: int | None) -> Cell:
@@ -76,10 +79,13 @@ def step_cell(payload: dict[str, Any] | None, exit_code: int | None) -> Cell:
     if payload is None:
         return Cell(False, f"no self-test answer (exit code {exit_code}); is the trainer in the image?")
     if not payload.get("steps"):
-        return Cell(False, str(payload.get("error")))
+        return Cell(False, f"rank {payload.get('rank')}: {payload.get('error')}")
+    if exit_code:  # every line said it passed, but a process ended badly (killed, or it never printed)
+        return Cell(False, f"a process ended with exit code {exit_code} without saying why; see the node's logs")
     scaler = ", scaler" if payload.get("scaler") else ""
-    return Cell(True, f"{payload['precision']} on {payload['device']}{scaler}: {payload['steps']} steps, "
-                      f"loss {payload['loss']:.3f}, {payload['step_s'] * 1000:.0f} ms/step")
+    kind = str(payload["device"]).split(":")[0]
+    return Cell(True, f"{payload['strategy']} {payload['precision']} on {payload['world_size']} x {kind}{scaler}: "
+                      f"{payload['steps']} steps, loss {payload['loss']:.3f}, {payload['step_s'] * 1000:.0f} ms/step")
 
 
 def ckpt_cell(payload: dict[str, Any] | None) -> Cell:
@@ -88,7 +94,8 @@ def ckpt_cell(payload: dict[str, Any] | None) -> Cell:
         return Cell(False, "-")
     if not payload.get("ckpt_ok"):
         return Cell(False, str(payload.get("error") or "not saved"))
-    return Cell(True, f"saved, loaded, equal ({payload['ckpt_bytes'] / 1e6:.1f} MB)")
+    what = "sharded folder saved, restored" if payload.get("strategy") == "fsdp" else "saved, loaded"
+    return Cell(True, f"{what}, equal ({payload['ckpt_bytes'] / 1e6:.1f} MB)")
 
 
 def network_cells(verdict: Verdict, n: int) -> list[Cell]:
@@ -97,26 +104,35 @@ def network_cells(verdict: Verdict, n: int) -> list[Cell]:
     for rank in range(n):
         if rank in verdict.cannot_join:
             cells.append(Cell(False, f"cannot join: {verdict.cannot_join[rank][:80]}"))
-        elif rank in verdict.node_best:
-            outlier = " OUTLIER" if rank in verdict.outliers else ""
-            cells.append(Cell(not outlier, f"best pair {verdict.node_best[rank] * 1000:.1f} MB/s{outlier}"))
-        else:
-            cells.append(Cell(True, "joined"))
+            continue
+        parts = [f"within {rate(verdict.within_gbps[rank])}"] if rank in verdict.within_gbps else []
+        parts += [f"best pair {rate(verdict.node_best[rank])}"] if rank in verdict.node_best else []
+        parts += [path_text(verdict.paths[rank])] if rank in verdict.paths else []
+        parts += ["OUTLIER"] if rank in verdict.outliers else []
+        parts += verdict.problems.get(rank, [])
+        ok = rank not in verdict.outliers and rank not in verdict.problems
+        cells.append(Cell(ok, ", ".join(parts) or "joined"))
     return cells
 
 
-def run(nodes: Nodes, specs: Sequence[NodeSpec], config: UpConfig, image_id: str | None, console: Console) -> int:
-    """The self-test on every node; 0 when every part passed on every node, else 1 (the table says where)."""
+def run(nodes: Session, plan: JobPlan, program: Program, resources: Resources, checks: Checks, image_id: str | None,
+        console: Console) -> int:
+    """The self-test on every node, its containers planned with the job's (plan/shortlived.py); 0 when every part
+    passed on every node, else 1 (the table says where)."""
+    specs = plan.specs
     rows = [NodeRow(s.host.label, Cell(True, "CPU mode")) for s in specs]
-    if not config.cpu_mode:
-        for row, probe in zip(rows, gpuprobe.probe_all(nodes, specs, image_id), strict=True):
+    if not resources.cpu_mode:
+        for row, probe in zip(rows, gpuprobe.probe_all(nodes, specs, [n.gpu_probe for n in plan.nodes], image_id),
+                              strict=True):
             row.gpus = Cell(probe.problem is None, probe.text)
     ready = [r for r, row in enumerate(rows) if row.gpus.ok]
-    for r, (payload, code) in zip(ready, _selftests(nodes, selftest_specs(specs, config), ready), strict=True):
+    for r, (payload, code) in zip(ready, _selftests(nodes, shortlived.selftest(specs, program, resources), ready), strict=True):
         rows[r].step, rows[r].ckpt = step_cell(payload, code), ckpt_cell(payload)
     verdict = None
     if all(row.gpus.ok for row in rows):
-        verdict = measure(nodes, specs, config.check_max_mb, console)
+        options = Options.of(checks, resources)
+        containers = network_check(specs, options.cpu, options.max_mb, netcheck.script())
+        verdict = measure(nodes, containers, options, console)
         for row, cell in zip(rows, network_cells(verdict, len(rows)), strict=True):
             row.network = cell
     console.print(render(rows))
@@ -125,22 +141,14 @@ def run(nodes: Nodes, specs: Sequence[NodeSpec], config: UpConfig, image_id: str
     return 0 if all(row.ok for row in rows) else 1
 
 
-def _selftests(nodes: Nodes, specs: Sequence[NodeSpec], ranks: list[int]) -> list[tuple[dict[str, Any] | None, int]]:
-    return fan_out("self-test", ranks, lambda r: _selftest(nodes.docker(r, timeout=SELFTEST_TIMEOUT_S), specs[r]),
-                   lambda r: specs[r].host.label)
-
-
-def _selftest(client: Any, spec: NodeSpec) -> tuple[dict[str, Any] | None, int]:
-    """Run one node's self-test to its end; the container is removed whatever happened."""
-    kwargs = spec.sdk_kwargs()
-    kwargs.pop("detach")
-    container = client.containers.create(**kwargs)
-    try:
-        container.start()
-        status = container.wait(timeout=SELFTEST_TIMEOUT_S)
-        return parse(container.logs().decode(errors="replace")), int(status.get("StatusCode", -1))
-    finally:
-        container.remove(force=True)
+def _selftests(nodes: Session, specs: Sequence[ContainerSpec], ranks: list[int]) -> list[tuple[dict[str, Any] | None, int]]:
+    """Each node's self-test run to its end by the backend; a node where it could not start fails the command (one
+    line per host)."""
+    ran = backend().run(nodes, {r: specs[r] for r in ranks}, SELFTEST_TIMEOUT_S, "self-test")
+    refused = {specs[r].host.label: ran[r].error for r in ranks if ran[r].exit_code is None}
+    if refused:
+        raise MultiHostError("self-test", refused)
+    return [(parse(ran[r].output), ran[r].exit_code or 0) for r in ranks]
 
 
 def render(rows: Sequence[NodeRow]) -> Table:

@@ -1,52 +1,62 @@
-"""kill / status / logs wiring: hosts from --hosts or the job's remembered state, then jobs.py."""
+"""kill / status / logs / plot: hosts from --hosts or the job's remembered state, then the backend's answers, shown
+here."""
 
 from __future__ import annotations
 
+import threading
+from collections.abc import Mapping
 from pathlib import Path
 
 from rich.console import Console
+from rich.table import Table
+from rich.text import Text
 
-from orchestrate.config import JobsConfig
+from orchestrate.backends import SCHEDULERS, backend
+from orchestrate.backends.protocol import Backend
+from orchestrate.config import JobsConfig, mask_text
 from orchestrate.errors import ConfigError, JobError, MultiHostError
 from orchestrate.hosts import Host, parse_hosts_file
-from orchestrate.jobs import memory as state
-from orchestrate.jobs import stops
-from orchestrate.jobs.control import kill_job, node0_ckpt_dir, print_status, rank_logs, stream_logs
-from orchestrate.jobs.owner import print_all_jobs
-from orchestrate.remote.session import Nodes
+from orchestrate.jobs import memory, stops, tensorboard
+from orchestrate.loglines import follow_lines, print_lines, shown
+from orchestrate.plan.jobplan import CKPT_MOUNT
+from orchestrate.remote.session import Session
 
 
 def hosts_for(config: JobsConfig) -> list[Host]:
     if config.ssh.hosts_file is not None:
         return parse_hosts_file(config.ssh.hosts_file, config.ssh.ssh_config)
-    remembered = state.load(config.job)
+    remembered = memory.load(config.job)
     if remembered is None:
-        raise ConfigError(f"no record of job {config.job!r} in {state.state_dir()}; give --hosts FILE")
+        raise ConfigError(f"no record of job {config.job!r} in {memory.state_dir()}; give --hosts FILE")
     ssh_config = config.ssh.ssh_config or remembered.ssh_config
     return parse_hosts_file(remembered.hosts_file, ssh_config)
 
 
 def run_jobs_command(command: str, config: JobsConfig, console: Console) -> int:
-    hosts = hosts_for(config)
-    nodes, unreachable = Nodes.connect_reachable(hosts, config.ssh.accept_new_host_keys)
+    if _scheduled(command, config, console) and config.ssh.hosts_file is None and memory.load(config.job) is None:
+        return 0  # queued by a scheduler, never started: no hosts, no containers yet
+    hosts, scheduler = hosts_for(config), backend()
+    nodes, unreachable = Session.connect_reachable(hosts, config.ssh.accept_new_host_keys)
     try:
         if command == "kill":
-            kill(nodes, config, console, unreachable)
+            kill(scheduler, nodes, config, console, unreachable)
             return 0
         if command == "status":
-            ok = (print_all_jobs(nodes, console, unreachable) if config.all_jobs
-                  else print_status(nodes, config.job, console, unreachable))
+            ok = (print_all_jobs(scheduler, nodes, console, unreachable) if config.all_jobs
+                  else print_status(scheduler, nodes, config.job, console, unreachable))
             if not ok:
                 raise MultiHostError("status", unreachable)
             return 0
         if command == "plot":
-            return plot(nodes, config, console)
+            return plot(scheduler, nodes, config, console)
+        if command == "tensorboard":
+            return tensorboard.run(scheduler, nodes, config, console)
         if not nodes.reachable():  # "no container found" would hide that no host answered at all
             raise MultiHostError("logs", unreachable)
         if config.rank is not None:
-            rank_logs(nodes, config.job, console, config.rank, config.tail, config.follow)
+            print_rank_logs(scheduler, nodes, config, console, config.rank)
         else:
-            stream_logs(nodes, config.job, console, config.follow, config.node, config.tail)
+            print_logs(scheduler, nodes, config, console)
         if unreachable:
             raise MultiHostError("logs", unreachable)
         return 0
@@ -54,7 +64,76 @@ def run_jobs_command(command: str, config: JobsConfig, console: Console) -> int:
         nodes.close()
 
 
-def kill(nodes: Nodes, config: JobsConfig, console: Console, unreachable: dict[str, str]) -> None:
+def _scheduled(command: str, config: JobsConfig, console: Console) -> bool:
+    """status and kill of one job: each scheduler's side first (its state printed; its queued or running jobs of the
+    name cancelled). True when one of them knows the job."""
+    if command not in ("status", "kill") or config.all_jobs:
+        return False
+    known = [s.describe_job(config.job, console) if command == "status" else s.cancel_job(config.job, console)
+             for s in SCHEDULERS]
+    return any(known)
+
+
+def print_status(scheduler: Backend, nodes: Session, job: str, console: Console, unreachable: dict[str, str]) -> bool:
+    """Print one row per node, then the job's progress and its automatic restarts; False if some host could not be
+    reached."""
+    status = scheduler.describe(nodes, job, unreachable)
+    table = Table(title=f"job {job}")
+    for col in ("node", "host", "container", "state", "exit", "uptime", "last log line", "newest checkpoint"):
+        table.add_column(col, overflow="fold")
+    for row in status.rows:
+        cells = (row.node, row.host, row.name, row.state, row.exit, row.uptime, row.last_line, row.checkpoint)
+        table.add_row(*(Text(cell) for cell in cells))  # Text: log lines like "[rank 0]" are not markup
+    console.print(table)
+    for line in status.lines:
+        console.print(line, markup=False, highlight=False)
+    return not unreachable
+
+
+def print_all_jobs(scheduler: Backend, nodes: Session, console: Console, unreachable: Mapping[str, str]) -> bool:
+    """`status --all`: every owner's jobs on the reachable hosts, one row each; False if a host was unreachable."""
+    table = Table(title="jobs on these hosts (everyone's)")
+    for col in ("owner", "job", "nodes", "GPUs", "age", "running"):
+        table.add_column(col, overflow="fold")
+    for row in scheduler.find(nodes):
+        table.add_row(*(Text(cell) for cell in (row.owner, row.job, row.nodes, row.gpus, row.age,
+                                                 f"{row.running}/{row.containers}")))
+    console.print(table)
+    for label, why in sorted(unreachable.items()):
+        console.print(f"{label}: UNREACHABLE ({why[:80]})", markup=False, highlight=False)
+    return not unreachable
+
+
+def print_logs(scheduler: Backend, nodes: Session, config: JobsConfig, console: Console) -> None:
+    """Print (or follow) the nodes' logs, each line prefixed with its node rank."""
+    logs = scheduler.logs(nodes, config.job, config.node, config.tail, config.follow)
+    if not config.follow:
+        for log in logs:
+            print_lines(console, log.node, b"".join(log.chunks).decode(errors="replace"), log.secrets)
+        return
+    threads = [threading.Thread(target=follow_lines, args=(console, log.node, log.chunks, log.secrets), daemon=True)
+               for log in logs]
+    for t in threads:
+        t.start()
+    while any(t.is_alive() for t in threads):  # joined in slices: Ctrl-C ends `logs -f` at once
+        for t in threads:
+            t.join(0.5)
+
+
+def print_rank_logs(scheduler: Backend, nodes: Session, config: JobsConfig, console: Console, rank: int) -> None:
+    """One global rank's stdout and stderr files, then with --follow its new lines as they come."""
+    found = scheduler.rank_logs(nodes, config.job, rank, config.tail, config.follow)
+    for stream in ("stdout", "stderr"):
+        for line in found.files.get(stream, "").splitlines():
+            console.print(f"[rank {rank} {stream}] {mask_text(line, found.secrets)}", markup=False, highlight=False,
+                          soft_wrap=True)
+    for line in found.follow or ():
+        console.print(f"[rank {rank}] {shown(mask_text(line, found.secrets))}", markup=False, highlight=False,
+                      soft_wrap=True)
+
+
+def kill(scheduler: Backend, nodes: Session, config: JobsConfig, console: Console,
+         unreachable: dict[str, str]) -> None:
     """The stop record first, on every host (an `up` waiting to restart the job, from any machine, then starts
     nothing more: see jobs/stops.py), then the job's containers. A host where either fails is reported."""
     not_left = stops.leave(nodes, config.job)
@@ -62,18 +141,19 @@ def kill(nodes: Nodes, config: JobsConfig, console: Console, unreachable: dict[s
     if left:
         console.print(f"left a stop record on {left} host(s): an 'up' of job {config.job!r} waiting to restart it "
                       "starts nothing more", markup=False, highlight=False)
-    kill_job(nodes, config.job, config.grace, console, {**unreachable, **not_left})
+    scheduler.cancel(nodes, config.job, config.grace, console, {**unreachable, **not_left})
 
 
-def plot(nodes: Nodes, config: JobsConfig, console: Console) -> int:
+def plot(scheduler: Backend, nodes: Session, config: JobsConfig, console: Console) -> int:
     """metrics.jsonl from node 0, drawn locally (trainer.plot: matplotlib, no torch)."""
     import posixpath
 
     from trainer.contract import METRICS_FILE
     from trainer.plot import PlotError, plot_text
 
-    remembered = state.load(config.job)
-    host, folder = node0_ckpt_dir(nodes, config.job, remembered.options.get("ckpt_dir") if remembered else None)
+    remembered = memory.load(config.job)
+    host, folder = scheduler.node0_dir(nodes, config.job, remembered.options.get("ckpt_dir") if remembered else None,
+                                     CKPT_MOUNT)
     path = posixpath.join(folder, METRICS_FILE)
     try:
         text = nodes.conn(host).read_file(path).decode(errors="replace")

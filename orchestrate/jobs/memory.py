@@ -8,29 +8,17 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Iterable
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from orchestrate.config import UpConfig, url_masked
-from trainer.atomic import write_atomic
+from orchestrate.localfs import write_atomically
 
 
 def state_dir() -> Path:
     base = os.environ.get("XDG_STATE_HOME") or os.path.expanduser("~/.local/state")
     return Path(base) / "ddp-cifar" / "jobs"
-
-
-def cache_root() -> Path:
-    """$XDG_CACHE_HOME/ddp-cifar (default ~/.cache/...): what can be made again, deleting it is always safe."""
-    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "ddp-cifar"
-
-
-def write_atomically(path: Path, chunks: Iterable[bytes]) -> None:
-    """trainer.atomic's write into a folder made first; 0600: what this machine keeps is its user's alone."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    write_atomic(path, chunks, mode=0o600)
 
 
 @dataclass(frozen=True)
@@ -62,9 +50,11 @@ def load(job: str) -> JobState | None:
 
 
 def remember(config: UpConfig) -> Path:
-    options = {k: (str(v) if isinstance(v, Path) else v) for k, v in asdict(config).items()
-               if k not in ("ssh", "env")}
-    options["env_names"] = [k for k, _ in config.env]  # values are not stored: they may be secrets
-    options["data_url"] = url_masked(config.data_url)  # nor a password in the URL
-    return save(JobState(config.job, str(Path(config.ssh.hosts_file or "").resolve()),
+    """The job's every option and its hosts, stored here for `up --job NAME` and `kill`/`status` without --hosts.
+    It takes the whole config on purpose: what it stores is every section (a section left out would be forgotten)."""
+    options = {k: (str(v) if isinstance(v, Path) else v) for k, v in config.options().items()
+               if k != "env"}
+    options["env_names"] = [k for k, _ in config.program.env]  # values are not stored: they may be secrets
+    options["data_url"] = url_masked(config.data.data_url)  # nor a password in the URL
+    return save(JobState(config.program.job, str(Path(config.ssh.hosts_file or "").resolve()),
                          str(config.ssh.ssh_config) if config.ssh.ssh_config else None, options))

@@ -25,8 +25,9 @@ import posixpath
 import socket
 import time
 
+from orchestrate import testgates
 from orchestrate.errors import MultiHostError, SSHError
-from orchestrate.remote.session import Nodes
+from orchestrate.remote.session import Session
 from orchestrate.remote.ssh import fan_out
 
 JOBS_FOLDER = ".local/share/ddp-cifar/jobs"  # under the login's home; the default checkpoint/log dirs live there too
@@ -39,7 +40,7 @@ def record_path(home: str, job: str) -> str:
     return posixpath.join(home, JOBS_FOLDER, job, RECORD)
 
 
-def leave(nodes: Nodes, job: str) -> dict[str, BaseException | str]:
+def leave(nodes: Session, job: str) -> dict[str, BaseException | str]:
     """Write the stop record on every reachable host; the hosts where it could not be written, by label."""
     note = f"stopped by 'kill' on {socket.gethostname()} at {time.strftime('%Y-%m-%dT%H:%M:%S%z')}\n".encode()
 
@@ -56,7 +57,7 @@ def leave(nodes: Nodes, job: str) -> dict[str, BaseException | str]:
     return {}
 
 
-def seen(nodes: Nodes, job: str) -> bool:
+def seen(nodes: Session, job: str) -> bool:
     """Whether any reachable host holds the job's stop record (a host that does not answer counts as none)."""
     def one(rank: int) -> bool:
         try:
@@ -68,10 +69,16 @@ def seen(nodes: Nodes, job: str) -> bool:
     return any(fan_out("stop record", nodes.reachable(), one, lambda r: nodes.hosts[r].label))
 
 
-def clear(nodes: Nodes, job: str) -> None:
+def clear(nodes: Session, job: str) -> None:
     """Remove an earlier kill's record before a new `up` starts anything; MultiHostError where it cannot."""
     def one(rank: int) -> None:
         conn = nodes.conn(rank)
         conn.run(["rm", "-f", "--", record_path(conn.identity().home, job)], timeout=30, check=True)
 
     fan_out("stop record", nodes.reachable(), one, lambda r: nodes.hosts[r].label)
+
+
+def restart_gate(attempt: int) -> None:
+    """Tests only: a restart (not the first attempt) holds at testgates.RESTART_GATE_ENV."""
+    if attempt:
+        testgates.hold_at(testgates.RESTART_GATE_ENV)

@@ -17,45 +17,13 @@ wait. Why this and not a lock file on the host: it needs nothing shared but the 
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 from orchestrate.config import GPUS_ALL
-from orchestrate.jobs.owner import OWNER_LABEL
-from orchestrate.remote.docker import GPUS_LABEL, JOB_LABEL, PORT_LABEL
+from orchestrate.probe.observations import Held
 
-HOLDING = ("running", "restarting", "created")  # states in which a container holds its GPUs and its port
 _FRACTION = re.compile(r"\.([0-9]+)")
-
-
-@dataclass(frozen=True)
-class Held:
-    """One container on a daemon, as far as GPU sets and ports go."""
-
-    id: str
-    who: str  # "bob/cifar": owner login and job, for people to read
-    gpus: tuple[int, ...]
-    port: int | None
-    created: str  # Docker's RFC 3339 creation time
-
-
-def held(cid: str, labels: Mapping[str, str], status: str, created: str) -> Held | None:
-    """PURE: what a container holds, from its labels and state; None when it holds nothing (exited, or no GPU
-    and no port label)."""
-    if status not in HOLDING:
-        return None
-    ids = label_ids(labels.get(GPUS_LABEL, ""))
-    port_text = labels.get(PORT_LABEL, "")
-    port = int(port_text) if port_text.isdigit() else None
-    if not ids and port is None:
-        return None
-    who = f"{labels.get(OWNER_LABEL) or '?'}/{labels.get(JOB_LABEL, '?')}"
-    return Held(cid, who, ids, port, created)
-
-
-def label_ids(text: str) -> tuple[int, ...]:
-    """PURE: the indices of a `ddp-cifar.gpus` label ("0,1")."""
-    return tuple(int(i) for i in text.split(",") if i.strip().isdigit())
 
 
 def holders_of(indices: Iterable[int], others: Sequence[Held]) -> str:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 
-from orchestrate.plan.gpuset import Held
+from orchestrate.probe.observations import Held
 
 DEFAULT_PORT = 29500  # torchrun's own default
 SEARCH = 200  # ports tried above DEFAULT_PORT before giving up: more jobs than that on one node is a mistake

@@ -12,7 +12,6 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-TRANSPORTS = ("auto", "ib", "socket")
 IB_DEVICE_DIR = "/dev/infiniband"  # Docker adds every device node under a folder given to --device
 IB_CAPS = ("IPC_LOCK",)
 # NCCL's documented switch (docs.nvidia.com/deeplearning/nccl, env: NCCL_IB_DISABLE=1 disables the IB/RoCE

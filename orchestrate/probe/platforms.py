@@ -1,14 +1,13 @@
 """Image and node architectures must match: an arm64 image (built on Apple silicon) on amd64 nodes, or an amd64
 image on GH200 (arm64) nodes, fails only at start, with `exec format error`. Preflight compares the local image's
-platform (what `up` sends) with each node's Docker daemon's architecture before anything is sent."""
+platform (what `up` sends) with each node's Docker daemon's architecture before anything is sent (the backend reads
+both: backends/docker_ssh/observe.py)."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
 
 from orchestrate.errors import PreflightError
-from orchestrate.remote.ssh import fan_out
 
 # uname -m (what `docker info` reports as Architecture) -> Docker's platform name (GOARCH, as in
 # `docker build --platform linux/<name>` and in an image's Architecture field).
@@ -31,29 +30,12 @@ def mismatch(image: str, image_os: str, image_arch: str, node_os: str, node_mach
             f"'exec format error'; build for the node: docker build --platform {node_os}/{node_arch} -t {image} .")
 
 
-def local_platform(local_client: Any, image: str) -> tuple[str, str] | None:
-    """(os, architecture) of the local image; None when there is no local image (then nothing is sent)."""
-    if local_client is None:
-        return None
-    import docker.errors
-
-    try:
-        attrs = local_client.images.get(image).attrs
-    except docker.errors.ImageNotFound:
-        return None
-    return str(attrs.get("Os") or "linux"), str(attrs.get("Architecture") or "")
-
-
-def require_same(image: str, platform: tuple[str, str] | None, nodes: Sequence[tuple[str, Any]]) -> None:
-    """Every node's daemon (label, client) can run the local image; PreflightError with one line per host."""
+def require_same(image: str, platform: tuple[str, str] | None, nodes: Sequence[tuple[str, tuple[str, str]]]) -> None:
+    """PURE: every node (label, (os, machine) of its daemon) can run the local image of `platform` (None: there is
+    none, nothing is sent); PreflightError with one line per host."""
     if platform is None:
         return
-
-    def problem(node: tuple[str, Any]) -> str | None:
-        info = node[1].info()
-        return mismatch(image, *platform, str(info.get("OSType") or "linux"), str(info.get("Architecture")))
-
-    found = fan_out("platform check", list(nodes), problem, lambda node: node[0])
-    lines = [f"{label}: {line}" for (label, _), line in zip(nodes, found, strict=True) if line]
+    lines = [f"{label}: {line}" for label, (node_os, machine) in nodes
+             if (line := mismatch(image, *platform, node_os, machine))]
     if lines:
         raise PreflightError("preflight failed, nothing was started:\n  " + "\n  ".join(lines))

@@ -1,20 +1,32 @@
 """The resume checkpoint as a fact about the nodes: the newest valid one anywhere, and the newest step after an
-attempt. Read-only: copying it to the nodes that lack it is the start's work (apply/start.py)."""
+attempt. Read-only: copying it to the nodes that lack it is the start's work (backends/docker_ssh/start.py, backends/docker_ssh/replicate.py)."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from typing import Protocol
 
 from rich.console import Console
 
 from orchestrate.errors import NoCheckpointError
-from orchestrate.plan.jobplan import NodeSpec, ResumePoint
-from orchestrate.probe.checkpoints import Checkpoint, newest_valid
-from orchestrate.remote.session import Nodes
+from orchestrate.hosts import Host
+from orchestrate.probe.checkpoints import newest_valid
+from orchestrate.probe.observations import Checkpoint, ResumePoint
+from orchestrate.remote.session import Session
 from orchestrate.remote.ssh import fan_out
 
 
-def find_resume_checkpoint(nodes: Nodes, ckpt_dirs: Sequence[str], console: Console) -> ResumePoint:
+class Placed(Protocol):
+    """A container placed on a host, with its folders there (the plan's container specs are)."""
+
+    @property
+    def host(self) -> Host: ...
+
+    @property
+    def dirs(self) -> Mapping[str, str]: ...
+
+
+def find_resume_checkpoint(nodes: Session, ckpt_dirs: Sequence[str], console: Console) -> ResumePoint:
     """The newest valid checkpoint on any node, and the nodes that lack it. A newer checkpoint that fails its
     manifest's size or sha256 is skipped with a warning."""
     def search(r: int) -> Checkpoint | None:
@@ -36,7 +48,7 @@ def find_resume_checkpoint(nodes: Nodes, ckpt_dirs: Sequence[str], console: Cons
     return ResumePoint(best, src, lacking)
 
 
-def newest_step(nodes: Nodes, specs: Sequence[NodeSpec]) -> int | None:
+def newest_step(nodes: Session, specs: Sequence[Placed]) -> int | None:
     """The newest valid checkpoint's step on the nodes that still answer (None: none anywhere)."""
     def one(rank: int) -> int | None:
         try:
@@ -48,3 +60,5 @@ def newest_step(nodes: Nodes, specs: Sequence[NodeSpec]) -> int | None:
     steps = [s for s in fan_out("checkpoint search", list(range(len(specs))), one, lambda r: specs[r].host.label)
              if s is not None]
     return max(steps, default=None)
+
+

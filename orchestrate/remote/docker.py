@@ -19,18 +19,11 @@ import urllib3.connectionpool
 from docker.transport.sshconn import SSHHTTPAdapter
 
 from orchestrate.errors import SSHError
+from orchestrate.labels import JOB_LABEL
 from orchestrate.remote.ssh import Connection, quote_command
 
 log = logging.getLogger(__name__)
 API_VERSION_MIN = "1.41"
-JOB_LABEL = "ddp-cifar.job"
-RANK_LABEL = "ddp-cifar.node-rank"
-NNODES_LABEL = "ddp-cifar.nnodes"
-VERSION_LABEL = "ddp-cifar.version"
-RESTART_LABEL = "ddp-cifar.restart"  # the automatic restart this container belongs to (0: the first start)
-RESTART_CAUSE_LABEL = "ddp-cifar.restart-cause"
-GPUS_LABEL = "ddp-cifar.gpus"  # the device indices a container holds, "0,1" (absent: none); plan/gpuset.py
-PORT_LABEL = "ddp-cifar.master-port"  # node 0's rendezvous port, on node 0's container only; plan/ports.py
 
 
 class _ChannelConnection(urllib3.connection.HTTPConnection):

@@ -11,8 +11,9 @@ from orchestrate.remote.docker import client_over_ssh
 from orchestrate.remote.ssh import Connection, connect_all, fan_out
 
 
-class Nodes:
-    """Hosts in node-rank order with their connections (None where a host could not be reached)."""
+class Session:
+    """One command's session with the hosts: in node-rank order, their connections (None where a host could not be
+    reached) and Docker clients."""
 
     def __init__(self, hosts: Sequence[Host], conns: Sequence[Connection | None]) -> None:
         self.hosts = list(hosts)
@@ -21,12 +22,12 @@ class Nodes:
         self._lost: dict[int, str] = {}
 
     @classmethod
-    def connect(cls, hosts: Sequence[Host], accept_new_host_keys: bool) -> Nodes:
+    def connect(cls, hosts: Sequence[Host], accept_new_host_keys: bool) -> Session:
         """All or nothing: every failing host is reported (for `up`)."""
         return cls(hosts, connect_all(hosts, accept_new_host_keys))
 
     @classmethod
-    def connect_reachable(cls, hosts: Sequence[Host], accept_new_host_keys: bool) -> tuple[Nodes, dict[str, str]]:
+    def connect_reachable(cls, hosts: Sequence[Host], accept_new_host_keys: bool) -> tuple[Session, dict[str, str]]:
         """Connect what can be reached (for kill/status/logs); return the failures by host label."""
         conns: list[Connection | None] = [None] * len(hosts)
         failures: dict[str, str] = {}
@@ -68,10 +69,6 @@ class Nodes:
         if key not in self._clients:
             self._clients[key] = client_over_ssh(self.conn(rank), timeout=timeout)
         return self._clients[key]
-
-    def adopt_docker(self, rank: int, client: Any, timeout: float | None = 60.0) -> None:
-        """Reuse a client made elsewhere (preflight's) instead of opening another tunnel."""
-        self._clients.setdefault((rank, timeout), client)
 
     def reachable(self) -> list[int]:
         return [i for i, c in enumerate(self.conns) if c is not None and i not in self._lost]

@@ -25,6 +25,7 @@ import paramiko
 from orchestrate.errors import HostKeyError, MultiHostError, SSHError
 from orchestrate.hosts import Host
 from orchestrate.remote import scripts
+from orchestrate.remote.identity import Identity
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -125,20 +126,6 @@ WRITE_SCRIPT = scripts.text("write.sh")
 IDENTITY_SCRIPT = scripts.text("identity.sh")
 
 
-@dataclass(frozen=True)
-class Identity:
-    """Who the SSH login is on a host: containers run as uid:gid, default dirs live under home."""
-
-    uid: int
-    gid: int
-    name: str
-    home: str
-
-    @property
-    def user_spec(self) -> str:
-        return f"{self.uid}:{self.gid}"
-
-
 class ChannelLimitError(SSHError):
     """Every connection to the host refused another channel: a resource limit, the host itself answers."""
 
@@ -179,7 +166,17 @@ class Connection:
         return str(self.transport.getpeername()[0])
 
     def open_channel(self, timeout: float = CONNECT_TIMEOUT) -> paramiko.Channel:
-        """A session channel on a connection with room; another connection when all are full or refuse."""
+        """A session channel on a connection with room; another connection when all are full or refuse. A channel
+        refused because the main connection ended while it was being opened (the drop landing between the check
+        and the open) is opened once more on a new connection: the host may well answer."""
+        try:
+            return self._open_channel(timeout)
+        except SSHError:
+            if not self.dropped:
+                raise
+            return self._open_channel(timeout)
+
+    def _open_channel(self, timeout: float) -> paramiko.Channel:
         with self._lock:
             self._revive()
             refused = 0

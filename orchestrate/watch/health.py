@@ -7,7 +7,6 @@ line and no stall check (its failures are still seen by exit codes and host poll
 from __future__ import annotations
 
 import io
-import json
 import pickle
 import posixpath
 import time
@@ -15,10 +14,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from orchestrate.remote import scripts
+from orchestrate.probe.heartbeat import Beat
 from orchestrate.remote.ssh import Connection
-from trainer import contract
-from trainer.contract import FR_DUMP_PREFIX, HEARTBEAT_FILE, PEER_WAIT_FUNCTION, stack_file_name
+from trainer.contract import FR_DUMP_PREFIX, PEER_WAIT_FUNCTION, stack_file_name
 
 STALL_STEP_FACTOR = 3.0  # a stall is never declared before 3x the slowest step seen
 STACK_WAIT_S = 10.0  # how long the ranks get to write their dumps after SIGUSR1
@@ -29,40 +27,6 @@ STACK_WAIT_S = 10.0  # how long the ranks get to write their dumps after SIGUSR1
 # faulthandler writes a frame as `File "PATH", line N in NAME`.
 COLLECTIVE_MARKERS = ("torch/distributed/distributed_c10d.py", "torch/nn/parallel/distributed.py",
                       "torch/autograd/", f" in {PEER_WAIT_FUNCTION}\n")
-
-
-@dataclass(frozen=True)
-class Beat(contract.Beat):
-    """One heartbeat as the trainer writes it and contract.Beat reads it, and how `up` and `status` show it."""
-
-    def progress_line(self) -> str:
-        """PURE: `step 120/600 (20%) epoch 3/15 loss 1.234 412 img/s ETA 0h05m12s`."""
-        parts = [f"step {self.step}/{self.total_steps}" if self.total_steps else f"step {self.step}"]
-        if self.total_steps:
-            parts[0] += f" ({100 * self.step / max(self.total_steps, 1):.0f}%)"
-        if self.epoch is not None:
-            parts.append(f"epoch {self.epoch}/{self.epochs}" if self.epochs else f"epoch {self.epoch}")
-        if self.loss is not None:
-            parts.append(f"loss {self.loss:.3f}")
-        if self.images_per_s is not None:
-            parts.append(f"{self.images_per_s:.0f} img/s")
-        if self.eta_s is not None:
-            parts.append(f"ETA {hms(self.eta_s)}")
-        if self.state not in ("training", "starting"):
-            parts.append(self.state)
-        return " ".join(parts)
-
-
-def hms(seconds: float) -> str:
-    s = max(0, int(seconds))
-    return f"{s // 3600}h{s % 3600 // 60:02d}m{s % 60:02d}s"
-
-
-def read_beat(conn: Connection, ckpt_dir: str) -> Beat | None:
-    try:
-        return Beat.parse(conn.read_file(posixpath.join(ckpt_dir, HEARTBEAT_FILE), timeout=10).decode(errors="replace"))
-    except OSError:  # no heartbeat yet (or not this kind of program)
-        return None
 
 
 @dataclass
@@ -115,10 +79,6 @@ class StallClock:
 
 # ---- stack dumps ---------------------------------------------------------------------------------------
 
-# Run with the container's Python inside the job's container: SIGUSR1 to every rank process.
-SIGNAL_RANKS = scripts.text("signal_ranks.py")
-
-
 @dataclass(frozen=True)
 class RankStack:
     node: int
@@ -128,15 +88,6 @@ class RankStack:
     @property
     def in_collective(self) -> bool:
         return any(marker in self.text for marker in COLLECTIVE_MARKERS)
-
-
-def signal_ranks(container: Any) -> list[int]:
-    """SIGUSR1 to each rank process in a node's container; the global ranks signalled."""
-    res = container.exec_run(["python3", "-c", SIGNAL_RANKS])
-    try:
-        return sorted(int(r) for r in json.loads(res.output.decode(errors="replace").strip().splitlines()[-1]))
-    except (ValueError, IndexError, AttributeError):
-        return []
 
 
 def read_stacks(conn: Connection, log_dir: str, node: int, ranks: Sequence[int]) -> list[RankStack]:

@@ -26,8 +26,10 @@ class End(Enum):
         return self in (End.EXITED, End.UNREACHABLE, End.STALLED, End.HOST)
 
 
-@dataclass
+@dataclass(frozen=True)
 class Outcome:
+    """How an attempt ended, with its blame; the pipeline acts on it (watch/ only observes)."""
+
     ok: bool
     end: End
     failed_rank: int | None = None

@@ -6,14 +6,15 @@ import time
 
 from rich.console import Console
 
-from orchestrate.watch.health import Beat
+from orchestrate.probe.heartbeat import Beat
 
 PROGRESS_EVERY_S = 30.0  # without a terminal (CI, a pipe), a progress line this often instead of a live one
 
 
 class ProgressView:
-    """Rank 0's heartbeat as one line under the streamed logs: live on a terminal (rich), else printed every
-    PROGRESS_EVERY_S seconds (a CI log gets a line now and then, not a redraw per poll)."""
+    """Rank 0's heartbeat as one line under the streamed logs, with the slowest node and rank when one is clearly
+    slower: live on a terminal (rich), else printed every PROGRESS_EVERY_S seconds (a CI log gets a line now and
+    then, not a redraw per poll), and at once when the straggler named changes (named, another, none)."""
 
     def __init__(self, console: Console) -> None:
         from rich.live import Live
@@ -22,6 +23,7 @@ class ProgressView:
         self.live = Live(console=console, transient=True, auto_refresh=False) if console.is_terminal else None
         self.printed_at = 0.0
         self.shown: str | None = None
+        self.straggler: str | None = None
         if self.live is not None:
             self.live.start()
 
@@ -29,12 +31,15 @@ class ProgressView:
         if beat is None or beat.raw == self.shown:
             return
         self.shown = beat.raw
-        line = f"progress: {beat.progress_line()}"
+        straggler, named_before = beat.straggler_line(), self.straggler
+        self.straggler = straggler
+        line = f"progress: {beat.progress_line()}" + (f"; {straggler}" if straggler else "")
         if self.live is not None:
             from rich.text import Text
 
             self.live.update(Text(line, style="bold"), refresh=True)
-        elif time.monotonic() - self.printed_at >= PROGRESS_EVERY_S or beat.state == "done":
+        elif (time.monotonic() - self.printed_at >= PROGRESS_EVERY_S or beat.state == "done"
+              or straggler_change(named_before, straggler)):
             self.printed_at = time.monotonic()
             self.console.print(line, markup=False, highlight=False)
 
@@ -42,3 +47,11 @@ class ProgressView:
         if self.live is not None:
             self.live.stop()
 
+
+def straggler_change(before: str | None, now: str | None) -> bool:
+    """PURE: whether the straggler named changed: another node and rank, or named where none was, or the other way
+    round (its score alone moving is no news)."""
+    def who(line: str | None) -> str | None:
+        return line.split(",")[0] if line else None
+
+    return who(before) != who(now)

@@ -2,33 +2,49 @@
 
 from __future__ import annotations
 
-import time
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
+from dataclasses import replace
+from typing import Protocol
 
 from rich.console import Console
 
-from orchestrate.config import UpConfig
-from orchestrate.jobs.control import print_lines
-from orchestrate.plan.jobplan import NodeSpec
+from orchestrate.config import Program
+from orchestrate.loglines import print_lines
+from orchestrate.plan.jobplan import ContainerSpec
 from orchestrate.probe.checkpoints import last_metrics, newest_valid
-from orchestrate.remote.session import Nodes
+from orchestrate.probe.heartbeat import Beat
+from orchestrate.remote.session import Session
 from orchestrate.watch.health import RankStack, culprits, flight_recorder_lines, read_fr_dumps
 from orchestrate.watch.outcome import End, Outcome
 from trainer.contract import METRICS_FILE, STOP_LINE
 
-if TYPE_CHECKING:  # the watcher calls these reports: a runtime import would be a cycle
-    from orchestrate.watch.watcher import Watcher
+
+class Watched(Protocol):
+    """What a report reads of the watch of an attempt (watcher.py's Watcher, which calls the reports)."""
+
+    nodes: Session
+    specs: Sequence[ContainerSpec]
+    console: Console
+    secrets: list[str]
+
+    @property
+    def beat(self) -> Beat | None: ...
+
+    def collect_stacks(self) -> list[RankStack]: ...
+
+    def last_lines(self, rank: int) -> str: ...
+
 
 FR_ENV = "TORCH_FR_DUMP_TEMP_FILE"  # set by plan/jobplan.py for GPU jobs: where torch's flight recorder dumps go
 
 
-def report_failure(watcher: Watcher, outcome: Outcome, config: UpConfig) -> None:
+def report_failure(watcher: Watched, outcome: Outcome, program: Program) -> tuple[Outcome, str | None]:
+    """Print why the attempt failed; return the outcome with its blame (a stall's culprit) and, for a stall, the
+    report to save in node 0's log dir (the pipeline writes it)."""
     console, specs = watcher.console, watcher.specs
     if outcome.end is End.STALLED:
         console.print(f"[bold red]job stalled: {outcome.reason}[/]")
-        _report_stall(watcher, outcome)
-        return
+        return _report_stall(watcher, outcome)
     rank = outcome.failed_rank if outcome.failed_rank is not None else 0
     console.print(f"[bold red]node {rank} ({specs[rank].host.label}) failed: {outcome.reason}[/]")
     if outcome.end is End.EXITED:  # its logs are there to show
@@ -37,11 +53,12 @@ def report_failure(watcher: Watcher, outcome: Outcome, config: UpConfig) -> None
         print_lines(console, rank, lines, watcher.secrets)
         if STOP_LINE in lines:
             console.print("the trainer got SIGTERM (kill / docker stop) and wrote a checkpoint: "
-                          f"continue with 'up --resume --job {config.job}'", markup=False)
+                          f"continue with 'up --resume --job {program.job}'", markup=False)
+    return outcome, None
 
 
-def _report_stall(watcher: Watcher, outcome: Outcome) -> None:
-    """Stack dumps of every rank, the node whose ranks are not where the others wait, and all of it saved in
+def _report_stall(watcher: Watched, outcome: Outcome) -> tuple[Outcome, str]:
+    """Stack dumps of every rank and the node whose ranks are not where the others wait; the text to save in
     node 0's log dir (the ranks' own dump files start afresh with the next run)."""
     console, specs = watcher.console, watcher.specs
     stacks = watcher.collect_stacks()
@@ -52,10 +69,9 @@ def _report_stall(watcher: Watcher, outcome: Outcome) -> None:
         lines.append(f"rank {s.rank} on node {s.node} ({specs[s.node].host.label}): {what}")
     blamed = culprits(stacks)
     if blamed:
-        outcome.failed_rank = blamed[0]
         names = ", ".join(f"node {n} ({specs[n].host.label})" for n in blamed)
         lines.append(f"stalled by {names}: its ranks are not in the collective the others wait in")
-        outcome.reason += f"; stalled by {names}"
+        outcome = replace(outcome, failed_rank=blamed[0], reason=f"{outcome.reason}; stalled by {names}")
     elif stacks:
         lines.append("no single node to blame: every rank is in the same place (see the dumps)")
     if FR_ENV in specs[0].env:  # a GPU job: torch's flight recorder may have dumped (NCCL only)
@@ -65,16 +81,11 @@ def _report_stall(watcher: Watcher, outcome: Outcome) -> None:
                      f"{watcher.beat.slowest_step_s:.2f} s)")
     for line in lines:
         console.print(f"  {line}", markup=False, highlight=False)
-    report = "\n".join([*lines, "", *(f"==== rank {s.rank} on node {s.node}\n{s.text or '(no dump)'}" for s in stacks)])
-    path = f"{specs[0].dirs['log']}/stall-{time.strftime('%Y%m%d-%H%M%S', time.gmtime())}.txt"
-    try:
-        watcher.nodes.conn(0).write_file(path, iter((report.encode(),)), timeout=60)
-        console.print(f"stack dumps saved in {specs[0].host.label}:{path}", markup=False, highlight=False)
-    except Exception as err:  # node 0 unreachable: the dumps were printed above
-        console.print(f"could not save the stack dumps on node 0: {err}", markup=False, highlight=False)
+    return outcome, "\n".join([*lines, "", *(f"==== rank {s.rank} on node {s.node}\n{s.text or '(no dump)'}"
+                                          for s in stacks)])
 
 
-def _fr_dumps(watcher: Watcher, stacks: Sequence[RankStack]) -> dict[int, bytes]:
+def _fr_dumps(watcher: Watched, stacks: Sequence[RankStack]) -> dict[int, bytes]:
     dumps: dict[int, bytes] = {}
     for node, spec in enumerate(watcher.specs):
         try:
@@ -85,7 +96,7 @@ def _fr_dumps(watcher: Watcher, stacks: Sequence[RankStack]) -> dict[int, bytes]
     return dumps
 
 
-def summary(nodes: Nodes, specs: Sequence[NodeSpec], console: Console) -> None:
+def summary(nodes: Session, specs: Sequence[ContainerSpec], console: Console) -> None:
     """Epochs, final accuracy (metrics.jsonl over SFTP) and where the checkpoints are."""
     folder = specs[0].dirs["ckpt"]
     metrics = last_metrics(nodes.conn(0), folder)

@@ -3,45 +3,30 @@ failure the job stopped everywhere."""
 
 from __future__ import annotations
 
-import datetime
 import threading
 import time
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from dataclasses import dataclass, replace
 
 from rich.console import Console
 
-from orchestrate.config import UpConfig, secret_values
+from orchestrate.backends.protocol import Ranks, RankState
 from orchestrate.errors import SSHError
-from orchestrate.jobs.control import LogResume, follow_lines, kill_job
-from orchestrate.plan.jobplan import NodeSpec
-from orchestrate.probe.checkpoints import Replicator
+from orchestrate.loglines import follow_lines
+from orchestrate.plan.jobplan import ContainerSpec
+from orchestrate.probe.heartbeat import Beat, read_beat
 from orchestrate.probe.hostboot import Boot, Change, change, read_boot
-from orchestrate.remote.session import Nodes
+from orchestrate.remote.session import Session
 from orchestrate.remote.ssh import fan_out
-from orchestrate.watch.hangup import Hangup, TerminalGone
-from orchestrate.watch.health import (
-    STACK_WAIT_S,
-    Beat,
-    RankStack,
-    StallClock,
-    read_beat,
-    read_stacks,
-    signal_ranks,
-)
+from orchestrate.watch.health import STACK_WAIT_S, RankStack, StallClock, read_stacks
 from orchestrate.watch.outcome import End, Outcome, diverged_line, oom_reason
 from orchestrate.watch.progress import ProgressView
-from orchestrate.watch.report import report_failure
 from trainer.contract import EXIT_DIVERGED
 
-if TYPE_CHECKING:  # docker-py is imported where it is used
-    from docker import DockerClient
-    from docker.models.containers import Container
-
 POLL_S = 2.0
-REMOVED = "removed"  # a pseudo-status: the daemon answered that the container no longer exists
-HOST_CHANGED = "host changed"  # a pseudo-status: the Docker API failed and the host rebooted or dockerd restarted
-NO_API = "no api"  # a pseudo-status: the Docker API failed while sshd answers
+REMOVED = "removed"  # a pseudo-status: the scheduler answered that the node's part no longer exists
+HOST_CHANGED = "host changed"  # a pseudo-status: the backend failed and the host rebooted or dockerd restarted
+NO_API = "no api"  # a pseudo-status: the backend failed while sshd answers
 UNREACHABLE_S = 15.0  # a host that answers no poll for this long counts as down
 # After a job ended on an exit: how long a host that does not answer SSH (rebooting: sshd starts after dockerd) or
 # whose dockerd is down gets to come back and say whether it rebooted or restarted, which then is the cause.
@@ -53,18 +38,25 @@ STREAM_DRAIN_S = 2.0  # at most this long for the log streams' last lines once t
 STREAM_RETRY_S = 1.0  # a node's log stream broke while its container runs: follow it again this much later
 
 
-class Watcher:
-    """Streams every node's log with a `[node R]` prefix, learns of each container's exit from the Docker API's
-    wait, and polls each container's state with a timeout (which also finds unreachable hosts).
+@dataclass(frozen=True)
+class HostSeen:
+    """What the host itself says when the backend does not answer (HOST_CHANGED or NO_API), and why."""
 
-    SSH channels held per host while watching: the log stream, the wait, and the polls' pooled connection: 3.
+    status: str
+    cause: str
+
+
+Seen = RankState | HostSeen | None  # one node in one poll; None: the host does not answer at all
+
+
+class Watcher:
+    """Streams every node's log with a `[node R]` prefix, learns of each node's exit from the backend's wait, and
+    polls each node's state with a timeout (which also finds unreachable hosts); all through the backend's Ranks.
     """
 
-    def __init__(self, nodes: Nodes, specs: Sequence[NodeSpec], containers: Sequence[Container], console: Console,
+    def __init__(self, nodes: Session, specs: Sequence[ContainerSpec], ranks: Ranks, console: Console,
                  secrets: list[str], stall_timeout: float = 0.0) -> None:
-        self.nodes, self.specs, self.console, self.secrets = nodes, specs, console, secrets
-        self.containers = list(containers)
-        self.ids = [str(c.id) for c in containers]
+        self.nodes, self.specs, self.ranks, self.console, self.secrets = nodes, specs, ranks, console, secrets
         self.stall = StallClock(stall_timeout)
         self.last_seen = [time.monotonic()] * len(specs)
         # When this machine learned of each container's exit (its wait returned): the order of failures across
@@ -87,38 +79,28 @@ class Watcher:
             t.start()
 
     def _stream(self, rank: int) -> None:
-        try:
-            # A client without a read timeout: logs may be quiet for long; liveness is the poller's job.
-            # Made here, once per node, then shared with the wait (Nodes.docker is not for concurrent first use).
-            client = self.nodes.docker(rank, timeout=None)
-        except Exception:  # unreachable: the poller reports it
-            self.exited.set()
-            return
-        threading.Thread(target=self._wait, args=(client, rank), daemon=True).start()
-        resume = LogResume()
+        threading.Thread(target=self._wait, args=(rank,), daemon=True).start()
         while not self.stop_event.is_set():
             try:
-                chunks = client.api.logs(self.ids[rank], stream=True, follow=True, timestamps=True,
-                                         since=resume.since())
-                follow_lines(self.console, rank, resume.unstamped(chunks), self.secrets, self.stop_event)
+                follow_lines(self.console, rank, self.ranks.follow(rank), self.secrets, self.stop_event)
             except Exception:  # the stream is best effort; the poller decides what happened
                 pass
-            # The stream ends with the container (then at once: `up` waits for the last lines), or with a
+            # The stream ends with the node's part (then at once: `up` waits for the last lines), or with a
             # dropped connection while it runs on: then follow again from the last line shown (the connection
             # is opened anew), until the job's end stops us.
-            if not self._running(client, rank) or self.stop_event.wait(STREAM_RETRY_S):
+            if not self._running(rank) or self.stop_event.wait(STREAM_RETRY_S):
                 return
 
-    def _running(self, client: DockerClient, rank: int) -> bool:
+    def _running(self, rank: int) -> bool:
         try:
-            return bool(client.api.inspect_container(self.ids[rank])["State"]["Running"])
+            return self.ranks.running(rank)
         except Exception:  # unreachable for now: try again while the job lasts
             return True
 
-    def _wait(self, client: DockerClient, rank: int) -> None:
-        """Block in the daemon's wait until the container exits: the exit is seen at once, without polling."""
+    def _wait(self, rank: int) -> None:
+        """Block in the backend's wait until the node's part exits: the exit is seen at once, without polling."""
         try:
-            client.api.wait(self.ids[rank])
+            self.ranks.wait_exit(rank)
             self.exit_seen[rank] = time.monotonic()
         except Exception:  # unreachable or removed: the poller tells which
             pass
@@ -130,13 +112,9 @@ class Watcher:
         for t in self.streams:
             t.join(max(0.0, deadline - time.monotonic()))
 
-    def _state(self, rank: int) -> dict[str, Any]:
-        # The client the earlier phases used (its idle pooled channel): no extra channel for the polls.
-        return dict(self.nodes.docker(rank).api.inspect_container(self.ids[rank])["State"])
-
     def poll(self) -> Outcome | None:
         """One round: None while running; an Outcome once the job succeeded or a node failed."""
-        results: list[dict[str, Any] | None] = [None] * len(self.specs)
+        results: list[Seen] = [None] * len(self.specs)
         threads = [threading.Thread(target=self._poll_one, args=(r, results), daemon=True)
                    for r in range(len(self.specs))]
         threads.append(threading.Thread(target=self.refresh_beat, daemon=True))
@@ -149,24 +127,24 @@ class Watcher:
         done = 0
         failed: list[tuple[float, int, str]] = []  # (seen exited at, on this machine's clock; rank; why)
         for rank, state in enumerate(results):
-            if state is None or state["Status"] == NO_API:
+            if state is None or state.status == NO_API:
                 if now - self.last_seen[rank] > UNREACHABLE_S:
                     return self._no_answer(rank, state, now)
                 continue
-            if state["Status"] == HOST_CHANGED:
-                return Outcome(False, End.HOST, rank, state["Cause"])
+            if isinstance(state, HostSeen):
+                return Outcome(False, End.HOST, rank, state.cause)
             self.last_seen[rank] = now
             if rank == 0 and self.stall.started_at is None:  # node 0's clock, as the heartbeat's `time`
-                self.stall.started_at = docker_time(str(state.get("StartedAt", "")))
-            status, code = state.get("Status"), int(state.get("ExitCode", 0))
-            if status == REMOVED:
+                self.stall.started_at = state.started_at
+            if state.status == REMOVED:
                 return Outcome(False, End.REMOVED, rank, "its container was removed (stopped with 'kill'?)")
-            if status in ("exited", "dead"):
-                if code != 0:
-                    why = oom_reason(self.specs[rank].memory) if state.get("OOMKilled") else self._exit_reason(rank, code)
+            if state.ended:
+                if state.exit_code != 0:
+                    why = (oom_reason(self.specs[rank].memory) if state.oom_killed
+                           else self._exit_reason(rank, state.exit_code))
                     failed.append((self.exit_seen[rank] or now, rank, why))
                 done += 1
-        if failed and any(s is None or s["Status"] == NO_API for s in results):
+        if failed and any(s is None or s.status == NO_API for s in results):
             return None  # a node's Docker or host does not answer (a restart, a reboot): its peers' exits follow
         if failed:
             # Name the node that went first: the others usually fail *because* it did (a lost peer).
@@ -184,12 +162,12 @@ class Watcher:
         step = self.beat.step if self.beat else "?"
         return Outcome(False, End.STALLED, None, f"no training progress for {idle:.0f} s after step {step} {limit}")
 
-    def _no_answer(self, rank: int, state: dict[str, Any] | None, now: float) -> Outcome:
-        if state is None:
+    def _no_answer(self, rank: int, state: Seen, now: float) -> Outcome:
+        if not isinstance(state, HostSeen):
             # Stopping the job and finding the newest checkpoint skip it now rather than time out there again.
             self.nodes.lose(rank, f"it answered nothing for {now - self.last_seen[rank]:.0f} s")
             return Outcome(False, End.UNREACHABLE, rank, f"host unreachable for {UNREACHABLE_S:.0f} s")
-        return Outcome(False, End.HOST, rank, f"{state['Cause']} for {UNREACHABLE_S:.0f} s")
+        return Outcome(False, End.HOST, rank, f"{state.cause} for {UNREACHABLE_S:.0f} s")
 
     def refresh_beat(self) -> None:
         try:
@@ -220,30 +198,28 @@ class Watcher:
 
     def _signal(self, rank: int) -> list[int]:
         try:
-            return signal_ranks(self.nodes.docker(rank).containers.get(self.ids[rank]))
+            return self.ranks.signal_ranks(rank)
         except Exception:  # an unreachable node has no dumps to give; the others still do
             return []
 
-    def _poll_one(self, rank: int, results: list[dict[str, Any] | None]) -> None:
-        import docker.errors
-
+    def _poll_one(self, rank: int, results: list[Seen]) -> None:
         try:
-            results[rank] = self._exit_of_a_restart(rank, self._state(rank))
-        except docker.errors.NotFound:  # the host answered: the container is gone, not the host
-            results[rank] = {"Status": REMOVED}
+            state = self.ranks.state(rank)
+            # None: the host answered that the container is gone (the host is not)
+            results[rank] = RankState(REMOVED) if state is None else self._exit_of_a_restart(rank, state)
         except Exception:  # the API failed: ask the host itself why (unreachable or slow: counted by last_seen)
             results[rank] = self._host_state(rank)
 
-    def _exit_of_a_restart(self, rank: int, state: dict[str, Any]) -> dict[str, Any]:
+    def _exit_of_a_restart(self, rank: int, state: RankState) -> Seen:
         """A failed container on a host whose daemon restarted (or that rebooted) since the job started: the
         restart ended it, whatever its exit code says (a quick restart answers the next poll as if nothing
         happened)."""
-        if state.get("Status") not in ("exited", "dead") or int(state.get("ExitCode", 0)) == 0:
+        if not state.ended or state.exit_code == 0:
             return state
         host = self._host_state(rank)
-        return host if host is not None and host["Status"] == HOST_CHANGED else state
+        return host if host is not None and host.status == HOST_CHANGED else state
 
-    def _host_state(self, rank: int) -> dict[str, Any] | None:
+    def _host_state(self, rank: int) -> HostSeen | None:
         """None: the host does not answer over SSH. A daemon that is down fails the node only once it stays down
         UNREACHABLE_S (a restart brings it back in seconds, then it counts as restarted)."""
         try:
@@ -255,7 +231,7 @@ class Watcher:
             return None
         seen = change(self.boots[rank], now)
         cause = seen.cause(self.specs[rank].host.label)
-        return {"Status": HOST_CHANGED if seen.ended_the_job else NO_API, "Cause": cause}
+        return HostSeen(HOST_CHANGED if seen.ended_the_job else NO_API, cause)
 
     def _exit_reason(self, rank: int, code: int) -> str:
         """torchrun exits 1 whatever its workers' codes: a diverged run is told apart by the trainer's line."""
@@ -264,66 +240,13 @@ class Watcher:
 
     def last_lines(self, rank: int, tail: int = LAST_LINES) -> str:
         try:
-            return self.nodes.docker(rank).api.logs(self.ids[rank], tail=tail).decode(
-                errors="replace")
+            return self.ranks.last_lines(rank, tail)
         except Exception as err:
             return f"(logs unavailable: {err})"
 
 
-def docker_time(stamp: str) -> float | None:
-    """PURE: epoch seconds of one of Docker's RFC 3339 UTC times (a fraction of up to 9 digits, which datetime
-    does not take: cut to microseconds); None for an empty, a zero (never) or a malformed one."""
-    head, _, frac = stamp.rstrip("Z").partition(".")
-    try:
-        at = datetime.datetime.fromisoformat(f"{head}.{frac[:6].ljust(6, '0')}+00:00").timestamp()
-    except ValueError:
-        return None
-    return at if at > 0 else None
-
-
-def watch(nodes: Nodes, specs: Sequence[NodeSpec], containers: Sequence[Container], config: UpConfig,
-          console: Console, hangup: Hangup) -> Outcome:
-    """Stay attached until the job succeeds or a node fails; on failure stop the job everywhere. Meanwhile:
-    progress from the heartbeat, each new checkpoint replicated off node 0. The terminal going away (SIGHUP) ends
-    the watch and leaves the job running."""
-    watcher = Watcher(nodes, specs, containers, console, secret_values(config.env_dict), config.stall_timeout)
-    replicator = Replicator(nodes, specs, config.ckpt_mirror, console)
-    view = ProgressView(console)
-    watcher.read_boots()
-    watcher.start_streams()
-    replicator.start()
-    try:
-        with hangup.watching():
-            outcome = _watch_until_end(watcher, view)
-    except KeyboardInterrupt:
-        watcher.stop_event.set()
-        view.close()
-        replicator.stop()
-        return _interrupted(nodes, config, console)
-    except TerminalGone:
-        watcher.stop_event.set()
-        replicator.stop()
-        return Outcome(True, End.DETACHED, None, "the terminal went away (SIGHUP)")
-    finally:
-        view.close()
-    replicator.stop()
-    watcher.drain_streams(STREAM_DRAIN_S)
-    watcher.stop_event.set()
-    if not outcome.ok:
-        report_failure(watcher, outcome, config)
-        console.print(f"stopping job {config.job!r} on all nodes", markup=False)
-        try:
-            # Short grace: with a peer gone the others cannot agree on a checkpoint anyway.
-            kill_job(nodes, config.job, min(config.grace, FAILED_GRACE_S), console)
-        except Exception as err:  # reported; the job failure is what matters
-            console.print(f"while stopping: {err}", markup=False, highlight=False)
-            outcome.leftovers = True
-        if outcome.end is End.EXITED:
-            _blame_a_host_change(watcher, outcome)
-    return outcome
-
-
-def _watch_until_end(watcher: Watcher, view: ProgressView) -> Outcome:
+def watch_until_end(watcher: Watcher, view: ProgressView) -> Outcome:
+    """Poll until the attempt ends (the progress line shown meanwhile); how it ended."""
     while True:
         outcome = watcher.poll()
         if outcome is not None and outcome.ok:
@@ -335,9 +258,10 @@ def _watch_until_end(watcher: Watcher, view: ProgressView) -> Outcome:
         watcher.exited.clear()
 
 
-def _blame_a_host_change(watcher: Watcher, outcome: Outcome) -> None:
+def blame_a_host_change(watcher: Watcher, outcome: Outcome) -> Outcome:
     """A daemon that is stopping still answers for a moment that its containers exited: only once the job is
-    stopped can a restart (or a reboot, or a daemon now down) be seen. Then it, not the exit code, is the cause."""
+    stopped can a restart (or a reboot, or a daemon now down) be seen. Then it, not the exit code, is the cause:
+    the outcome returned blames it."""
     for rank in range(len(watcher.specs)):
         seen = _host_change(watcher, rank)
         deadline = time.monotonic() + HOST_BACK_S
@@ -346,10 +270,11 @@ def _blame_a_host_change(watcher: Watcher, outcome: Outcome) -> None:
             time.sleep(POLL_S)
             seen = _host_change(watcher, rank)
         if seen not in (None, Change.NONE):
-            outcome.end, outcome.failed_rank, outcome.reason = End.HOST, rank, seen.cause(watcher.specs[rank].host.label)
+            outcome = replace(outcome, end=End.HOST, failed_rank=rank, reason=seen.cause(watcher.specs[rank].host.label))
             watcher.console.print(f"[bold red]node {rank} ({watcher.specs[rank].host.label}) failed first: "
                                   f"{outcome.reason}[/]")
-            return
+            return outcome
+    return outcome
 
 
 def _host_change(watcher: Watcher, rank: int) -> Change | None:
@@ -357,19 +282,4 @@ def _host_change(watcher: Watcher, rank: int) -> Change | None:
     now = read_boot(watcher.nodes.conn(rank))
     return change(watcher.boots[rank], now) if now is not None else None
 
-
-def _interrupted(nodes: Nodes, config: UpConfig, console: Console) -> Outcome:
-    stop = config.stop_on_interrupt
-    if not stop:
-        try:
-            answer = console.input(f"\nStop job {config.job!r} on all nodes? [y/N] ")
-        except (EOFError, KeyboardInterrupt):
-            answer = "y"
-        stop = answer.strip().lower() in ("y", "yes")
-    if stop:
-        kill_job(nodes, config.job, config.grace, console)
-        return Outcome(False, End.INTERRUPTED, None, "stopped by Ctrl-C")
-    console.print(f"job {config.job!r} keeps running; see it with 'status --job {config.job}', "
-                  f"stop it with 'kill --job {config.job}'", markup=False)
-    return Outcome(True, End.DETACHED, None, "detached")
 

@@ -11,7 +11,7 @@ Fixtures (all torn down at session end, even when tests fail; a `gc` at session 
 killed earlier run left behind):
 
 - ``_leave_nothing_running`` (autouse, every test here): once a test has ended, every orchestrator process it
-  started through orchestrate_kit (``start``, ``orchestrate``) or logins.py that still runs is killed with its
+  started through kit/orchestrate_kit.py (``start``, ``orchestrate``) or kit/logins.py that still runs is killed with its
   process group; when the test failed or timed out, every job container (label ``ddp-cifar.job``) on the hosts of
   every cluster of this session is removed too. Without it a failed test leaves its `up` and its job running, and
   every later `up` on those hosts is refused (master port in use). What it ended is printed in the test's report.
@@ -48,7 +48,8 @@ What a test uses from a ``Cluster`` (see docs/devcluster.md):
   login user: assert it is empty), ``.docker_sock``, ``.docker_host``, ``.docker_client()`` (local
   socket, for assertions), ``.link_down()``/``.link_up()`` (network drops),
   ``.stop_docker()``/``.start_docker()``.
-- Fixtures of the orchestrator's tests (module-scoped): ``target`` (the cluster they run on; ``cluster``
+- Fixtures of the orchestrator's tests (module-scoped): ``fresh`` (2 hosts of the module's own, without the image),
+  ``target`` (the cluster they run on; ``cluster``
   unless a module overrides it), ``work`` (a folder per module, on the machine), ``data`` (a synthetic
   CIFAR-10 archive served over HTTP on the cluster's gateway address), ``hosts`` (the hosts file of
   ``target``, on the orchestrator's default dirs, which are per host).
@@ -63,7 +64,7 @@ from collections.abc import Callable, Generator, Iterator, Sequence
 from pathlib import Path
 
 import pytest
-from orchestrate_kit import Data, end_leftovers, remove_job_containers, serve_data
+from kit.orchestrate_kit import Data, end_leftovers, remove_job_containers, serve_data, start_test_clock
 
 from devcluster import Cluster
 from devcluster.gc import gc
@@ -82,6 +83,12 @@ def pytest_runtest_makereport(item: pytest.Item,
     if report.when in ("setup", "call") and report.failed:
         item.stash[FAILED] = True
     return report
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    """The kit's waits are bounded by what is left of the test's budget from here (orchestrate_kit.bounded)."""
+    start_test_clock()
 
 
 @pytest.fixture(scope="session")
@@ -146,6 +153,15 @@ def cluster_shared(cluster_factory: ClusterFactory) -> Cluster:
 @pytest.fixture(scope="session")
 def cluster_root(cluster_factory: ClusterFactory) -> Cluster:
     return cluster_factory(2, root_login=True)
+
+
+@pytest.fixture(scope="module")
+def fresh(cluster_factory: ClusterFactory, cpu_image: str) -> Iterator[Cluster]:
+    """A 2-host cluster of the module's own whose daemons start without the image: the tests of the image transfer
+    (a module's `target` returns it)."""
+    c = cluster_factory(2, fresh=True)
+    yield c
+    c.close()
 
 
 @pytest.fixture(scope="module")

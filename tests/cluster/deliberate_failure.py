@@ -11,7 +11,7 @@ from __future__ import annotations
 import subprocess
 from pathlib import Path
 
-from orchestrate_kit import PATIENCE, Data, job_containers, start, up_args, wait_for
+from kit.orchestrate_kit import PATIENCE, Data, job_containers, start, up_args, wait_for
 
 from devcluster import Cluster
 

@@ -12,20 +12,21 @@ import json
 import sys
 from pathlib import Path
 
+from orchestrate.checks import gpuprobe
 from orchestrate.config import SSHOptions, UpConfig
 from orchestrate.hosts import parse_hosts_file
-from orchestrate.plan.jobplan import build_plan
-from orchestrate.probe import gpuprobe
-from orchestrate.remote.session import Nodes
+from orchestrate.plan.jobplan import Attempt, container_specs
+from orchestrate.plan.shortlived import gpu_probe
+from orchestrate.remote.session import Session
 
 
 def main(hosts_file: str, image: str) -> None:
     hosts = parse_hosts_file(Path(hosts_file), None)
-    config = UpConfig(ssh=SSHOptions(Path(hosts_file), None, False), image=image, gpus=1, job="gpuprobe-test")
-    nodes = Nodes.connect(hosts, False)
+    config = UpConfig.of(ssh=SSHOptions(Path(hosts_file), None, False), image=image, gpus=1, job="gpuprobe-test")
+    nodes = Session.connect(hosts, False)
     try:
-        specs = build_plan(config, hosts, hosts[0].hostname)
-        for result in gpuprobe.probe_all(nodes, specs, None):
+        specs = container_specs(config.program, config.resources, config.where, Attempt(), hosts, hosts[0].hostname)
+        for result in gpuprobe.probe_all(nodes, specs, [gpu_probe(s, gpuprobe.script()) for s in specs], None):
             print(json.dumps(dataclasses.asdict(result)), flush=True)
     finally:
         nodes.close()

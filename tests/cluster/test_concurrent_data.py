@@ -21,12 +21,21 @@ from functools import partial
 from pathlib import Path
 
 import pytest
-from orchestrate_kit import IMAGE, TRAIN, Data, kill_process_group, start, wait_for
-from test_examples import example_image
-from test_self_healing import Up
+from kit.fetching import serving
+from kit.orchestrate_kit import (
+    IMAGE,
+    PATIENCE,
+    TRAIN,
+    Data,
+    Up,
+    example_image,
+    kill_process_group,
+    start,
+    wait_for,
+)
 
 from devcluster import Cluster, Host
-from orchestrate.apply import datalock
+from orchestrate.backends.docker_ssh import datalock
 
 pytestmark = [pytest.mark.cluster, pytest.mark.docker, pytest.mark.slow]
 
@@ -39,7 +48,7 @@ class Gated(http.server.SimpleHTTPRequestHandler):
 
     def do_GET(self) -> None:
         Gated.gets.append(self.client_address[0])
-        Gated.gate.wait(timeout=900)
+        Gated.gate.wait(timeout=PATIENCE)
         super().do_GET()
 
     def log_message(self, *args: object) -> None:
@@ -50,14 +59,11 @@ class Gated(http.server.SimpleHTTPRequestHandler):
 def gated(folder: Path, bind: str) -> Iterator[str]:
     """An HTTP server of `folder` whose downloads wait for Gated.gate; yields its base URL."""
     Gated.gets, Gated.gate = [], threading.Event()
-    server = http.server.ThreadingHTTPServer((bind, 0), partial(Gated, directory=str(folder)))
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    try:
-        yield f"http://{bind}:{server.server_address[1]}"
-    finally:
-        Gated.gate.set()
-        server.shutdown()
-        server.server_close()
+    with serving(partial(Gated, directory=str(folder)), bind) as base:
+        try:
+            yield base
+        finally:
+            Gated.gate.set()
 
 
 @contextmanager
@@ -84,7 +90,7 @@ def held(cluster: Cluster, folder: str) -> Iterator[None]:
 def until(predicate: Callable[[], bool], ups: list[Up], what: str) -> None:
     """wait_for, bounded; on a timeout the `up`s are stopped and what they printed is shown."""
     try:
-        wait_for(predicate, 900, what, every=0.2)
+        wait_for(predicate, PATIENCE, what, every=0.2)
     except AssertionError:
         for up in ups:
             kill_process_group(up.proc, signal.SIGTERM)

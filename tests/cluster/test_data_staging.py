@@ -8,7 +8,7 @@ import os
 from pathlib import Path
 
 import pytest
-from test_examples import DATA, example_image, up
+from kit.orchestrate_kit import DATA, example_image, up
 
 from devcluster import Cluster
 

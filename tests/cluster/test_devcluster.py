@@ -22,6 +22,8 @@ from pathlib import Path
 import docker
 import paramiko
 import pytest
+from kit.orphan import cluster_of_a_child
+from kit.waits import wait_until
 
 from devcluster import Cluster, Host, seed
 from devcluster.gc import gc
@@ -408,10 +410,8 @@ def _busy_host(c: Cluster) -> subprocess.Popen[bytes]:
     client.containers.run(TINY_IMAGE, ["sleep", "1000"], network_mode="none", detach=True)
     session = subprocess.Popen(c.ssh_argv(h, "sleep", "1000"), stdin=subprocess.DEVNULL,
                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    deadline = time.monotonic() + 10
-    while "sleep 1000 " not in [cmdline(p) for p in pids_in_netns(h.netns)]:
-        assert time.monotonic() < deadline, "the ssh session did not start"
-        time.sleep(0.2)
+    wait_until(lambda: "sleep 1000 " in [cmdline(p) for p in pids_in_netns(h.netns)], 10, "the ssh session to start",
+               every=0.2)
     return session
 
 
@@ -431,13 +431,9 @@ def test_close_leaves_no_trace(cluster_factory) -> None:
 @pytest.mark.cluster
 def test_gc_removes_the_cluster_of_a_killed_run() -> None:
     """A process makes a cluster and is SIGKILLed: its daemons live on, and gc removes them all."""
-    code = ("import sys, time; from devcluster import Cluster; c = Cluster.create(1); "
-            "print(c.name, flush=True); time.sleep(600)")
-    proc = subprocess.Popen([sys.executable, "-c", code], cwd=REPO, stdout=subprocess.PIPE, text=True)
+    proc, c = cluster_of_a_child("1")
+    name = c.name
     try:
-        name = proc.stdout.readline().strip()
-        assert name, "the child did not make a cluster"
-        c = Cluster.load(name)
         assert c.hosts[0].docker_client().ping()
         assert name not in gc(), "gc must keep a cluster whose owner lives"
         assert c.traces()
@@ -466,10 +462,7 @@ def test_close_does_not_wait_for_the_deletion_of_the_folder_and_gc_finishes_it(c
         subprocess.run(["chattr", "-i", *map(str, moved or [stuck])], check=True)
     assert len(moved) == 1, "the folder did not go to the trash"
     gc()
-    deadline = time.monotonic() + 60
-    while moved[0].parents[1].exists():
-        assert time.monotonic() < deadline, f"{moved[0].parents[1]} was not deleted"
-        time.sleep(0.2)
+    wait_until(lambda: not moved[0].parents[1].exists(), 60, f"{moved[0].parents[1]} to be deleted", every=0.2)
 
 def _listing(folder: Path) -> list[tuple[str, int, int, int]]:
     """Every file and folder under `folder`: path, size, mtime (ns) and mode (the seed's mark left out: using a

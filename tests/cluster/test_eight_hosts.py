@@ -9,7 +9,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from orchestrate_kit import Data, job_containers, orchestrate, serve_data, up_args
+from kit.orchestrate_kit import Data, job_containers, orchestrate, serve_data, up_args
 
 from devcluster import Cluster
 
@@ -35,7 +35,7 @@ def data8(eight: Cluster, work: Path) -> Iterator[Data]:
 def test_eight_hosts_train_to_the_end_and_kill_leaves_nothing(eight: Cluster, work: Path, data8: Data) -> None:
     job, state = "eight", work / "state8"
     t0 = time.monotonic()
-    res = orchestrate(eight, state, *up_args(eight.hosts_file, data8, job, trainer=("--epochs", "1")), timeout=900)
+    res = orchestrate(eight, state, *up_args(eight.hosts_file, data8, job, trainer=("--epochs", "1")))
     took = time.monotonic() - t0
     assert res.returncode == 0, res.stderr
     assert f"job {job!r} started: 8 node(s)" in res.stdout

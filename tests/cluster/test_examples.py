@@ -11,21 +11,20 @@ from __future__ import annotations
 import json
 import os
 import signal
-import subprocess
-import time
 from pathlib import Path
 
 import docker
 import pytest
-from orchestrate_kit import (
-    IMAGE,
+from kit.lines import LineReader
+from kit.orchestrate_kit import (
     PATIENCE,
-    REPO,
+    example_image,
     job_containers,
     kill_process_group,
     manifests,
     orchestrate,
     start,
+    up,
     wait_for,
 )
 
@@ -49,27 +48,8 @@ def args_for(name: str, steps: int, step_seconds: float) -> list[str]:
     return ["--steps", str(steps), "--step-seconds", str(step_seconds), *EXAMPLES[name][2]]
 
 
-def example_image(name: str) -> str:
-    """Build examples/<name> FROM the test image (cached after the first build); its tag follows IMAGE's."""
-    tag = f"ddp-example-{name}:{IMAGE.rpartition(':')[2] or 'latest'}"
-    subprocess.run(["docker", "build", "-q", "--build-arg", f"BASE={IMAGE}", "-f", f"examples/{name}/Dockerfile",
-                    "-t", tag, "examples"], cwd=REPO, check=True, timeout=600, capture_output=True,
-                   env={**os.environ, "DOCKER_BUILDKIT": "0"})
-    return tag
-
-
-def up(cluster: Cluster, work: Path, hosts: Path, job: str, image: str, entry: str, *extra: str,
-       args: list[str]) -> subprocess.CompletedProcess[str]:
-    return orchestrate(cluster, work / "state", "up", "--hosts", str(hosts), "--job", job, "--gpus", "0",
-                       "--image", image, "--entry", entry, "--grace", "30", *extra, "--", *args)
-
-
 def contract_lines(text: str) -> list[dict[str, object]]:
     return [json.loads(line.split("CONTRACT ", 1)[1]) for line in text.splitlines() if "CONTRACT " in line]
-
-
-# The default dirs (the hosts file names none): under the login's home, which each test host has of its own.
-DATA = "/home/ddp/.cache/ddp-cifar/data"
 
 
 def job_dir(cluster: Cluster, node: int, job: str, kind: str) -> Path:
@@ -114,11 +94,8 @@ def test_example_contract_rank_logs_kill_and_resume(cluster: Cluster, work: Path
     # -f: rank 1's new lines as they come, rank 1's only.
     follow = start(cluster, work / "state", "logs", "--job", job, "--rank", "1", "-f", "--tail", "1")
     try:
-        seen: list[str] = []
-        deadline = time.monotonic() + 60
-        assert follow.stdout is not None
-        while time.monotonic() < deadline and not any(ln.startswith("[rank 1] ") and "loss" in ln for ln in seen):
-            seen.append(follow.stdout.readline().rstrip("\n"))
+        seen = LineReader(follow.stdout).until(
+            lambda lines: any(ln.startswith("[rank 1] ") and "loss" in ln for ln in lines), 60, "rank 1's loss line")
     finally:
         kill_process_group(follow, signal.SIGTERM)
     assert any(ln.startswith("[rank 1] ") and "loss" in ln for ln in seen), seen

@@ -4,20 +4,29 @@ only a GPU node shows CUDA honouring the set. The program is examples/minimal (i
 
 from __future__ import annotations
 
-import os
-import time
+import signal
+import subprocess
 from pathlib import Path
 
 import pytest
-from orchestrate_kit import job_containers, orchestrate, start
-from test_examples import example_image
+from kit.orchestrate_kit import (
+    PATIENCE,
+    Up,
+    example_image,
+    job_containers,
+    kill_process_group,
+    orch_env,
+    orchestrate,
+    spawn,
+    wait_for,
+)
 
 from devcluster import Cluster
+from orchestrate.backends.docker_ssh.claim import BACKOFF_S
+from orchestrate.testgates import CLAIM_GATE_ENV
 
 pytestmark = [pytest.mark.cluster, pytest.mark.docker, pytest.mark.slow]
 
-PAIRS = int(os.environ.get("GPU_SET_PAIRS", "3"))  # simultaneous pairs of `up --detach`; CI runs 3, the figures in
-# docs/shared-hosts.md come from a run with GPU_SET_PAIRS=10
 HOLD = ("--steps", "3000", "--step-seconds", "0.2", "--ckpt-every", "100000")  # runs until killed
 
 
@@ -56,13 +65,24 @@ def disjoint(cluster: Cluster, a: str, b: str) -> bool:
         not set(sets_a[h][0].split(",")) & set(sets_b[h][0].split(",")) for h in sets_a)
 
 
-def start_pair(target: Cluster, state: Path, hosts: Path, image: str, jobs: tuple[str, str]) -> list[str]:
-    runs = [start(target, state / job, *gpu_up(hosts, image, job, "2")) for job in jobs]
-    outs = [p.communicate(timeout=300)[0] for p in runs]
-    for job, p, out in zip(jobs, runs, outs, strict=True):
-        print(f"[{job}] up rc={p.returncode}\n{out}")
-    assert [p.returncode for p in runs] == [0, 0]
-    return outs
+def gated_pair(target: Cluster, state: Path, hosts: Path, image: str, first: tuple[str, str],
+               second: tuple[str, str]) -> tuple[int, str, subprocess.CompletedProcess[str]]:
+    """The race forced, every time: the `up` of `first` (job, --gpus) chooses its GPU set from labels that show no
+    other job, and its claim gate (orchestrate/testgates.py) holds it there, before its containers exist, until the
+    `up` of `second` has created, checked and started its own. Then the first goes on: its exit code and output,
+    and the second's run."""
+    gate = state / f"{first[0]}-claim-gate"
+    env = {**orch_env(target, state / first[0]), CLAIM_GATE_ENV: str(gate)}
+    held_up = Up(spawn(gpu_up(hosts, image, *first), env, merge_stderr=True))
+    try:
+        wait_for(lambda: Path(f"{gate}.reached").exists() or held_up.proc.poll() is not None, PATIENCE,
+                 f"{first[0]}'s up at its claim gate")
+        assert held_up.proc.poll() is None, held_up.text
+        won = orchestrate(target, state / second[0], *gpu_up(hosts, image, *second))
+        gate.touch()
+        return held_up.wait(PATIENCE), held_up.text, won
+    finally:
+        kill_process_group(held_up.proc, signal.SIGKILL)
 
 
 def kill(target: Cluster, state: Path, hosts: Path, *jobs: str) -> None:
@@ -70,10 +90,18 @@ def kill(target: Cluster, state: Path, hosts: Path, *jobs: str) -> None:
         assert orchestrate(target, state / job, "kill", "--hosts", str(hosts), "--job", job).returncode == 0
 
 
-def test_two_jobs_of_2_gpus_side_by_side_then_a_third_and_all_are_refused(target: Cluster, image: str, tmp_path: Path) -> None:
+def test_a_claim_that_lost_the_race_plans_again_on_other_gpus_then_a_third_and_all_are_refused(
+        target: Cluster, image: str, tmp_path: Path) -> None:
+    """gs-a chose GPUs 0,1 and node 0's first free port; gs-b claimed the same meanwhile. gs-a's claim check sees
+    gs-b's containers created first, removes its own, and plans again on fresh labels: the other two GPUs and
+    another port. Never both on one GPU."""
     hosts = target.write_hosts_file(tmp_path / "hosts.txt")
-    start_pair(target, tmp_path, hosts, image, ("gs-a", "gs-b"))
+    code, text, won = gated_pair(target, tmp_path, hosts, image, ("gs-a", "2"), ("gs-b", "2"))
     try:
+        assert won.returncode == 0 and code == 0, text
+        lost = [ln for ln in text.splitlines() if ln.startswith("claim ")]
+        assert len(lost) == 1 and lost[0].startswith("claim 1 lost: ") and "ddp/gs-b created first" in lost[0], text
+        assert BACKOFF_S[0] <= float(lost[0].rsplit(" in ", 1)[1].removesuffix(" s")) <= BACKOFF_S[1], lost
         assert disjoint(target, "gs-a", "gs-b"), (held(target, "gs-a"), held(target, "gs-b"))
         ports = {held(target, job)[target.hosts[0].name][1] for job in ("gs-a", "gs-b")}
         assert len(ports) == 2 and "" not in ports  # node 0 of each: its own master port, not given
@@ -87,18 +115,18 @@ def test_two_jobs_of_2_gpus_side_by_side_then_a_third_and_all_are_refused(target
         kill(target, tmp_path, hosts, "gs-a", "gs-b")
 
 
-def test_simultaneous_pairs_never_share_a_device(target: Cluster, image: str, tmp_path: Path) -> None:
+def test_a_claim_that_lost_the_race_with_too_few_gpus_left_is_refused(
+        target: Cluster, image: str, tmp_path: Path) -> None:
+    """gs-e chose 3 of the 4 GPUs; gs-f claimed 2 of them meanwhile. gs-e plans again, 2 are free, and it is
+    refused: one error line, then one line per host naming the holder; none of its containers is left."""
     hosts = target.write_hosts_file(tmp_path / "hosts.txt")
-    lost, waited, began = 0, 0.0, time.monotonic()
-    for n in range(PAIRS):
-        jobs = (f"p{n}-a", f"p{n}-b")
-        outs = start_pair(target, tmp_path, hosts, image, jobs)
-        try:
-            assert disjoint(target, *jobs), (held(target, jobs[0]), held(target, jobs[1]))
-        finally:
-            kill(target, tmp_path, hosts, *jobs)
-        claims = [ln for out in outs for ln in out.splitlines() if ln.startswith("claim ")]
-        lost += len(claims)
-        waited += sum(float(ln.rsplit(" in ", 1)[1].split(" s")[0]) for ln in claims)
-    print(f"FIGURES pairs={PAIRS} ups={2 * PAIRS} tries={2 * PAIRS + lost} collisions={lost} "
-          f"waited_s={waited:.1f} wall_s={time.monotonic() - began:.0f}")
+    code, text, won = gated_pair(target, tmp_path, hosts, image, ("gs-e", "3"), ("gs-f", "2"))
+    try:
+        assert won.returncode == 0 and code == 1, text
+        assert job_containers(target, "gs-e") == [] and len(held(target, "gs-f")) == len(target.hosts)
+        errors = [ln for ln in text.splitlines() if ln.startswith("error:")]
+        assert errors == ["error: another job took what this one planned to use; nothing was started:"], text
+        why = [ln for ln in text.splitlines() if "--gpus 3: 2 of 4 GPU(s) free here, held by ddp/gs-f (GPU 0,1)" in ln]
+        assert len(why) == len(target.hosts), text  # one line per host
+    finally:
+        kill(target, tmp_path, hosts, "gs-f")

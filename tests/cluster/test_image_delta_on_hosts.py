@@ -13,8 +13,8 @@ from pathlib import Path
 
 import docker
 import pytest
-from image_kit import build_changed_image, load_image
-from orchestrate_kit import IMAGE, Data, job_containers, orchestrate, up_args
+from kit.image_kit import build_changed_image
+from kit.orchestrate_kit import IMAGE, Data, job_containers, orchestrate, up_args
 
 from devcluster import Cluster
 
@@ -24,7 +24,9 @@ CHANGED = f"{IMAGE}-delta-test"
 
 @pytest.fixture(scope="module")
 def fresh(cluster_factory, cpu_image: str) -> Iterator[Cluster]:  # type: ignore[no-untyped-def]
-    c = cluster_factory(2, fresh=True)
+    """2 hosts of the module's own, seeded: they start with the previous build, as the nodes of a change do (the
+    full transfer is the image-pull tests' subject, not this one's)."""
+    c = cluster_factory(2, fresh=True, seeded=True)
     yield c
     c.close()
 
@@ -51,9 +53,8 @@ def test_up_after_a_trainer_change_sends_only_the_new_layer(fresh: Cluster, work
                                                             changed: dict[str, tuple[str, str]], source: str) -> None:
     """--layer-cache on: the blobs of the local layer cache; off: filtered from one `docker save` stream."""
     tag, image_id = changed[source]
-    for h in fresh.hosts:  # the nodes hold the previous build, loaded the plain way (no registry involved)
-        if not h.docker_client().images.list(name=IMAGE):
-            load_image(IMAGE, h.docker_host)
+    for h in fresh.hosts:  # the nodes hold the previous build (seeded), not through the registry
+        assert h.docker_client().images.list(name=IMAGE), h.name
     res = orchestrate(fresh, work / "state", *up_args(hosts, data, f"delta-{source}", "--image", tag, "--timings",
                                                       "--layer-cache", source, trainer=("--epochs", "1")))
     assert res.returncode == 0

@@ -1,14 +1,21 @@
-"""`check` and `up --check-network` on three real test hosts: equal hosts flag nothing, a throttled host is named
-as the outlier, a host that cannot reach the master's rendezvous port is named and nothing starts."""
+"""`check` and `up --check-network` on three real test hosts (no GPU): on equal hosts every part passes (the
+self-test of the job's processes under torchrun in the image on each host, the network within and across the
+hosts) and nothing is flagged; the GPU probe of a GPU job really runs against each host's dockerd and names what
+is missing there; a throttled host is named as the outlier; a host that cannot reach the master's rendezvous port
+is named and nothing starts. One `check` on equal hosts serves the first three tests."""
 
 from __future__ import annotations
 
+import json
+import re
+import subprocess
+import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from orchestrate_kit import IMAGE, PATIENCE, Data, job_containers, orchestrate, up_args
+from kit.orchestrate_kit import IMAGE, PATIENCE, REPO, Data, job_containers, orch_env, orchestrate, up_args
 
 from devcluster import Cluster
 
@@ -28,25 +35,60 @@ def target(cluster_factory, cpu_image: str) -> Iterator[Cluster]:  # type: ignor
 def check(cluster: Cluster, work: Path, hosts: Path) -> tuple[int, str, float]:
     t0 = time.monotonic()
     res = orchestrate(cluster, work / "state", "check", "--hosts", str(hosts), "--gpus", "0", "--image", IMAGE,
-                      "--max-mb", CHECK_MB, "--job", "net", "--model", "tiny", timeout=600)
+                      "--max-mb", CHECK_MB, "--job", "net", "--model", "tiny", "--precision", "bf16", timeout=600)
     return res.returncode, res.stdout + res.stderr, time.monotonic() - t0
 
 
-def test_equal_hosts_flag_nothing(target: Cluster, work: Path, hosts: Path) -> None:
-    """Three hosts with equal links (200 Mbit/s each, as equal NICs). Unthrottled, a veth runs at whatever CPU
-    this machine has left, and beside the other test worker that differed 2x from pair to pair (CI, seen)."""
+@pytest.fixture(scope="module")
+def equal(target: Cluster, work: Path, hosts: Path) -> tuple[int, str, float]:
+    """One `check` on three hosts with equal links (200 Mbit/s each, as equal NICs); it also sends the image to
+    hosts that lack it. Unthrottled, a veth runs at whatever CPU this machine has left, and beside the other test
+    worker that differed 2x from pair to pair (CI, seen)."""
     for h in target.hosts:
         h.throttle("200mbit")
     try:
-        rc, out, took = check(target, work, hosts)
+        return check(target, work, hosts)
     finally:
         for h in target.hosts:
             h.throttle(None)
+
+
+def test_equal_hosts_flag_nothing(target: Cluster, equal: tuple[int, str, float]) -> None:
+    rc, out, took = equal
     assert rc == 0, out
-    assert "network check (MB/s)" in out and "all 3 nodes: all_reduce bus bandwidth" in out and "OUTLIER" not in out and "outlier" not in out
+    assert "processes per node 2,2,2" in out  # slots=1 hosts: at least 2 per CPU node, within and across
+    assert "all 3 nodes: all_reduce bus bandwidth" in out and "OUTLIER" not in out and "outlier" not in out
+    assert "below the floor" not in out
     assert out.count(" <-> ") == 3  # every pair of 3 hosts
     assert job_containers(target, "net-netcheck") == []
     print(f"check on 3 equal hosts took {took:.1f} s")
+
+
+def test_check_prints_one_row_per_node_with_every_part_passed(target: Cluster, equal: tuple[int, str, float]) -> None:
+    rc, out, _ = equal
+    table = out[out.index("self-test"):]  # below the preflight and network tables
+    for rank, host in enumerate(target.hosts):
+        row = next((ln for ln in table.splitlines() if re.match(rf"\W*{rank}\W+{re.escape(host.name)}\W", ln)), None)
+        assert row is not None, f"no row for node {rank} ({host.name}):\n{out}"
+        assert "CPU mode" in row and "ddp bf16 on 2 x cpu: 3 steps" in row, row
+        assert "saved, loaded, equal" in row and "within " in row and "best pair" in row, row
+    assert rc == 0, out
+    assert job_containers(target, "net-selftest") == [] and job_containers(target, "net-netcheck") == []
+
+
+def test_the_gpu_probe_runs_on_each_host_and_names_what_is_missing(target: Cluster, work: Path, hosts: Path,
+                                                                    equal: tuple[int, str, float]) -> None:
+    """Only a GPU host could show a pass; here each host's dockerd refuses the GPU request, as a node without
+    the NVIDIA Container Toolkit does. (`equal` sent the image to the hosts.)"""
+    res = subprocess.run([sys.executable, str(REPO / "tests" / "cluster" / "gpu_probe_on_hosts.py"), str(hosts), IMAGE],
+                         env=orch_env(target, work / "state"), cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert res.returncode == 0, res.stderr
+    results = [json.loads(line) for line in res.stdout.splitlines()]
+    assert [r["label"].split(":")[0] for r in results] == [h.name for h in target.hosts], res.stdout
+    for r in results:
+        assert r["problem"].startswith("no NVIDIA container runtime is registered with this host's Docker daemon"), r
+        assert "\n" not in r["problem"]
+    assert job_containers(target, "gpuprobe-test-gpuprobe") == []
 
 
 def test_a_throttled_host_is_the_outlier(target: Cluster, work: Path, hosts: Path) -> None:

@@ -27,7 +27,8 @@ import sys
 from pathlib import Path
 
 import pytest
-from orchestrate_kit import Data, job_containers, orchestrate, up_args
+from kit.lines import LineReader
+from kit.orchestrate_kit import Data, job_containers, orchestrate, up_args
 
 from devcluster import Cluster
 from devcluster.proc import in_netns
@@ -130,14 +131,18 @@ def test_preflight_refusals_one_line_per_host(cluster: Cluster, tmp_path: Path, 
 
 
 def test_master_port_in_use_on_node0(cluster: Cluster, tmp_path: Path, hosts: Path, data: Data) -> None:
-    code = "import socket,time; s=socket.socket(); s.bind(('0.0.0.0',29577)); s.listen(); print('ok',flush=True); time.sleep(60)"
+    # The port is held until the test closes the holder's stdin, however long `up` takes.
+    code = ("import socket, sys; s = socket.socket(); s.bind(('0.0.0.0', 29577)); s.listen(); print('ok', flush=True); "
+            "sys.stdin.read()")
     listener = subprocess.Popen(in_netns(cluster.hosts[0].netns, [sys.executable, "-c", code]),
-                                stdout=subprocess.PIPE, text=True)
+                                stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
     try:
-        assert listener.stdout is not None and listener.stdout.readline().strip() == "ok"
+        assert LineReader(listener.stdout).next(60, "the port holder to listen").strip() == "ok"
         res = orchestrate(cluster, tmp_path / "state", *up_args(hosts, data, "port", "--master-port", "29577"))
+        assert listener.poll() is None, "the port holder ended before `up` was done"
     finally:
-        listener.kill()
+        assert listener.stdin is not None
+        listener.stdin.close()
         listener.wait(timeout=10)
     assert_refused(res, {cluster.hosts[0].name: "master port 29577 already in use on node 0"})
     assert not any(ln.startswith(cluster.hosts[1].name) for ln in error_lines(res))

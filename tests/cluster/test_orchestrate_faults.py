@@ -14,15 +14,18 @@ import time
 from pathlib import Path
 
 import pytest
-from orchestrate_kit import (
+from kit.orchestrate_kit import (
     PATIENCE,
     Data,
+    Up,
     job_containers,
     job_dir,
     kill_process_group,
     manifests,
+    orch_env,
     orchestrate,
     sigterm_step,
+    spawn,
     start,
     up_args,
     wait_for,
@@ -190,6 +193,85 @@ def test_ctrl_c_stops_the_job_and_logs_follow_ends_with_it(cluster: Cluster, wor
     assert not any(line.startswith("[node 1] ") for line in followed.splitlines())  # --node 0 only
 
 
+def test_ctrl_c_during_the_restart_backoff_ends_it_all(cluster: Cluster, work: Path, data: Data,
+                                                       hosts: Path) -> None:
+    """Ctrl-C while `up` waits out the backoff after a failed node (a crash injected at step 2), sent as soon as the
+    backoff's line shows: nothing restarts, `up` says why and exits 1, no container is left."""
+    job = "intr-backoff"
+    up = Up(start(cluster, work / "state", *up_args(hosts, data, job, "--max-restarts", "2", "--env",
+                                                    "DDP_CIFAR_TEST_CRASH_AT_STEP=2", trainer=("--epochs", "5"))))
+    try:
+        up.wait_for_line("restart 1 of 2 in", PATIENCE, "the restart backoff")
+        kill_process_group(up.proc, signal.SIGINT)  # what a terminal's Ctrl-C sends to the foreground group
+        code = up.wait(120)
+    finally:
+        kill_process_group(up.proc, signal.SIGKILL)
+    assert code == 1, up.text
+    assert f"job {job!r}: Ctrl-C during the restart backoff; nothing runs, no restart follows" in up.text
+    assert "--- restart 1" not in up.text and job_containers(cluster, job) == []
+
+
+def test_a_kill_after_the_backoffs_last_look_removes_the_containers_just_started(
+        cluster: Cluster, work: Path, data: Data, hosts: Path) -> None:
+    """The window the backoff's once-a-second look leaves open: a `kill` (from another machine: its own state dir)
+    after the last look and before the restart's containers exist. `up`'s test-only restart gate holds it in that
+    window until the kill has run, every time; the look right after the start sees the kill's stop record, the new
+    containers are removed and nothing restarts again."""
+    job, gate = "kill-race", work / "restart-gate"
+    env = {**orch_env(cluster, work / "state-race"), "DDP_CIFAR_TEST_RESTART_GATE": str(gate)}
+    up = Up(spawn(up_args(hosts, data, job, "--max-restarts", "2", "--env", "DDP_CIFAR_TEST_CRASH_AT_STEP=2",
+                          trainer=("--epochs", "5")), env, merge_stderr=True))
+    try:
+        wait_for(lambda: Path(f"{gate}.reached").exists() or up.proc.poll() is not None, PATIENCE,
+                 "the restart at its gate")
+        killed = orchestrate(cluster, work / "state-elsewhere", "kill", "--job", job, "--hosts", str(hosts))
+        released = int(time.time())
+        gate.touch()
+        code = up.wait(PATIENCE)
+    finally:
+        kill_process_group(up.proc, signal.SIGKILL)
+    assert killed.returncode == 0 and code == 1, up.text
+    assert "--- restart 1 of 2 ---" in up.text
+    assert f"job {job!r} was stopped with 'kill' as it started; its containers were removed" in up.text
+    assert "--- restart 2" not in up.text and job_containers(cluster, job) == []
+    # The restart's containers were created after the kill and removed by `up` (the attempt before was gone).
+    assert sorted(container_events(cluster, job, released)) == ["create", "create", "destroy", "destroy"]
+
+
+def container_events(cluster: Cluster, job: str, since: int) -> list[str]:
+    """The create and destroy events of the job's containers on every host since `since` (Unix seconds)."""
+    seen = []
+    for host in cluster.hosts:
+        client = host.docker_client()
+        try:
+            seen += [e["Action"] for e in client.events(since=since, until=int(time.time()) + 1, decode=True,
+                                                         filters={"type": "container", "label": f"ddp-cifar.job={job}"})
+                     if e["Action"] in ("create", "destroy")]
+        finally:
+            client.close()
+    return seen
+
+
+def test_a_host_allowing_3_sessions_refuses_channels_and_up_opens_more_connections(
+        cluster: Cluster, work: Path, data: Data, hosts: Path) -> None:
+    """Host 1's sshd differs from stock for this test only: MaxSessions 3 instead of 10, as a hardened site sets it.
+    `up` holds up to 7 channels on a host at once here, so sshd really refuses some ("no more sessions" in its log);
+    each refusal makes `up` open another connection to the host, and the job runs to its end."""
+    host, sshd_log = cluster.hosts[1], cluster.hosts[1].layout.log_dir / "sshd.log"
+    refused_before = sshd_log.read_text().count("no more sessions")
+    host.restart_sshd("MaxSessions 3")
+    try:
+        res = orchestrate(cluster, work / "state", *up_args(hosts, data, "few-sessions", "--timings",
+                                                            trainer=("--epochs", "1")))
+    finally:
+        host.restart_sshd()
+    assert res.returncode == 0, res.stderr
+    assert sshd_log.read_text().count("no more sessions") > refused_before
+    peak = dict(re.findall(r"(\S+) (\d+)", res.stdout.split("peak SSH channels per host:", 1)[1].splitlines()[0]))
+    assert int(peak[host.name]) > 3, peak  # more than one connection can hold
+    orchestrate(cluster, work / "state", "kill", "--job", "few-sessions")
+
+
 def test_a_closed_terminal_leaves_the_job_running_to_its_end(cluster: Cluster, work: Path, data: Data,
                                                              hosts: Path) -> None:
     """SIGHUP to an attached `up` (its terminal went away) detaches it, as --detach would: it exits 0 at once,
@@ -216,13 +298,19 @@ def test_a_closed_terminal_leaves_the_job_running_to_its_end(cluster: Cluster, w
     orchestrate(cluster, state, "kill", "--job", "hup", "--grace", "5")
 
 
-def test_a_node_over_its_memory_limit_is_reported_as_oom(cluster: Cluster, work: Path, data: Data,
-                                                         hosts: Path) -> None:
+def test_a_node_over_its_memory_limit_is_reported_as_oom_and_restarted(cluster: Cluster, work: Path, data: Data,
+                                                                       hosts: Path) -> None:
     """A real OOM kill: 64 MB is less than torchrun's `import torch` needs, so the test hosts' dockerd (cgroup v1
-    here) has the kernel kill it. `up` names the node, the limit in force and what to do, and leaves nothing."""
-    res = orchestrate(cluster, work / "state", *up_args(hosts, data, "oom", "--memory", "64m",
+    here) has the kernel kill it. `up` names the node, the limit in force and what to do, and leaves nothing. Under
+    --max-restarts 1 the OOM is restarted as any failed node is (docs/orchestrate.md, --max-restarts), OOMs again,
+    and the run ends after its one restart."""
+    res = orchestrate(cluster, work / "state", *up_args(hosts, data, "oom", "--memory", "64m", "--max-restarts", "1",
                                                         trainer=("--epochs", "1")), timeout=PATIENCE)
     assert res.returncode == 1
-    assert re.search(r"job 'oom' failed: node [01] \(\S+\) killed by the kernel's OOM killer: out of its memory "
-                     r"limit \(--memory 64m\); lower --batch-size, or give it more memory with --memory", res.stderr)
+    oom = (r"node [01] \(\S+\) killed by the kernel's OOM killer: out of its memory limit \(--memory 64m\); lower "
+           r"--batch-size, or give it more memory with --memory")
+    said = " ".join(res.stdout.split())  # the console wraps lines at 200 columns when piped
+    assert re.search(rf"restart 1 of 1 in 10 s, from the newest valid checkpoint; cause: {oom}", said)
+    assert "--- restart 1 of 1 ---" in res.stdout
+    assert re.search(rf"job 'oom' failed: {oom}.*\(after 1 automatic restart\(s\)\)", res.stderr)
     assert job_containers(cluster, "oom") == []

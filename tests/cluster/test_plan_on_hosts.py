@@ -1,6 +1,8 @@
 """`up --dry-run=hosts --json` on two stock test hosts that hold nothing yet: it probes them and changes nothing,
 and the plan it prints is what `up` then applies (the containers' arguments read back from the daemons, the layers
-sent, the data moved).
+sent, the data moved), every container of the attempt included: the short data fetch and network check containers
+are the plan's, each as the daemon's own events tell it was created, and no container is created that the plan
+does not hold.
 
 Needs root, the local dockerd and the CPU image (DDP_TEST_IMAGE): real sshd, dockerd and the orchestrator.
 """
@@ -9,11 +11,12 @@ from __future__ import annotations
 
 import json
 import re
+import time
 from pathlib import Path
 from typing import Any
 
 import pytest
-from orchestrate_kit import IMAGE, Data, job_containers, orchestrate, up_args
+from kit.orchestrate_kit import IMAGE, Data, job_containers, orchestrate, up_args
 
 from devcluster import Cluster
 
@@ -27,9 +30,19 @@ def target(cluster_factory) -> Cluster:  # type: ignore[no-untyped-def]
     return cluster_factory(2, fresh=True)
 
 
+# Where a run on a host writes: the login's home (the job's default folders), and the two temporary folders, which
+# each test host has of its own (its mount namespace) and where a careless script would stage or lock.
+SNAPSHOT_ROOTS = ("HOME", "/tmp", "/var/tmp")
+
+
+def _files(h: Any, root: str) -> list[tuple[str, int, int]]:
+    top = h.path(h.home if root == "HOME" else root)
+    return sorted((f"{root}/{p.relative_to(top)}", p.lstat().st_size, p.lstat().st_mtime_ns) for p in top.rglob("*"))
+
+
 def _snapshot(cluster: Cluster) -> list[dict[str, Any]]:
-    """Per host: every container and image its daemon holds, and every file and folder under the login's home
-    (the job's default folders lie there), with sizes and times."""
+    """Per host: every container and image its daemon holds, and every file and folder under the login's home,
+    /tmp and /var/tmp, with sizes and times."""
     out = []
     for h in cluster.hosts:
         client = h.docker_client()
@@ -38,14 +51,43 @@ def _snapshot(cluster: Cluster) -> list[dict[str, Any]]:
             images = sorted(i.id for i in client.images.list(all=True))
         finally:
             client.close()
-        home = h.path(h.home)
-        files = sorted((str(p.relative_to(home)), p.lstat().st_size, p.lstat().st_mtime_ns) for p in home.rglob("*"))
+        files = [f for root in SNAPSHOT_ROOTS for f in _files(h, root)]
         out.append({"containers": containers, "images": images, "files": files})
     return out
 
 
+def _container_events(cluster: Cluster, since: float, until: float) -> list[tuple[str, str]]:
+    """(host, action) of every container event each daemon logged in [since, until]: a container created and
+    removed meanwhile leaves no trace in a snapshot, but it does here."""
+    out = []
+    for h in cluster.hosts:
+        client = h.docker_client()
+        try:
+            events = client.events(since=int(since), until=int(until) + 1, decode=True,
+                                   filters={"type": "container"})
+            out += [(h.name, str(e.get("Action"))) for e in events]
+        finally:
+            client.close()
+    return out
+
+
+def _created(cluster: Cluster, since: float, until: float) -> dict[str, list[dict[str, str]]]:
+    """Per host, the attributes of every container its daemon created in [since, until]: its name, image and
+    labels (the create event's), also of a short container removed since."""
+    out: dict[str, list[dict[str, str]]] = {}
+    for h in cluster.hosts:
+        client = h.docker_client()
+        try:
+            events = client.events(since=int(since), until=int(until) + 1, decode=True,
+                                   filters={"type": "container", "event": "create"})
+            out[h.name] = [dict(e["Actor"]["Attributes"]) for e in events]
+        finally:
+            client.close()
+    return out
+
+
 def _dry_run(cluster: Cluster, state: Path, hosts: Path, data: Data) -> dict[str, Any]:
-    res = orchestrate(cluster, state, *up_args(hosts, data, JOB, "--dry-run=hosts", "--json"))
+    res = orchestrate(cluster, state, *up_args(hosts, data, JOB, "--check-network", "--dry-run=hosts", "--json"))
     assert res.returncode == 0, res.stderr
     plan: dict[str, Any] = json.loads(res.stdout)  # stdout is the plan alone; the preflight table went to stderr
     return plan
@@ -54,9 +96,10 @@ def _dry_run(cluster: Cluster, state: Path, hosts: Path, data: Data) -> dict[str
 def test_a_dry_run_on_hosts_changes_nothing_and_up_applies_what_it_printed(
         target: Cluster, work: Path, data: Data, hosts: Path) -> None:
     state = work / "state"
-    before = _snapshot(target)
+    before, t0 = _snapshot(target), time.time()
     plan = _dry_run(target, state, hosts, data)
     assert _snapshot(target) == before  # no folder, file, image or container created, sent or started
+    assert _container_events(target, t0, time.time()) == []  # none started and removed meanwhile either
 
     nodes = plan["nodes"]
     assert [n["rank"] for n in nodes] == [0, 1] and plan["attempt"] == {"number": 0, "cause": "", "resume": False}
@@ -67,11 +110,15 @@ def test_a_dry_run_on_hosts_changes_nothing_and_up_applies_what_it_printed(
         assert n["data"]["kind"] == "download" and n["leftovers"] == []
         assert all(c["ok"] for c in n["checks"])
         assert n["container"]["image"] == IMAGE and n["docker_run"][:2] == ["docker", "run"]
+        assert n["gpu_probe"] is None and n["fetch"] and n["network_check"]  # CPU hosts: no GPU probe
+    assert plan["image_check"]["container"]["image"] == IMAGE  # run here, before the plan (its launcher)
 
-    res = orchestrate(target, state, *up_args(hosts, data, JOB, "--detach"))
+    t1 = time.time()
+    res = orchestrate(target, state, *up_args(hosts, data, JOB, "--check-network", "--detach"))
     assert res.returncode == 0, res.stderr
     try:
         _assert_applied(target, nodes, res.stdout)
+        _assert_every_container_planned(target, nodes, _created(target, t1, time.time()))
     finally:
         killed = orchestrate(target, state, "kill", "--job", JOB)
     assert killed.returncode == 0 and job_containers(target, JOB) == []
@@ -85,6 +132,20 @@ def _assert_applied(cluster: Cluster, nodes: list[dict[str, Any]], out: str) -> 
         assert layers and (int(layers[1]), int(layers[2])) == (n["image"]["layers_sent"], n["image"]["layers"]), out
         assert re.search(rf"^data on {re.escape(label)}: downloaded \d+ bytes$", out, re.M), out
         _assert_same_container(n["container"], by_host[label].attrs)  # type: ignore[attr-defined]
+
+
+def _assert_every_container_planned(cluster: Cluster, nodes: list[dict[str, Any]],
+                                    created: dict[str, list[dict[str, str]]]) -> None:
+    """Each host's daemon created exactly the containers the plan printed for its node: the job's, the data fetch
+    and the network check, each with the planned image, labels and name (Docker names the unnamed fetch)."""
+    for i, n in enumerate(nodes):
+        planned = [n["container"], n["fetch"]["container"], n["network_check"]["container"]]
+        got = created[cluster.hosts[i].name]
+        assert len(got) == len(planned), (got, planned)
+        for want in planned:
+            same = [a for a in got if a["image"] == want["image"] and want["labels"].items() <= a.items()
+                    and (want["name"] is None or a["name"] == want["name"])]
+            assert len(same) == 1, (want["labels"], got)
 
 
 def _assert_same_container(planned: dict[str, Any], attrs: dict[str, Any]) -> None:

@@ -11,7 +11,7 @@ import re
 from pathlib import Path
 
 import pytest
-from orchestrate_kit import Data, orchestrate, up_args
+from kit.orchestrate_kit import Data, orchestrate, up_args
 
 from devcluster import Cluster
 

@@ -6,8 +6,8 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from logins import Login, add_login, first_login
-from orchestrate_kit import IMAGE, PATIENCE, TRAIN, Data, job_containers, serve_data
+from kit.logins import Login, add_login, first_login
+from kit.orchestrate_kit import IMAGE, PATIENCE, TRAIN, Data, job_containers, serve_data
 
 from devcluster import Cluster
 
@@ -16,8 +16,9 @@ OWNER_UID = "ddp-cifar.owner-uid"
 
 @pytest.fixture(scope="module")
 def target(cluster_factory):  # type: ignore[no-untyped-def]
-    """A fresh 2-host cluster: the second login's homes go away with it."""
-    return cluster_factory(2, fresh=True)
+    """A fresh 2-host cluster (the second login's homes go away with it), seeded with the CPU image: what is tested
+    is two logins' jobs side by side, not two image transfers at once."""
+    return cluster_factory(2, fresh=True, seeded=True)
 
 
 def default_up(hosts: Path, data: Data, *extra: str, epochs: str = "1") -> list[str]:

@@ -6,7 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from orchestrate_kit import Data, job_containers, orchestrate, up_args
+from kit.orchestrate_kit import Data, job_containers, orchestrate, up_args
 
 from devcluster import Cluster
 

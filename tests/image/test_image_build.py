@@ -10,7 +10,7 @@ from pathlib import Path
 import docker
 import docker.errors
 import pytest
-from image_helpers import run, unique
+from kit.image_helpers import run, unique
 
 pytestmark = pytest.mark.docker
 
@@ -81,6 +81,9 @@ def test_legacy_build_uses_a_local_base_and_never_pulls(docker_client: docker.Do
         assert done.returncode == 0, f"legacy build failed:\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}"
         labels = docker_client.images.get(result_tag).attrs["Config"]["Labels"]
         assert labels["org.opencontainers.image.version"] == "9.9.9-test"
+        # the base as `up` reads it (docs/image.md); no BASE_DIGEST given: empty (up looks at the base's RepoDigests)
+        assert labels["org.opencontainers.image.base.name"] == base_alias
+        assert labels["org.opencontainers.image.base.digest"] == ""
     finally:
         for name in (result_tag, base_alias):
             try:

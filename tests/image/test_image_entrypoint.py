@@ -15,7 +15,8 @@ from pathlib import Path
 
 import docker
 import pytest
-from image_helpers import logs_of, remove, run, start
+from kit.image_helpers import logs_of, remove, run, start
+from kit.waits import wait_until
 
 REPO = Path(__file__).resolve().parents[2]
 ENTRYPOINT = REPO / "docker" / "entrypoint.sh"
@@ -107,6 +108,41 @@ def test_malformed_lines_are_reported_and_never_evaluated(tmp_path: Path) -> Non
     assert not marker.exists()
 
 
+def test_a_lease_renewed_keeps_the_command_and_a_lapsed_or_absent_one_sends_it_sigterm(tmp_path: Path) -> None:
+    """DDP_LEASE_FILE/DDP_LEASE_S (a Slurm job's guard, docs/slurm.md): while a new number comes into the file
+    within each lease, the command runs; once none comes for the lease, it gets SIGTERM (exit 143 here, by its
+    trap). A command whose lease never comes (only an earlier job's file is there) gets it too."""
+    lease_s = 2
+    command = ["sh", "-c", "trap 'exit 143' TERM; while :; do sleep 0.1; done"]
+    renewed, old = tmp_path / "renewed.lease", tmp_path / "old.lease"
+    old.write_text("7\n")  # left by an earlier job: renews nothing
+
+    def start(lease: Path, name: str) -> subprocess.Popen[bytes]:
+        env = {"PATH": "/usr/bin:/bin", "DDP_LEASE_FILE": str(lease), "DDP_LEASE_S": str(lease_s)}
+        with (tmp_path / name).open("wb") as err:
+            return subprocess.Popen(["sh", str(ENTRYPOINT), *command], env=env, stderr=err)
+
+    kept, orphan = start(renewed, "kept.err"), start(old, "orphan.err")
+    try:
+        began = time.monotonic()
+        for n in range(8):  # 4 s, 2 leases
+            renewed.write_text(f"{n}\n")
+            time.sleep(0.5)
+        assert kept.poll() is None, (tmp_path / "kept.err").read_text()
+        assert orphan.wait(timeout=1) == 143  # long ended: its lease lapsed 2 s (+1 s of polling) after its start
+        last = time.monotonic()
+        assert kept.wait(timeout=lease_s + 3) == 143
+        print(f"renewed: SIGTERM {time.monotonic() - last:.1f} s after the last renewal ({time.monotonic() - began:.1f} s in all)")
+    finally:
+        for proc in (kept, orphan):
+            proc.kill()
+            proc.wait(timeout=10)
+    for name in ("kept.err", "orphan.err"):
+        assert "not renewed for 2 s (its guard is gone): SIGTERM" in (tmp_path / name).read_text()
+    bad = run_entrypoint(["true"], {"DDP_LEASE_FILE": str(renewed), "DDP_LEASE_S": "1m"})
+    assert bad.returncode == 2 and "DDP_LEASE_S=1m is not a whole number of seconds" in bad.stderr
+
+
 @pytest.mark.docker
 def test_in_the_image_defaults_apply_and_set_variables_win(docker_client: docker.DockerClient,
                                                            cpu_image: str) -> None:
@@ -181,9 +217,7 @@ def test_under_an_ngc_entrypoint_the_command_still_gets_sigterm(docker_client: d
                "time.sleep(120)\n")
     container = start(docker_client, ngc_like_image, ["python3", "-c", program])
     try:
-        deadline = time.monotonic() + 60
-        while "ready" not in logs_of(container) and time.monotonic() < deadline:
-            time.sleep(0.2)
+        wait_until(lambda: "ready" in logs_of(container), 60, "the program's ready line", every=0.2)
         assert "ready 1" in logs_of(container), logs_of(container)
         container.stop(timeout=30)
         assert container.wait(timeout=30)["StatusCode"] == 143, logs_of(container)

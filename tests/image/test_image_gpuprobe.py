@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import docker
 import pytest
-from image_helpers import run
+from kit.image_helpers import run
 
-from orchestrate.probe import gpuprobe
+from orchestrate.checks import gpuprobe
 
 pytestmark = pytest.mark.docker
 

@@ -124,7 +124,7 @@ def test_a_refused_trainer_option_never_shows_a_secrets_value() -> None:
     from orchestrate.errors import ConfigError
 
     with pytest.raises(ConfigError) as refused:
-        UpConfig(ssh=SSHOptions(None, None, False), env=(("API_TOKEN", "s3cr3t-value"),),
+        UpConfig.of(ssh=SSHOptions(None, None, False), env=(("API_TOKEN", "s3cr3t-value"),),
                  trainer_args=("--model", "s3cr3t-value"))
     assert "--model '****' is not a model" in str(refused.value) and "s3cr3t" not in str(refused.value)
 

@@ -14,11 +14,13 @@ from typing import Any
 
 import docker
 import pytest
+from kit.units import job_specs
 
 from orchestrate import cli
+from orchestrate.backends.docker_ssh.request import docker_run_argv, sdk_kwargs
 from orchestrate.config import UpConfig
 from orchestrate.hosts import Host
-from orchestrate.plan.jobplan import NodeFacts, build_plan
+from orchestrate.probe.observations import NodeFacts
 
 pytestmark = pytest.mark.docker
 
@@ -45,13 +47,13 @@ def test_the_printed_gpu_and_ib_flags_create_what_the_sdk_creates(docker_client:
                              "--ckpt-dir", str(tmp_path / "c"), "--log-dir", str(tmp_path / "l")])
     assert isinstance(cfg, UpConfig)
     host = Host(name="n0", hostname="10.0.0.11", port=22, user=None, slots=None)
-    (spec,) = build_plan(cfg, [host], "10.0.0.11", [NodeFacts("eth0", 8, user="1000:1000", addr="10.0.0.11")])
+    (spec,) = job_specs(cfg, [host], "10.0.0.11", [NodeFacts("eth0", 8, user="1000:1000", addr="10.0.0.11")])
     tag = uuid.uuid4().hex[:10]
-    argv = spec.docker_run_argv()
+    argv = docker_run_argv(spec)
     assert argv[:2] == ["docker", "run"] and "--detach" in argv
     cli_argv = ["docker", "create", *[a for a in argv[2:] if a != "--detach"]]
     cli_argv[cli_argv.index("--name") + 1] = f"gpudev-cli-{tag}"
-    kwargs = {k: v for k, v in spec.sdk_kwargs().items() if k != "detach"}
+    kwargs = {k: v for k, v in sdk_kwargs(spec).items() if k != "detach"}
     kwargs["name"] = f"gpudev-sdk-{tag}"
     made = []
     try:

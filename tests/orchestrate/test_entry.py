@@ -12,25 +12,25 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
+from kit.units import SSH, job_specs
 from rich.console import Console
 
 from orchestrate import cli
-from orchestrate.config import JobsConfig, SSHOptions, UpConfig
+from orchestrate.backends.docker_ssh.control import _runs_trainer, locate_rank, rank_files
+from orchestrate.backends.docker_ssh.observe import run_check
+from orchestrate.config import JobsConfig, UpConfig
 from orchestrate.errors import ConfigError, PreflightError
 from orchestrate.hosts import Host
-from orchestrate.jobs.control import _runs_trainer, locate_rank, rank_files
-from orchestrate.plan.jobplan import build_plan
 from orchestrate.probe import imagecheck as entry
 from orchestrate.probe.imagecheck import ImageFacts, judge, parse_facts
 
 HOSTS = [Host(name="a", hostname="10.0.0.1", port=22, user="u", slots=2),
          Host(name="b", hostname="10.0.0.2", port=22, user="u", slots=2)]
-SSH = SSHOptions(Path("hosts"), None, False)
 LOG_ARGS = ["--log-dir", "/logs", "--redirects", "3", "--tee", "3"]
 
 
 def config(**kw: object) -> UpConfig:
-    return UpConfig(ssh=SSH, job="byo", image="ex:1", gpus=0, **kw)  # type: ignore[arg-type]
+    return UpConfig.of(ssh=SSH, job="byo", image="ex:1", gpus=0, **kw)  # type: ignore[arg-type]
 
 
 def after_torchrun_options(command: tuple[str, ...]) -> list[str]:
@@ -39,20 +39,20 @@ def after_torchrun_options(command: tuple[str, ...]) -> list[str]:
 
 
 def test_script_entry_gets_its_arguments_untouched_and_no_trainer_options() -> None:
-    specs = build_plan(config(entry="/app/train.py", trainer_args=("--steps", "5", "--whatever")), HOSTS, "10.0.0.1")
+    specs = job_specs(config(entry="/app/train.py", trainer_args=("--steps", "5", "--whatever")), HOSTS, "10.0.0.1")
     for spec in specs:
         assert after_torchrun_options(spec.command) == ["/app/train.py", "--steps", "5", "--whatever"]
         assert spec.command[0] == "torchrun"
 
 
 def test_module_entry_and_resume_by_environment_only() -> None:
-    spec = build_plan(config(entry="-m pkg.train", resume=True), HOSTS, "10.0.0.1")[1]
+    spec = job_specs(config(entry="-m pkg.train", resume=True), HOSTS, "10.0.0.1")[1]
     assert after_torchrun_options(spec.command) == ["-m", "pkg.train"]  # no --resume: RESUME=1 says it
     assert spec.env["RESUME"] == "1"
 
 
 def test_env_contract_and_mounts_for_every_node() -> None:
-    for spec in build_plan(config(entry="/app/train.py"), HOSTS, "10.0.0.1"):
+    for spec in job_specs(config(entry="/app/train.py"), HOSTS, "10.0.0.1"):
         assert {k: spec.env[k] for k in ("DATA_DIR", "CKPT_DIR", "LOG_DIR")} == \
             {"DATA_DIR": "/data", "CKPT_DIR": "/checkpoints", "LOG_DIR": "/logs"}
         assert "RESUME" not in spec.env  # a fresh start says nothing
@@ -60,14 +60,14 @@ def test_env_contract_and_mounts_for_every_node() -> None:
 
 
 def test_torchrun_writes_per_rank_files_into_the_log_mount() -> None:
-    command = build_plan(config(), HOSTS, "10.0.0.1")[0].command
+    command = job_specs(config(), HOSTS, "10.0.0.1")[0].command
     i = command.index("--log-dir")
     assert list(command[i:i + 6]) == LOG_ARGS
     assert command.index("--log-dir") < command.index("-m")  # torchrun's option, not the program's
 
 
 def test_trainer_stays_the_default_entry_with_its_options() -> None:
-    spec = build_plan(config(resume=True, trainer_args=("--epochs", "2")), HOSTS, "10.0.0.1")[0]
+    spec = job_specs(config(resume=True, trainer_args=("--epochs", "2")), HOSTS, "10.0.0.1")[0]
     assert after_torchrun_options(spec.command) == ["-m", "trainer", "--data-dir", "/data", "--ckpt-dir",
                                                     "/checkpoints", "--epochs", "2", "--resume"]
 
@@ -85,8 +85,8 @@ def test_bad_entry_is_refused(entry: str) -> None:
 
 
 def test_launcher_without_torchrun_on_path() -> None:
-    spec = build_plan(config(entry="/app/t.py"), HOSTS, "10.0.0.1", launcher=("/usr/bin/python3", "-m",
-                                                                            "torch.distributed.run"))[0]
+    spec = job_specs(config(entry="/app/t.py"), HOSTS, "10.0.0.1", launcher=("/usr/bin/python3", "-m",
+                                                                             "torch.distributed.run"))[0]
     assert spec.command[:4] == ("/usr/bin/python3", "-m", "torch.distributed.run", "--nnodes")
 
 
@@ -123,11 +123,11 @@ def facts(**kw: object) -> ImageFacts:
 
 
 def test_image_with_torchrun_launches_with_torchrun() -> None:
-    assert judge(facts(), config(entry="/app/t.py")) == ("torchrun",)
+    assert judge(facts(), config(entry="/app/t.py").program) == ("torchrun",)
 
 
 def test_image_without_torchrun_on_path_uses_its_python() -> None:
-    assert judge(facts(torchrun=None), config()) == ("/usr/bin/python", "-m", "torch.distributed.run")
+    assert judge(facts(torchrun=None), config().program) == ("/usr/bin/python", "-m", "torch.distributed.run")
 
 
 @pytest.mark.parametrize(("kw", "says"), [
@@ -137,13 +137,13 @@ def test_image_without_torchrun_on_path_uses_its_python() -> None:
 ])
 def test_unusable_image_is_refused_in_one_line(kw: dict[str, object], says: str) -> None:
     with pytest.raises(PreflightError) as err:
-        judge(facts(**kw), config(entry="/app/t.py"))
+        judge(facts(**kw), config(entry="/app/t.py").program)
     assert says in str(err.value) and "nothing was started" in str(err.value) and "\n" not in str(err.value)
 
 
 def test_missing_module_names_the_module_and_why() -> None:
     with pytest.raises(PreflightError, match=r"module 'pkg.train' is not importable \(ModuleNotFoundError"):
-        judge(facts(entry=False, entry_error="ModuleNotFoundError: no pkg"), config(entry="-m pkg.train"))
+        judge(facts(entry=False, entry_error="ModuleNotFoundError: no pkg"), config(entry="-m pkg.train").program)
 
 
 def test_check_output_parsing() -> None:
@@ -201,34 +201,33 @@ class CheckClient:
         self.runs += 1
         return (json.dumps(dataclasses.asdict(self.answer)) + "\n").encode()
 
-    def close(self) -> None:
-        pass
+    def check(self) -> str:
+        """The check run on this client, as the backend runs it (backends/docker_ssh/observe.py)."""
+        return run_check(self, "ex:1", {})
 
 
 def test_a_passed_check_is_remembered_by_image_id_and_entry_only(tmp_path: Path,
                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
     client = CheckClient(facts(torchrun=None))
-    monkeypatch.setattr(entry, "client_over_ssh", lambda conn, timeout: client)
     launcher = ("/usr/bin/python", "-m", "torch.distributed.run")
     for image_id, entry_arg, runs in [("sha256:aa", "/app/t.py", 1), ("sha256:aa", "/app/t.py", 1),
                                       ("sha256:aa", "-m pkg.t", 2), ("sha256:bb", "/app/t.py", 3),
                                       (None, "/app/t.py", 4), (None, "/app/t.py", 5)]:
-        assert entry.check_image(None, config(entry=entry_arg), image_id) == launcher  # type: ignore[arg-type]
+        assert entry.check_image(config(entry=entry_arg).program, image_id, client.check) == launcher
         assert client.runs == runs, (image_id, entry_arg)
     for memo in (tmp_path / "ddp-cifar" / "image-checks").iterdir():
         memo.write_text("{garbage")  # a damaged memory: the check runs again
-    entry.check_image(None, config(entry="/app/t.py"), "sha256:aa")  # type: ignore[arg-type]
+    entry.check_image(config(entry="/app/t.py").program, "sha256:aa", client.check)
     assert client.runs == 6
 
 
 def test_a_refused_image_is_checked_again(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
     client = CheckClient(facts(entry=False))
-    monkeypatch.setattr(entry, "client_over_ssh", lambda conn, timeout: client)
     for runs in (1, 2):
         with pytest.raises(PreflightError, match="lacks the entry"):
-            entry.check_image(None, config(entry="/app/t.py"), "sha256:aa")  # type: ignore[arg-type]
+            entry.check_image(config(entry="/app/t.py").program, "sha256:aa", client.check)
         assert client.runs == runs
 
 
@@ -236,7 +235,6 @@ def test_a_cache_that_cannot_be_written_costs_the_check_only(tmp_path: Path, mon
     (tmp_path / "ddp-cifar").write_text("a file where the cache folder would be")
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
     client = CheckClient(facts())
-    monkeypatch.setattr(entry, "client_over_ssh", lambda conn, timeout: client)
     for runs in (1, 2):
-        assert entry.check_image(None, config(entry="/app/t.py"), "sha256:aa") == ("torchrun",)  # type: ignore[arg-type]
+        assert entry.check_image(config(entry="/app/t.py").program, "sha256:aa", client.check) == ("torchrun",)
         assert client.runs == runs

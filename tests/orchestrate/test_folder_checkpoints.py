@@ -14,6 +14,7 @@ from typing import Any
 
 from rich.console import Console
 
+from orchestrate.backends.docker_ssh import replicate
 from orchestrate.probe import checkpoints
 from orchestrate.remote.ssh import Result
 from trainer.contract import SHARDED_FORMAT, ckpt_folder_name
@@ -96,7 +97,7 @@ def test_copy_to_another_node_verifies_there_and_status_names_the_folder(tmp_pat
     dst.mkdir()
     ckpt = find(src)
     assert ckpt is not None
-    checkpoints.copy_checkpoint(LocalConn("n0"), ckpt, LocalConn("n1"), str(dst))  # type: ignore[arg-type]
+    replicate.copy_checkpoint(LocalConn("n0"), ckpt, LocalConn("n1"), str(dst))  # type: ignore[arg-type]
     copy = checkpoints.validate(LocalConn("n1"), str(dst), ckpt.manifest_name)  # type: ignore[arg-type]
     assert copy is not None and copy.host == "n1" and copy.step == 10
     shown = checkpoints.newest_manifest(LocalConn("n1"), str(dst))  # type: ignore[arg-type]
@@ -112,7 +113,7 @@ def test_replicator_mirrors_a_folder_checkpoint_that_then_counts_there(tmp_path:
     node0, mirror = tmp_path / "node0", tmp_path / "mirror"
     make_folder(node0, 10)
     specs = [SimpleNamespace(dirs={"ckpt": str(node0)})]
-    rep = checkpoints.Replicator(OneNode(), specs, mirror, Console(quiet=True))
+    rep = replicate.Replicator(OneNode(), specs, mirror, Console(quiet=True))
     done = rep.replicate_newest()
     assert done is not None and done.step == 10
     again = find(mirror)

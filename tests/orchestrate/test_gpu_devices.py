@@ -10,17 +10,16 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from kit.probe import probe_facts
+from kit.units import HOSTS, SSH, job_specs, parse
 
 from orchestrate import cli
-from orchestrate.config import GPUS_ALL, SSHOptions, UpConfig
+from orchestrate.backends.docker_ssh.request import docker_run_argv, sdk_kwargs
+from orchestrate.config import GPUS_ALL, UpConfig
 from orchestrate.errors import ConfigError
-from orchestrate.hosts import Host
-from orchestrate.plan.jobplan import NodeFacts, build_plan
-from orchestrate.probe.preflight import HostReport, judge_gpus, judge_transport, settle_transport
-
-SSH = SSHOptions(Path("hosts"), None, False)
-HOSTS = [Host(name="gpu1", hostname="10.0.0.11", port=22, user="u", slots=None),
-         Host(name="gpu2", hostname="10.0.0.12", port=22, user="u", slots=None)]
+from orchestrate.plan.verdicts import judge_gpus, judge_transport, settle_transport
+from orchestrate.probe.observations import NodeFacts
+from orchestrate.probe.preflight import HostReport
 
 # Real outputs. `nvidia-smi --query-gpu=index,uuid --format=csv,noheader` on an 8-GPU node, and
 # `nvidia-smi --query-compute-apps=gpu_uuid,pid,process_name --format=csv,noheader` with one process on GPU 1.
@@ -33,13 +32,7 @@ ROCE_PORTS = "mlx5_bond_0/1 Ethernet 4: ACTIVE\n"
 
 
 def config(**kw: object) -> UpConfig:
-    return UpConfig(ssh=SSH, job="exp1", image="ddp-cifar:latest", **kw)  # type: ignore[arg-type]
-
-
-def parse(*argv: str) -> UpConfig:
-    command, cfg = cli.parse_args(["up", "--hosts", "hosts", *argv])
-    assert isinstance(cfg, UpConfig)
-    return cfg
+    return UpConfig.of(ssh=SSH, job="exp1", image="ddp-cifar:latest", **kw)  # type: ignore[arg-type]
 
 
 def trainer_args(spec_command: tuple[str, ...]) -> tuple[str, ...]:
@@ -49,49 +42,49 @@ def trainer_args(spec_command: tuple[str, ...]) -> tuple[str, ...]:
 @pytest.mark.parametrize("gpus", ["2", "all", "4-7", "0,1,2"])
 def test_a_gpu_job_tells_the_trainer_to_use_cuda(gpus: str) -> None:
     """`auto` would fall back to the CPU in a container without CUDA and train on gloo without a word."""
-    (spec, _) = build_plan(parse("--gpus", gpus, "--", "--epochs", "1"), HOSTS, "10.0.0.11",
-                           [NodeFacts("eth0", 8)] * 2)
+    (spec, _) = job_specs(parse("--gpus", gpus, "--", "--epochs", "1"), HOSTS, "10.0.0.11",
+                          [NodeFacts("eth0", 8)] * 2)
     assert trainer_args(spec.command) == ("--data-dir", "/data", "--ckpt-dir", "/checkpoints", "--device", "cuda",
                                           "--epochs", "1")
 
 
 def test_a_cpu_job_gets_no_device_and_another_program_no_trainer_option() -> None:
-    (spec, _) = build_plan(parse("--gpus", "0"), HOSTS, "10.0.0.11", [NodeFacts("eth0")] * 2)
+    (spec, _) = job_specs(parse("--gpus", "0"), HOSTS, "10.0.0.11", [NodeFacts("eth0")] * 2)
     assert "--device" not in spec.command
-    (spec, _) = build_plan(parse("--entry", "/app/train.py", "--", "--lr", "1"), HOSTS, "10.0.0.11",
-                           [NodeFacts("eth0", 8)] * 2)
+    (spec, _) = job_specs(parse("--entry", "/app/train.py", "--", "--lr", "1"), HOSTS, "10.0.0.11",
+                          [NodeFacts("eth0", 8)] * 2)
     assert "--device" not in spec.command and spec.command[-3:] == ("/app/train.py", "--lr", "1")
 
 
 def test_the_users_device_wins_and_cpu_with_gpus_is_refused() -> None:
     """The user's `--device auto` comes last, and the trainer's parser keeps the last one."""
-    (spec, _) = build_plan(parse("--gpus", "2", "--", "--device", "auto"), HOSTS, "10.0.0.11",
-                           [NodeFacts("eth0", 8)] * 2)
+    (spec, _) = job_specs(parse("--gpus", "2", "--", "--device", "auto"), HOSTS, "10.0.0.11",
+                          [NodeFacts("eth0", 8)] * 2)
     assert trainer_args(spec.command)[-4:] == ("--device", "cuda", "--device", "auto")
     with pytest.raises(ConfigError, match="--device cpu with GPUs"):
         parse("--gpus", "2", "--", "--device", "cpu")
-    assert parse("--gpus", "0", "--", "--device", "cpu").cpu_mode  # CPU job, CPU device: fine
+    assert parse("--gpus", "0", "--", "--device", "cpu").resources.cpu_mode  # CPU job, CPU device: fine
 
 
 def test_gpu_indices_go_to_docker_as_device_ids() -> None:
     cfg = parse("--gpus", "4-7")
-    assert (cfg.gpus, cfg.gpu_ids) == (4, (4, 5, 6, 7))
-    (spec, _) = build_plan(cfg, HOSTS, "10.0.0.11", [NodeFacts("eth0", 8)] * 2)
-    (request,) = spec.sdk_kwargs()["device_requests"]
+    assert (cfg.resources.gpus, cfg.resources.gpu_ids) == (4, (4, 5, 6, 7))
+    (spec, _) = job_specs(cfg, HOSTS, "10.0.0.11", [NodeFacts("eth0", 8)] * 2)
+    (request,) = sdk_kwargs(spec)["device_requests"]
     assert request["DeviceIDs"] == ["4", "5", "6", "7"] and request["Count"] == 0  # the daemon refuses both set
     assert request["Capabilities"] == [["gpu"]]
     # docker/cli reads --gpus as one CSV record: without the quotes, device=4,5 would split at the comma.
-    assert '--gpus="device=4,5,6,7"' in spec.docker_run_argv()
+    assert '--gpus="device=4,5,6,7"' in docker_run_argv(spec)
     assert spec.command[spec.command.index("--nproc_per_node") + 1] == "4"  # one process per listed GPU
     assert spec.env["NPROC_PER_NODE"] == "4"
 
 
 def test_counts_all_and_cpu_render_as_before() -> None:
     for gpus, flag in (("2", "--gpus=2"), ("all", "--gpus=all")):
-        (spec, _) = build_plan(parse("--gpus", gpus), HOSTS, "10.0.0.11", [NodeFacts("eth0", 8)] * 2)
-        assert not spec.sdk_kwargs()["device_requests"][0]["DeviceIDs"] and flag in spec.docker_run_argv()
-    (spec, _) = build_plan(parse("--gpus", "0"), HOSTS, "10.0.0.11", [NodeFacts("eth0")] * 2)
-    assert not any(a.startswith("--gpus") for a in spec.docker_run_argv())
+        (spec, _) = job_specs(parse("--gpus", gpus), HOSTS, "10.0.0.11", [NodeFacts("eth0", 8)] * 2)
+        assert not sdk_kwargs(spec)["device_requests"][0]["DeviceIDs"] and flag in docker_run_argv(spec)
+    (spec, _) = job_specs(parse("--gpus", "0"), HOSTS, "10.0.0.11", [NodeFacts("eth0")] * 2)
+    assert not any(a.startswith("--gpus") for a in docker_run_argv(spec))
 
 
 @pytest.mark.parametrize("text, message", [
@@ -112,8 +105,8 @@ def test_indices_survive_a_job_file_and_the_stored_job(tmp_path: Path) -> None:
 
     (tmp_path / "job.toml").write_text('hosts = "hosts"\ngpus = "4-7"\nnccl_transport = "socket"\n')
     _, from_file = cli.parse_args(["up", "-f", str(tmp_path / "job.toml")])
-    assert isinstance(from_file, UpConfig) and from_file.gpu_ids == (4, 5, 6, 7)
-    assert from_file.nccl_transport == "socket"
+    assert isinstance(from_file, UpConfig) and from_file.resources.gpu_ids == (4, 5, 6, 7)
+    assert from_file.resources.nccl_transport == "socket"
     cfg = parse("--gpus", "4-7")
     text = jobfile.of_config(cfg)
     assert 'gpus = "4,5,6,7"' in text and "gpu_ids" not in text
@@ -125,17 +118,17 @@ def test_indices_survive_a_job_file_and_the_stored_job(tmp_path: Path) -> None:
 def test_preflight_refuses_indices_the_host_lacks_and_warns_on_busy_gpus() -> None:
     facts = {"smi": "ok", "gpus": "4", "gpu_list": "\n".join(GPU_LIST.splitlines()[:4])}
     r = HostReport("h0")
-    judge_gpus(facts, r, parse("--gpus", "2-5"), None)
+    judge_gpus(facts, r, parse("--gpus", "2-5").resources, None)
     assert r.problems == ["gpus: --gpus 2,3,4,5: GPU 4,5 not on this host (it has 0,1,2,3); choose among those"]
     r = HostReport("h0")
-    judge_gpus({**facts, "gpus": "8", "gpu_list": GPU_LIST, "compute_apps": APPS}, r, parse("--gpus", "0-3"), None)
+    judge_gpus({**facts, "gpus": "8", "gpu_list": GPU_LIST, "compute_apps": APPS}, r, parse("--gpus", "0-3").resources, None)
     assert not r.problems and r.checks["gpus"].warn
     assert r.checks["gpus"].text == "GPU 0,1,2,3 of 8; busy: GPU 1 (pid 48121 /usr/bin/python3)"
     r = HostReport("h0")  # GPU 1 is not ours: no warning
-    judge_gpus({**facts, "gpus": "8", "gpu_list": GPU_LIST, "compute_apps": APPS}, r, parse("--gpus", "4-7"), None)
+    judge_gpus({**facts, "gpus": "8", "gpu_list": GPU_LIST, "compute_apps": APPS}, r, parse("--gpus", "4-7").resources, None)
     assert r.checks["gpus"].text == "GPU 4,5,6,7 of 8" and not r.checks["gpus"].warn
     r = HostReport("h0")  # a count means Docker's first N: GPU 1 is among the first 2
-    judge_gpus({**facts, "gpus": "8", "gpu_list": GPU_LIST, "compute_apps": APPS}, r, parse("--gpus", "2"), None)
+    judge_gpus({**facts, "gpus": "8", "gpu_list": GPU_LIST, "compute_apps": APPS}, r, parse("--gpus", "2").resources, None)
     assert r.checks["gpus"].warn
 
 
@@ -143,18 +136,13 @@ def test_the_probe_script_reports_gpus_and_rdma_ports_in_the_formats_parsed(tmp_
     """The probe's GPU block runs for real with a stand-in nvidia-smi printing the real CSV formats; no host here
     has /dev/infiniband, so the RDMA records are empty (making one would need root changes to the host's /dev)."""
     import os
-    import subprocess
-
-    from orchestrate.probe.preflight import PROBE_SCRIPT
 
     smi = tmp_path / "nvidia-smi"
     smi.write_text(f"#!/bin/sh\ncase \"$1\" in --query-gpu=*) printf '%s\\n' '{GPU_LIST.splitlines()[0]}';;"
                    f" --query-compute-apps=*) printf '%s' '{APPS.strip()}';; esac\n")
     smi.chmod(0o755)
     env = {**os.environ, "PATH": f"{tmp_path}:{os.environ['PATH']}"}
-    res = subprocess.run(["sh", "-c", PROBE_SCRIPT, "probe", str(tmp_path), str(tmp_path), "127.0.0.1", "0", "0",
-                          "1", str(tmp_path)], capture_output=True, timeout=30, env=env)
-    facts = dict(rec.decode().split("=", 1) for rec in res.stdout.split(b"\0") if b"=" in rec)
+    facts = probe_facts(str(tmp_path), str(tmp_path), str(tmp_path), gpus=True, env=env)
     assert facts["smi"] == "ok" and facts["gpus"] == "1" and facts["gpu_list"] == GPU_LIST.splitlines()[0]
     assert facts["compute_apps"] == APPS.strip()
     assert "ib_devs" in facts and "rdma_ports" in facts
@@ -163,26 +151,19 @@ def test_the_probe_script_reports_gpus_and_rdma_ports_in_the_formats_parsed(tmp_
 def test_the_probe_finds_rdma_devices_where_they_are(tmp_path: Path) -> None:
     """Needs root: the probe runs for real in a private mount namespace holding stand-in /dev/infiniband and
     /sys/class/infiniband (the host's stay untouched); no node here has an HCA."""
-    import subprocess
-
-    from orchestrate.probe.preflight import PROBE_SCRIPT
-
     stand_in = Path(__file__).parent / "data" / "rdma_stand_in.sh"
-    res = subprocess.run(["unshare", "-m", "--propagation", "private", "sh", str(stand_in), str(tmp_path),
-                          "sh", "-c", PROBE_SCRIPT, "probe", str(tmp_path), str(tmp_path), "127.0.0.1", "0", "0",
-                          "1", str(tmp_path)], capture_output=True, timeout=30)
-    assert res.returncode == 0, res.stderr.decode()
-    facts = dict(rec.decode().split("=", 1) for rec in res.stdout.split(b"\0") if b"=" in rec)
+    facts = probe_facts(str(tmp_path), str(tmp_path), str(tmp_path), gpus=True,
+                        wrap=["unshare", "-m", "--propagation", "private", "sh", str(stand_in), str(tmp_path)])
     assert facts["ib_devs"].split() == ["rdma_cm", "umad0", "uverbs0"]
     assert facts["rdma_ports"].splitlines() == ["mlx5_0/1 InfiniBand 4: ACTIVE", "mlx5_1/1 Ethernet 1: DOWN"]
     r = HostReport("gpu9")
-    judge_transport(facts, r, parse("--nccl-transport", "ib"))
+    judge_transport(facts, r, parse("--nccl-transport", "ib").resources)
     assert r.ib and not r.problems and r.checks["net"].text == "IB mlx5_0"
 
 
 def transport_of(devs: str, ports: str, choice: str = "auto") -> HostReport:
     r = HostReport("gpu9")
-    judge_transport({"ib_devs": devs, "rdma_ports": ports}, r, parse("--nccl-transport", choice))
+    judge_transport({"ib_devs": devs, "rdma_ports": ports}, r, parse("--nccl-transport", choice).resources)
     return r
 
 
@@ -201,63 +182,64 @@ def test_preflight_shows_the_transport_per_node_and_refuses_forced_ib_without_it
 
 def test_one_node_without_ib_puts_the_job_on_sockets_and_the_table_says_so() -> None:
     with_ib, without = transport_of(IB_DEVS, IB_PORTS), transport_of("", "")
-    settle_transport([with_ib, without], parse())
+    settle_transport([with_ib, without], parse().resources)
     assert with_ib.checks["net"].text == "sockets (IB mlx5_0 idle: not every node has IB)" and not with_ib.problems
 
 
 def test_ib_nodes_get_the_devices_and_ipc_lock() -> None:
-    (spec, _) = build_plan(parse("--gpus", "8"), HOSTS, "10.0.0.11", [NodeFacts("eth0", 8, ib=True)] * 2)
-    kwargs = spec.sdk_kwargs()
+    (spec, _) = job_specs(parse("--gpus", "8"), HOSTS, "10.0.0.11", [NodeFacts("eth0", 8, ib=True)] * 2)
+    kwargs = sdk_kwargs(spec)
     assert kwargs["devices"] == ["/dev/infiniband"] and kwargs["cap_add"] == ["IPC_LOCK"]
     assert "NCCL_IB_DISABLE" not in spec.env
-    shown = spec.docker_run_argv()
+    shown = docker_run_argv(spec)
     assert "--device=/dev/infiniband" in shown and "--cap-add=IPC_LOCK" in shown
     assert "--ulimit=memlock=-1:-1" in shown  # verbs pin memory: the GPU ulimits already allow it
 
 
 def test_sockets_when_a_node_lacks_ib_or_when_asked() -> None:
     for choice, ib in (("auto", [True, False]), ("socket", [True, True])):
-        specs = build_plan(parse("--gpus", "8", "--nccl-transport", choice), HOSTS, "10.0.0.11",
-                           [NodeFacts("eth0", 8, ib=i) for i in ib])
+        specs = job_specs(parse("--gpus", "8", "--nccl-transport", choice), HOSTS, "10.0.0.11",
+                          [NodeFacts("eth0", 8, ib=i) for i in ib])
         for spec in specs:
-            assert spec.env["NCCL_IB_DISABLE"] == "1" and spec.sdk_kwargs()["devices"] is None
-            assert "--env=NCCL_IB_DISABLE=1" in spec.docker_run_argv()
-    (spec, _) = build_plan(parse("--nccl-transport", "socket", "--env", "NCCL_IB_DISABLE=0"), HOSTS, "10.0.0.11",
-                           [NodeFacts("eth0", 8, ib=True)] * 2)
+            assert spec.env["NCCL_IB_DISABLE"] == "1" and sdk_kwargs(spec)["devices"] is None
+            assert "--env=NCCL_IB_DISABLE=1" in docker_run_argv(spec)
+    (spec, _) = job_specs(parse("--nccl-transport", "socket", "--env", "NCCL_IB_DISABLE=0"), HOSTS, "10.0.0.11",
+                          [NodeFacts("eth0", 8, ib=True)] * 2)
     assert spec.env["NCCL_IB_DISABLE"] == "0"  # the user's --env wins
 
 
 def test_an_offline_dry_run_adds_nothing_for_auto_and_the_forced_choice_otherwise() -> None:
-    (spec, _) = build_plan(parse(), HOSTS, "10.0.0.11")
-    assert spec.sdk_kwargs()["devices"] is None and "NCCL_IB_DISABLE" not in spec.env
-    (spec, _) = build_plan(parse("--nccl-transport", "ib"), HOSTS, "10.0.0.11")
-    assert spec.sdk_kwargs()["cap_add"] == ["IPC_LOCK"]
+    (spec, _) = job_specs(parse(), HOSTS, "10.0.0.11")
+    assert sdk_kwargs(spec)["devices"] is None and "NCCL_IB_DISABLE" not in spec.env
+    (spec, _) = job_specs(parse("--nccl-transport", "ib"), HOSTS, "10.0.0.11")
+    assert sdk_kwargs(spec)["cap_add"] == ["IPC_LOCK"]
 
 
 def test_cpu_jobs_take_no_transport_and_check_takes_it_too() -> None:
     with pytest.raises(ConfigError, match="--nccl-transport 'ib'.*--gpus 0 runs on gloo"):
         parse("--gpus", "0", "--nccl-transport", "ib")
-    (spec, _) = build_plan(parse("--gpus", "0"), HOSTS, "10.0.0.11", [NodeFacts("eth0", ib=True)] * 2)
-    assert spec.sdk_kwargs()["devices"] is None and "NCCL_IB_DISABLE" not in spec.env
+    (spec, _) = job_specs(parse("--gpus", "0"), HOSTS, "10.0.0.11", [NodeFacts("eth0", ib=True)] * 2)
+    assert sdk_kwargs(spec)["devices"] is None and "NCCL_IB_DISABLE" not in spec.env
     _, cfg = cli.parse_args(["check", "--hosts", "hosts", "--gpus", "4-7", "--nccl-transport", "socket"])
-    assert isinstance(cfg, UpConfig) and cfg.nccl_transport == "socket" and cfg.gpu_ids == (4, 5, 6, 7)
-    assert cfg.gpus == 4 and GPUS_ALL == -1
+    assert isinstance(cfg, UpConfig) and cfg.resources.nccl_transport == "socket" and cfg.resources.gpu_ids == (4, 5, 6, 7)
+    assert cfg.resources.gpus == 4 and GPUS_ALL == -1
 
 
 def test_the_python_api_takes_indices_as_gpus() -> None:
     from orchestrate.api import Job
 
     job = Job("hosts", gpus=(4, 5))
-    assert (job.gpus, job.gpu_ids) == (2, (4, 5))
+    assert (job.resources.gpus, job.resources.gpu_ids) == (2, (4, 5))
     with pytest.raises(ConfigError, match="give each device index once"):
         Job("hosts", gpus=(1, 1))
 
 
 def test_the_network_check_runs_on_the_jobs_transport() -> None:
-    from orchestrate.checks.netcheck import check_specs
+    from orchestrate.checks.netcheck import script
+    from orchestrate.plan.shortlived import network_check
 
     for ib, expect in ((True, ("/dev/infiniband",)), (False, ())):
-        specs = build_plan(parse("--gpus", "8"), HOSTS, "10.0.0.11", [NodeFacts("eth0", 8, ib=ib)] * 2)
-        checks = check_specs(specs, 8)
+        specs = job_specs(parse("--gpus", "8"), HOSTS, "10.0.0.11", [NodeFacts("eth0", 8, ib=ib)] * 2)
+        checks = network_check(specs, False, 8, script())
         assert [c.devices for c in checks] == [expect] * 2
         assert all(("NCCL_IB_DISABLE" in c.env) is (not ib) for c in checks)

@@ -7,30 +7,21 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from kit.units import HOSTS, job_specs, parse
 
-from orchestrate import cli
-from orchestrate.config import GPUS_ALL, UpConfig
+from orchestrate.backends.docker_ssh.owner import gpus_of
+from orchestrate.backends.docker_ssh.request import docker_run_argv, sdk_kwargs
+from orchestrate.config import GPUS_ALL
 from orchestrate.errors import ConfigError
-from orchestrate.hosts import Host
-from orchestrate.jobs.owner import gpus_of
 from orchestrate.plan import gpuset, ports
-from orchestrate.plan.gpuset import Held, allocate, held, yields_to
-from orchestrate.plan.jobplan import NodeFacts, build_plan
-from orchestrate.probe.holdings import Holdings
-from orchestrate.probe.preflight import HostReport, judge_gpus, judge_port
+from orchestrate.plan.gpuset import allocate, yields_to
+from orchestrate.plan.verdicts import judge_gpus, judge_port
+from orchestrate.probe.observations import Held, Holdings, HostReport, NodeFacts, held
 
-HOSTS = [Host(name="gpu1", hostname="10.0.0.11", port=22, user="u", slots=None),
-         Host(name="gpu2", hostname="10.0.0.12", port=22, user="u", slots=None)]
 FOUR = (0, 1, 2, 3)
 BOB = Held("b1", "bob/cifar", (0, 1), 29500, "2026-11-24T08:00:00.5Z")
 CAROL = Held("c1", "carol/r18", (2,), None, "2026-11-24T08:00:01Z")
 GPU_LIST = "\n".join(f"{i}, GPU-0000000{i}-0000-4000-8000-00000000000{i}" for i in range(4))
-
-
-def parse(*argv: str) -> UpConfig:
-    _, cfg = cli.parse_args(["up", "--hosts", "hosts", *argv])
-    assert isinstance(cfg, UpConfig)
-    return cfg
 
 
 def test_a_count_takes_free_gpus_and_a_restart_keeps_its_own() -> None:
@@ -86,32 +77,32 @@ def test_the_port_is_free_on_node_0_and_claimed_by_no_other_job() -> None:
 def test_preflight_shows_the_set_and_the_holders_and_node_0_the_port() -> None:
     facts = {"smi": "ok", "gpus": "4", "gpu_list": GPU_LIST, "ss_ok": "1", "listening": "0.0.0.0:22 [::]:29500"}
     r = HostReport("h0", holdings=Holdings([BOB]))
-    judge_gpus(facts, r, parse("--gpus", "2"), None)
+    judge_gpus(facts, r, parse("--gpus", "2").resources, None)
     judge_port(facts, r, None)
     assert r.gpu_set == (2, 3) and r.checks["gpus"].text == "GPU 2,3 of 4; others: bob/cifar (GPU 0,1)"
     assert r.port == 29501 and r.checks["port"].text == "29501 (chosen: free)"  # 29500 listens, bob's label
     r = HostReport("h0", holdings=Holdings([BOB]))
-    judge_gpus(facts, r, parse("--gpus", "all"), None)
+    judge_gpus(facts, r, parse("--gpus", "all").resources, None)
     assert r.problems == ["gpus: --gpus all: held by bob/cifar (GPU 0,1); ask for a count of free GPUs "
                           "(--gpus N), or wait until they are free"]
 
 
 def test_the_granted_set_goes_to_docker_as_device_ids_with_labels_and_nproc() -> None:
     facts = [NodeFacts("eth0", 4, user="1000:1000", login="ann", gpu_set=(2, 3))] * 2
-    n0, n1 = build_plan(parse("--gpus", "2", "--master-port", "29501"), HOSTS, "10.0.0.11", facts)
-    (request,) = n0.sdk_kwargs()["device_requests"]
+    n0, n1 = job_specs(parse("--gpus", "2", "--master-port", "29501"), HOSTS, "10.0.0.11", facts)
+    (request,) = sdk_kwargs(n0)["device_requests"]
     assert request["DeviceIDs"] == ["2", "3"] and request["Count"] == 0  # never a count: Docker's would be 0,1
     assert n0.labels["ddp-cifar.gpus"] == "2,3" and n0.labels["ddp-cifar.master-port"] == "29501"
     assert "ddp-cifar.master-port" not in n1.labels
     assert n0.command[n0.command.index("--nproc_per_node") + 1] == "2"
-    assert '--gpus="device=2,3"' in n0.docker_run_argv()
+    assert '--gpus="device=2,3"' in docker_run_argv(n0)
     assert "CUDA_VISIBLE_DEVICES" not in n0.env  # on a GPU node Docker sets NVIDIA_VISIBLE_DEVICES itself
 
 
 def test_gpus_on_cpu_holds_the_set_and_passes_it_as_a_gpu_node_would() -> None:
     facts = [NodeFacts("eth0", 4, user="1000:1000", login="ann", gpu_set=(1, 3))] * 2
-    n0, _ = build_plan(parse("--gpus", "2", "--gpus-on-cpu", "--master-port", "29501"), HOSTS, "10.0.0.11", facts)
-    assert n0.sdk_kwargs()["device_requests"] is None  # a CPU host's daemon has no GPU driver to ask
+    n0, _ = job_specs(parse("--gpus", "2", "--gpus-on-cpu", "--master-port", "29501"), HOSTS, "10.0.0.11", facts)
+    assert sdk_kwargs(n0)["device_requests"] is None  # a CPU host's daemon has no GPU driver to ask
     assert n0.env["NVIDIA_VISIBLE_DEVICES"] == "1,3" and n0.env["CUDA_VISIBLE_DEVICES"] == "0,1"
     assert n0.labels["ddp-cifar.gpus"] == "1,3" and "--device" not in n0.command
     assert n0.command[n0.command.index("--nproc_per_node") + 1] == "2"

@@ -11,17 +11,15 @@ import re
 import tarfile
 from pathlib import Path
 
-from orchestrate.apply.image import (
+from orchestrate.backends.docker_ssh.image import (
     _Feed,
     _Sink,
-    all_chain_ids,
-    chain_ids,
     filter_save,
-    held_prefix,
     oci_layer_index,
     summary_line,
     v1_layer_index,
 )
+from orchestrate.probe.layers import all_chain_ids, chain_ids, held_prefix
 
 DATA = Path(__file__).parent / "data"
 # RootFS diff IDs of ddp-cifar:cpu as built on this machine (Docker 20.10.24); the two json files are the
@@ -147,6 +145,8 @@ def test_summary_line_names_the_delta() -> None:
 class _Api:
     def __init__(self, held: list[str], fail_delta: bool) -> None:
         self.held, self.fail_delta, self.loaded_id, self.archives = held, fail_delta, "", []  # type: ignore[var-annotated]
+        self.pulled: list[str] = []
+        self.pull_error = ""
 
     def images(self, all: bool = False) -> list[dict[str, str]]:
         return [{"Id": "old"}]
@@ -169,6 +169,12 @@ class _Client:
     def __init__(self, api: _Api) -> None:
         self.api = api
         self.images = self
+
+    def pull(self, ref: str) -> None:
+        if self.api.pull_error:
+            import docker.errors
+            raise docker.errors.APIError(self.api.pull_error)
+        self.api.pulled.append(ref)
 
     def get(self, name: str):  # type: ignore[no-untyped-def]
         if not self.api.loaded_id:
@@ -201,7 +207,7 @@ class _Local:
 def test_a_delta_that_fails_to_load_falls_back_to_the_full_archive() -> None:
     from rich.console import Console
 
-    from orchestrate.apply.image import deliver
+    from orchestrate.backends.docker_ssh.image import deliver
 
     archive, diff_ids = _save_archive([b"base" * 20000, b"deps" * 5000, b"trainer-v2"])
     old = diff_ids[:2] + ["sha256:" + "0" * 64]
@@ -216,6 +222,28 @@ def test_a_delta_that_fails_to_load_falls_back_to_the_full_archive() -> None:
     assert [sum(n.endswith("layer.tar") for n in names) for names in apis[1].archives] == [1]
     assert (done[0].layers_sent, done[1].layers_sent) == (3, 1)
     assert done[0].sent > done[1].sent and not done[0].fallback
+
+
+def test_a_node_whose_base_pull_fails_gets_the_base_layers_sent_with_one_line_why() -> None:
+    from types import SimpleNamespace
+
+    from rich.console import Console
+
+    from orchestrate.backends.docker_ssh.image import _base_first
+    from orchestrate.plan.jobplan import ImageAction
+
+    pull = ImageAction("send", 5, 1, None, pull_base="reg/b@sha256:x", base_layers=3)
+    cut_off = ImageAction("send", 5, 0, None, base_why="no route to host")
+    plan = SimpleNamespace(nodes=[SimpleNamespace(rank=r, image=a) for r, a in enumerate((pull, pull, cut_off, pull))])
+    apis = [_Api([], False) for _ in range(4)]
+    apis[1].pull_error = "no space left on device"
+    console = Console(record=True, width=80)
+    assert _base_first(_Nodes(apis), plan, "img:new", console) == {0: 3, 1: 1, 2: 0, 3: 3}  # type: ignore[arg-type]
+    assert [a.pulled for a in apis] == [["reg/b@sha256:x"], [], [], ["reg/b@sha256:x"]]
+    assert console.export_text().splitlines() == [
+        "image img:new on h2: base not pulled by the node: no route to host; sending its layers",
+        "image img:new on h0, h3: pulled base reg/b@sha256:x from its registry",
+        "image img:new on h1: pulling base reg/b@sha256:x failed (no space left on device); sending its layers"]
 
 
 def test_timings_name_each_phase_in_order_even_when_one_fails() -> None:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 import io
 from pathlib import Path
 
@@ -40,7 +39,7 @@ def test_every_option_round_trips_through_a_job_file(tmp_path: Path) -> None:
     (tmp_path / "job.toml").write_text(text)
     again = parse("up", "-f", str(tmp_path / "job.toml"))
     assert again == original, text
-    assert dataclasses.replace(again, timings=False) != original  # the comparison is not vacuous
+    assert again.with_options(timings=False) != original  # the comparison is not vacuous
 
 
 @pytest.mark.parametrize(("content", "line", "message"), [
@@ -65,10 +64,10 @@ def test_the_command_line_wins_and_paths_are_relative_to_the_file(tmp_path: Path
     (tmp_path / "job.toml").write_text('hosts = "hosts.txt"\njob = "a"\ngpus = 8\nargs = ["--epochs", "3"]\n'
                                        'env = { NCCL_DEBUG = "WARN" }\n')
     from_file = parse("up", "-f", str(tmp_path / "job.toml"))
-    assert from_file.ssh.hosts_file == tmp_path / "hosts.txt" and from_file.gpus == 8
-    assert from_file.trainer_args == ("--epochs", "3") and from_file.env == (("NCCL_DEBUG", "WARN"),)
+    assert from_file.ssh.hosts_file == tmp_path / "hosts.txt" and from_file.resources.gpus == 8
+    assert from_file.program.trainer_args == ("--epochs", "3") and from_file.program.env == (("NCCL_DEBUG", "WARN"),)
     mixed = parse("up", "-f", str(tmp_path / "job.toml"), "--job", "b", "--gpus", "0", "--", "--epochs", "5")
-    assert (mixed.job, mixed.gpus, mixed.trainer_args) == ("b", 0, ("--epochs", "5"))
+    assert (mixed.program.job, mixed.resources.gpus, mixed.program.trainer_args) == ("b", 0, ("--epochs", "5"))
 
 
 def test_dry_run_prints_the_merged_job_then_the_plan(tmp_path: Path) -> None:
@@ -88,7 +87,7 @@ def test_resume_by_job_name_needs_nothing_else(tmp_path: Path, monkeypatch: pyte
                   "--", "--epochs", "30")
     remember(first)
     resumed = parse("up", "--resume", "--job", "r18")
-    assert resumed == dataclasses.replace(first, resume=True)
+    assert resumed == first.with_options(resume=True)
     with pytest.raises(ConfigError, match="up needs the hosts"):
         parse("up", "--job", "never-ran")
 
@@ -98,7 +97,7 @@ def test_the_command_lines_defaults_are_the_configs(tmp_path: Path) -> None:
     hosts = hosts_file(tmp_path)
     from orchestrate.config import JobsConfig, SSHOptions
 
-    assert parse("up", "--hosts", str(hosts)) == UpConfig(ssh=SSHOptions(hosts, None, False))
+    assert parse("up", "--hosts", str(hosts)) == UpConfig.of(ssh=SSHOptions(hosts, None, False))
     assert cli.parse_args(["kill"])[1] == JobsConfig(ssh=SSHOptions(None, None, False))
 
 

@@ -6,66 +6,97 @@ import json
 from pathlib import Path
 
 import pytest
+from kit.units import SSH, job_plan
 
 from orchestrate import cli
-from orchestrate.config import SSHOptions, UpConfig
+from orchestrate.backends.docker_ssh.request import plan_json, render_job_plan
+from orchestrate.config import Data, UpConfig
 from orchestrate.errors import ConfigError
 from orchestrate.hosts import Host
-from orchestrate.plan.jobplan import (
-    Attempt,
-    LocalImage,
-    NodeFacts,
-    Verdict,
-    data_action,
-    image_action,
-    plan_job,
-    plan_json,
-    render_job_plan,
-)
+from orchestrate.plan.jobplan import Attempt, data_action, image_action
+from orchestrate.probe.observations import CheckResult, LocalBase, LocalImage, NodeFacts
 
-SSH = SSHOptions(Path("hosts"), None, False)
 HOSTS = [Host(name=f"h{i}", hostname=f"10.0.0.{i + 1}", port=22, user="u", slots=None) for i in range(2)]
 LOCAL = LocalImage("sha256:new", tuple(f"sha256:{i}" for i in range(5)), sizes=(100, 200, 300, 400, 500))
 DIRS = {"data": "/home/u/.cache/ddp-cifar/data", "ckpt": "/home/u/ck", "log": "/home/u/logs"}
 
 
 def config(**kw: object) -> UpConfig:
-    return UpConfig(ssh=SSH, job="p", image="ddp-cifar:cpu", gpus=0, **kw)  # type: ignore[arg-type]
+    return UpConfig.of(ssh=SSH, job="p", image="ddp-cifar:cpu", gpus=0, **kw)  # type: ignore[arg-type]
+
+
+def _data_of(c: UpConfig) -> tuple[Data, bool]:
+    """data_action's first two arguments: the data section, and whether the program is the trainer."""
+    return c.data, c.program.is_trainer
 
 
 def test_the_image_action_is_decided_from_the_layers_the_node_holds() -> None:
-    assert image_action(config(), LOCAL, NodeFacts(image_id="sha256:new")).kind == "present"
-    missing = image_action(config(), LOCAL, NodeFacts(image_id=None, layers_held=3))
+    assert image_action(config().delivery, LOCAL, NodeFacts(image_id="sha256:new")).kind == "present"
+    missing = image_action(config().delivery, LOCAL, NodeFacts(image_id=None, layers_held=3))
     assert (missing.kind, missing.layers_sent, missing.layers, missing.bytes) == ("send", 2, 5, 900)
-    unknown_sizes = image_action(config(), LocalImage("sha256:new", LOCAL.diff_ids, None), NodeFacts(image_id="sha256:old"))
+    unknown_sizes = image_action(config().delivery, LocalImage("sha256:new", LOCAL.diff_ids, None), NodeFacts(image_id="sha256:old"))
     assert (unknown_sizes.layers_sent, unknown_sizes.bytes) == (5, None)
     pull = config(pull=True)
-    assert image_action(pull, None, NodeFacts(image_id=None)).kind == "pull"
-    assert image_action(pull, None, NodeFacts(image_id="sha256:any")).kind == "present"
-    assert image_action(pull, LOCAL, NodeFacts(image_id="sha256:old")).kind == "pull"  # differs from the local one
-    assert image_action(pull, LOCAL, NodeFacts(image_id="sha256:old")).layers_sent == 0
+    assert image_action(pull.delivery, None, NodeFacts(image_id=None)).kind == "pull"
+    assert image_action(pull.delivery, None, NodeFacts(image_id="sha256:any")).kind == "present"
+    assert image_action(pull.delivery, LOCAL, NodeFacts(image_id="sha256:old")).kind == "pull"  # differs from the local one
+    assert image_action(pull.delivery, LOCAL, NodeFacts(image_id="sha256:old")).layers_sent == 0
+
+
+BASE = LocalBase("reg.example:5000/pytorch:26.08", 3, "reg.example:5000/pytorch@sha256:b")
+ON_BASE = LocalImage("sha256:new", LOCAL.diff_ids, LOCAL.sizes, BASE)
+
+
+def test_a_node_that_lacks_the_base_and_reaches_its_registry_pulls_it_and_gets_only_the_layers_above() -> None:
+    pulls = image_action(config().delivery, ON_BASE, NodeFacts(layers_held=1, base_reach=""))
+    assert (pulls.pull_base, pulls.base_layers, pulls.layers_sent, pulls.bytes) == (BASE.ref, 3, 2, 900)
+    assert pulls.base_why == ""
+    cut_off = image_action(config().delivery, ON_BASE, NodeFacts(layers_held=0, base_reach="no route to host"))
+    assert (cut_off.pull_base, cut_off.layers_sent, cut_off.bytes, cut_off.base_why) == ("", 5, 1500, "no route to host")
+    holds_base = image_action(config().delivery, ON_BASE, NodeFacts(layers_held=4))  # nothing asked, nothing to say
+    assert (holds_base.pull_base, holds_base.base_why, holds_base.layers_sent) == ("", "", 1)
+    no_digest = LocalImage("sha256:new", LOCAL.diff_ids, LOCAL.sizes, LocalBase(BASE.name, 3, BASE.name, "no digest"))
+    local_reason = image_action(config().delivery, no_digest, NodeFacts(layers_held=0))
+    assert (local_reason.pull_base, local_reason.base_why, local_reason.layers_sent) == ("", "no digest", 5)
+    # the base's layers unknown here: only a node that holds none of the image's surely lacks it
+    unknown = LocalImage("sha256:new", LOCAL.diff_ids, LOCAL.sizes, LocalBase(BASE.name, 0, BASE.name, "not here"))
+    assert image_action(config().delivery, unknown, NodeFacts(layers_held=0)).base_why == "not here"
+    assert image_action(config().delivery, unknown, NodeFacts(layers_held=2)).base_why == ""
+    assert image_action(config(pull=True).delivery, ON_BASE, NodeFacts(base_reach="")).kind == "pull"  # --pull: the image
+
+
+def test_the_plan_shows_per_node_whether_the_base_is_pulled_there(tmp_path: Path) -> None:
+    facts = [NodeFacts(iface="eth0", addr="10.0.0.1", dirs=DIRS, base_reach=""),
+             NodeFacts(iface="eth0", addr="10.0.0.2", dirs=DIRS, base_reach="connection refused")]
+    plan = job_plan(config(), Attempt(0), HOSTS, "10.0.0.1", facts, ON_BASE, ("torchrun",))
+    text = render_job_plan(plan)
+    assert (f"#   image: pull base {BASE.ref} on the node (its 3 layers), then send 2 of 5 layers, "
+            "0.0 MB uncompressed") in text
+    assert "#   image: send 5 of 5 layers, 0.0 MB uncompressed (base not pulled by the node: connection refused)" in text
+    images = [n["image"] for n in json.loads(json.dumps(plan_json(plan)))["nodes"]]
+    assert [(i["pull_base"], i["layers_sent"], i["base_why"]) for i in images] == [
+        (BASE.ref, 2, ""), ("", 5, "connection refused")]
 
 
 def test_the_data_action_follows_the_config_and_the_verified_copy(tmp_path: Path) -> None:
-    assert data_action(config(), NodeFacts(), None, False).kind == "download"
-    assert data_action(config(), NodeFacts(data_present=True), None, False).kind == "present"
+    assert data_action(*_data_of(config()), NodeFacts(), None, False).kind == "download"
+    assert data_action(*_data_of(config()), NodeFacts(data_present=True), None, False).kind == "present"
     archive = tmp_path / "c.tar.gz"
     archive.write_bytes(b"x")
-    sent = data_action(config(data_from=archive), NodeFacts(), 1, False)
+    sent = data_action(*_data_of(config(data_from=archive)), NodeFacts(), 1, False)
     assert (sent.kind, sent.source, sent.bytes) == ("send", str(archive), 1)
-    assert data_action(config(data_from=tmp_path), NodeFacts(), None, True).kind == "sync"
-    assert data_action(config(entry="/app/t.py"), NodeFacts(), None, False).kind == "none"
+    assert data_action(*_data_of(config(data_from=tmp_path)), NodeFacts(), None, True).kind == "sync"
+    assert data_action(*_data_of(config(entry="/app/t.py")), NodeFacts(), None, False).kind == "none"
 
 
 def _facts(**kw: object) -> list[NodeFacts]:
-    return [NodeFacts(iface="eth0", addr=f"10.0.0.{i + 1}", dirs=DIRS, verdicts=(Verdict("ssh", True, "u@h"),),
+    return [NodeFacts(iface="eth0", addr=f"10.0.0.{i + 1}", dirs=DIRS, verdicts=(CheckResult("ssh", True, "u@h"),),
                       **kw) for i in range(2)]  # type: ignore[arg-type]
 
 
 def test_the_plan_uses_the_probed_folders_and_says_the_attempt() -> None:
     attempt = Attempt(1, "node 1 (h1) exited with code 1", resume=True)
-    plan = plan_job(config(), attempt, HOSTS, "10.0.0.1", _facts(leftovers=("p-node0",)), LOCAL, ("torchrun",),
-                    None)
+    plan = job_plan(config(), attempt, HOSTS, "10.0.0.1", _facts(leftovers=("p-node0",)), LOCAL, ("torchrun",))
     node = plan.nodes[0]
     assert node.dirs == DIRS and [m.source for m in node.container.mounts] == list(DIRS.values())
     assert node.leftovers == ("p-node0",) and node.image.kind == "send"
@@ -79,7 +110,7 @@ def test_the_plan_uses_the_probed_folders_and_says_the_attempt() -> None:
 
 
 def test_a_launcher_found_after_a_pull_changes_only_the_commands_head() -> None:
-    plan = plan_job(config(pull=True), Attempt(), HOSTS, "10.0.0.1", _facts(), None, None, None)
+    plan = job_plan(config(pull=True), Attempt(), HOSTS, "10.0.0.1", _facts(), None, None)
     assert plan.launcher is None and plan.nodes[0].container.command[0] == "torchrun"
     found = plan.with_launcher(("/usr/bin/python3", "-m", "torch.distributed.run"))
     for before, after in zip(plan.nodes, found.nodes, strict=True):

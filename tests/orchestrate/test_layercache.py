@@ -1,4 +1,4 @@
-"""The local layer cache (orchestrate/apply/layercache.py): the archive it writes for `docker load`, the manifest check,
+"""The local layer cache (orchestrate/backends/docker_ssh/layercache.py): the archive it writes for `docker load`, the manifest check,
 and, against the real local dockerd and Debian's docker-registry, that a push stores only new layers and that an
 archive holding only the new layer loads into a daemon holding the rest.
 """
@@ -20,9 +20,10 @@ from pathlib import Path
 
 import docker
 import pytest
+from kit.lines import LineReader
 
 from devcluster.tinyimage import TINY_IMAGE, load_tiny_image
-from orchestrate.apply.layercache import (
+from orchestrate.backends.docker_ssh.layercache import (
     Blob,
     CachedImage,
     LayerCache,
@@ -129,7 +130,7 @@ def test_a_cache_that_cannot_start_falls_back_to_docker_save_unless_required(
 
     from rich.console import Console
 
-    import orchestrate.apply.image as image
+    import orchestrate.backends.docker_ssh.image as image
 
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
     monkeypatch.setattr(image, "registry_binary", lambda: "/bin/false")
@@ -153,13 +154,12 @@ def test_the_registry_ends_with_the_process_that_started_it_even_on_sigkill(tmp_
     binary = registry_binary()
     if binary is None:
         pytest.fail("docker-registry is missing: apt-get install docker-registry", pytrace=False)
-    script = ("import sys, time; from pathlib import Path; from orchestrate.apply.layercache import LayerCache\n"
+    script = ("import sys, time; from pathlib import Path; from orchestrate.backends.docker_ssh.layercache import LayerCache\n"
               "with LayerCache.started(sys.argv[1], Path(sys.argv[2])) as cache:\n"
               "    print(cache.port, flush=True); time.sleep(600)\n")
     up = subprocess.Popen([sys.executable, "-c", script, binary, str(tmp_path / "layers")], stdout=subprocess.PIPE,
                           text=True)
-    assert up.stdout is not None
-    url = f"http://127.0.0.1:{int(up.stdout.readline())}/v2/"
+    url = f"http://127.0.0.1:{int(LineReader(up.stdout).next(60, 'the layer cache to start'))}/v2/"
     with urllib.request.urlopen(url, timeout=5) as res:
         assert res.status == 200
     up.kill()
@@ -201,7 +201,7 @@ def test_a_push_waits_for_another_ups_push_into_the_same_cache_and_says_so(
     root = tmp_path / "layers"
     holder = _held_by_another_process(root)
     try:
-        with caplog.at_level(logging.WARNING, "orchestrate.apply.layercache"), pytest.raises(LayerCacheError) as err:
+        with caplog.at_level(logging.WARNING, "orchestrate.backends.docker_ssh.layercache"), pytest.raises(LayerCacheError) as err:
             with one_filler(root, 0.6):
                 pytest.fail("entered while another process held the lock")
         assert str(root) in str(err.value)

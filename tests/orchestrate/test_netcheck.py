@@ -4,10 +4,21 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from orchestrate.checks.netcheck import NodeResult, check_specs, judge, outliers
+from kit.units import job_specs
+
+from orchestrate.checks.netcheck import (
+    FLOOR_GBPS,
+    Floors,
+    NodeResult,
+    judge,
+    outliers,
+    planned_transport,
+    script,
+)
 from orchestrate.config import SSHOptions, UpConfig
 from orchestrate.hosts import Host
-from orchestrate.plan.jobplan import NodeFacts, build_plan
+from orchestrate.plan.shortlived import network_check
+from orchestrate.probe.observations import NodeFacts
 
 
 def head(pairs: dict[tuple[int, int], float]) -> dict:
@@ -40,15 +51,20 @@ def test_the_node_that_cannot_reach_the_master_is_blamed_not_the_ones_waiting_fo
 
 def test_the_check_runs_in_the_jobs_image_with_its_network_settings() -> None:
     hosts = [Host(name=n, hostname=n, port=22, user=None, slots=None) for n in ("a", "b")]
-    config = UpConfig(ssh=SSHOptions(Path("h"), None, False), job="r18", image="img:1", gpus=0)
-    specs = build_plan(config, hosts, "10.0.0.1", [NodeFacts(iface="ib0", addr="10.0.0.1"),
+    config = UpConfig.of(ssh=SSHOptions(Path("h"), None, False), job="r18", image="img:1", gpus=0)
+    specs = job_specs(config, hosts, "10.0.0.1", [NodeFacts(iface="ib0", addr="10.0.0.1"),
                                                   NodeFacts(iface="ib0", addr="10.0.0.2")])
-    checks = check_specs(specs, 16)
+    checks = network_check(specs, True, 16, script())
     assert [c.name for c in checks] == ["r18-netcheck-node0", "r18-netcheck-node1"]
     assert all(c.image == "img:1" and c.network_mode == "host" and c.mounts == () for c in checks)
     assert checks[1].env["GLOO_SOCKET_IFNAME"] == "ib0" and checks[1].env["MASTER_ADDR"] == "10.0.0.1"
-    assert (checks[1].env["RANK"], checks[1].env["WORLD_SIZE"]) == ("1", "2")
+    assert checks[1].env["NODE_RANK"] == "1"  # the program forks the node's processes and ranks them itself
     assert checks[0].command[:2] == ("python3", "-c") and "--pairs" in checks[0].command
+    # CPU nodes of one process each: 2 per node all the same, so that something is measured within the node.
+    assert checks[0].command[3:7] == ("--procs", "2,2", "--device", "cpu")
+    gpu = config.with_options(gpus=8)
+    specs = job_specs(gpu, hosts, "10.0.0.1", [NodeFacts(iface="ib0", addr="10.0.0.1", gpus=8)] * 2)
+    assert network_check(specs, False, 16, script())[0].command[3:7] == ("--procs", "8,8", "--device", "cuda")
     assert checks[0].labels["ddp-cifar.job"] == "r18-netcheck"
 
 
@@ -57,8 +73,8 @@ def test_tables_fit_80_and_120_columns_and_long_paths_keep_their_tail() -> None:
 
     from rich.console import Console
 
+    from orchestrate.backends.docker_ssh.control import keep_tail
     from orchestrate.checks.netcheck import render
-    from orchestrate.jobs.control import keep_tail
 
     v = judge([NodeResult(0, "a", 0, head({(0, 1): 2.7, (0, 2): 0.004, (1, 2): 0.004}))])
     labels = ["gpu-node-with-a-rather-long-name-0.cluster.example.org"] * 3
@@ -69,3 +85,60 @@ def test_tables_fit_80_and_120_columns_and_long_paths_keep_their_tail() -> None:
     path = "/home/alice/.local/share/ddp-cifar/jobs/resnet18-bf16-run3/checkpoints/ckpt-00000240.pt"
     assert keep_tail(path, 40) == "…" + path[-39:] and keep_tail(path, 40).endswith("ckpt-00000240.pt")
     assert keep_tail("short", 40) == "short"
+
+
+IB_LINES = ["NET/IB : Using [0]mlx5_0:1/IB [1]mlx5_1:1/IB [RO]; OOB ib0:10.10.0.7<0>", "Using network IB",
+            "via P2P/CUMEM/read", "via NET/IB/0/GDRDMA", "NVLS multicast support is available on dev 0"]
+# A node whose container lacks /dev/infiniband: NCCL's IB plugin finds no device and it falls back to sockets.
+SOCKET_LINES = ["NET/Socket : Using [0]eth0:10.1.0.8<0>", "Using network Socket", "via P2P/CUMEM/read",
+                "via NET/Socket/0"]
+
+
+def gpu_node(rank: int, within: float, nccl: list[str], across: float | None = None) -> NodeResult:
+    payload = {"rank": rank * 8, "node": rank, "backend": "nccl", "within": [{"mb": 256, "busbw_gbps": within}],
+               "nccl": nccl}
+    if across is not None:
+        payload |= {"allreduce": [{"mb": 256, "busbw_gbps": across}], "pairs": [{"a": 0, "b": 1, "gbps": across}]}
+    return NodeResult(rank, f"n{rank}", 0, payload)
+
+
+def test_ib_planned_but_socket_used_fails_the_node_that_used_it() -> None:
+    v = judge([gpu_node(0, 350.0, IB_LINES, across=45.0), gpu_node(1, 350.0, SOCKET_LINES)], planned="ib")
+    assert v.problems == {1: ["InfiniBand planned, but NCCL used socket (eth0 10.1.0.8<0>) (is /dev/infiniband "
+                              "in the container?)"]}
+    assert (v.paths[0].net, v.paths[0].local) == ("IB", ("P2P/CUMEM", "NVLS"))
+    assert v.within_gbps == {0: 350.0, 1: 350.0} and v.allreduce_gbps == 45.0
+    # Sockets planned (NCCL_IB_DISABLE=1) and IB used is as wrong; one node alone has no network to compare.
+    assert 0 in judge([gpu_node(0, 350.0, IB_LINES, across=45.0), gpu_node(1, 350.0, IB_LINES)], "socket").problems
+    assert judge([gpu_node(0, 350.0, SOCKET_LINES)], planned="ib").problems == {}
+
+
+def test_a_floor_makes_two_nodes_fail_and_the_defaults_follow_the_transport() -> None:
+    two = [gpu_node(0, 350.0, IB_LINES, across=1.5), gpu_node(1, 1.0, IB_LINES)]
+    v = judge(two, planned="ib")  # IB's default floor (2 GB/s) across; NCCL's (2 GB/s) within
+    assert v.problems == {0: ["across nodes 1.5 GB/s, below the floor 2.0 GB/s"],
+                          1: ["within the node 1.0 GB/s, below the floor 2.0 GB/s",
+                              "across nodes 1.5 GB/s, below the floor 2.0 GB/s"]}
+    assert judge(two, planned="ib", floors=Floors(across=1.0, within=0.5)).problems == {}
+    # Over sockets the default floor is sockets' (0.05 GB/s): the same 1.5 GB/s passes.
+    sockets = [gpu_node(0, 350.0, SOCKET_LINES, across=1.5), gpu_node(1, 350.0, SOCKET_LINES)]
+    assert judge(sockets, planned="socket").problems == {}
+    assert FLOOR_GBPS["gloo"] < FLOOR_GBPS["socket"] < FLOOR_GBPS["ib"]
+
+
+def test_a_node_without_cuda_is_the_cause_not_the_peers_that_waited_for_it() -> None:
+    v = judge([NodeResult(0, "a", 3, {"rank": 0, "error": "Timed out"}),
+               NodeResult(1, "b", 3, {"rank": 8, "error": "CUDA is not available in this container; ...",
+                                      "kind": "no-cuda"})], planned="ib")
+    assert list(v.cannot_join) == [1] and v.cannot_join[1].startswith("CUDA is not available")
+
+
+def test_the_planned_transport_is_what_the_containers_get() -> None:
+    hosts = [Host(name=n, hostname=n, port=22, user=None, slots=None) for n in ("a", "b")]
+    config = UpConfig.of(ssh=SSHOptions(Path("h"), None, False), gpus=8)
+    for ib, planned in ((True, "ib"), (False, "socket")):
+        spec = job_specs(config, hosts, "10.0.0.1", [NodeFacts(iface="eth0", gpus=8, ib=ib)] * 2)[0]
+        assert planned_transport(spec, cpu=False) == planned and planned_transport(spec, cpu=True) == "gloo"
+    mine = config.with_options(env=(("NCCL_IB_DISABLE", "0"),))  # the user's own --env wins: NCCL decides
+    spec = job_specs(mine, hosts, "10.0.0.1", [NodeFacts(iface="eth0", gpus=8, ib=False)] * 2)[0]
+    assert planned_transport(spec, cpu=False) == "auto"

@@ -8,15 +8,18 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from kit.units import job_specs
 from rich.console import Console
 
+from orchestrate import labels
+from orchestrate.backends.docker_ssh import DockerSSH, owner
+from orchestrate.backends.docker_ssh import control as jobs
 from orchestrate.config import SSHOptions, UpConfig
 from orchestrate.errors import JobError
 from orchestrate.hosts import Host
-from orchestrate.jobs import control as jobs
-from orchestrate.jobs import owner
-from orchestrate.plan.jobplan import NodeFacts, build_plan
-from orchestrate.remote.docker import JOB_LABEL, RANK_LABEL
+from orchestrate.jobs.commands import print_all_jobs
+from orchestrate.labels import JOB_LABEL, RANK_LABEL
+from orchestrate.probe.observations import NodeFacts
 
 ALICE, BOB = 1000, 1001
 
@@ -27,7 +30,7 @@ class _Container:
         self.name, self.status = name, status
         self.labels = {JOB_LABEL: job, RANK_LABEL: str(rank)}
         if uid is not None:
-            self.labels |= owner.owner_labels(f"{uid}:{uid}", {ALICE: "alice", BOB: "bob"}[uid])
+            self.labels |= labels.owner_labels(f"{uid}:{uid}", {ALICE: "alice", BOB: "bob"}[uid])
         self.attrs = attrs or {"State": {"ExitCode": 0}}
         self.stopped = self.removed = False
 
@@ -55,21 +58,21 @@ class _Client:
 
 
 def test_a_container_is_mine_when_its_uid_is_mine_or_it_has_no_owner_label() -> None:
-    assert owner.is_mine(owner.owner_labels("1000:1000", "alice"), ALICE)
-    assert not owner.is_mine(owner.owner_labels("1001:1001", "bob"), ALICE)
-    assert owner.is_mine({JOB_LABEL: "cifar"}, ALICE)  # an older version's container: the caller's (migration)
-    assert owner.owner_labels(None, None) == {}  # an offline dry run does not know the login yet
+    assert labels.is_mine(labels.owner_labels("1000:1000", "alice"), ALICE)
+    assert not labels.is_mine(labels.owner_labels("1001:1001", "bob"), ALICE)
+    assert labels.is_mine({JOB_LABEL: "cifar"}, ALICE)  # an older version's container: the caller's (migration)
+    assert labels.owner_labels(None, None) == {}  # an offline dry run does not know the login yet
 
 
 def test_the_plan_labels_each_container_with_its_owner_and_names_it_after_the_login() -> None:
     hosts = [Host(name="a", hostname="10.0.0.1", port=22, user="u"), Host(name="b", hostname="10.0.0.2", port=22, user="u")]
     facts = [NodeFacts(iface="eth0", user="1001:1001", login="bob"), NodeFacts(iface="eth0", user="1001:1001",
                                                                               login="bob")]
-    cfg = UpConfig(ssh=SSHOptions(Path("h"), None, False), image="ddp-cifar:cpu", gpus=0)
-    specs = build_plan(cfg, hosts, "10.0.0.1", facts)
+    cfg = UpConfig.of(ssh=SSHOptions(Path("h"), None, False), image="ddp-cifar:cpu", gpus=0)
+    specs = job_specs(cfg, hosts, "10.0.0.1", facts)
     assert [s.name for s in specs] == ["cifar-node0-bob", "cifar-node1-bob"]
-    assert specs[0].labels[owner.OWNER_UID_LABEL] == "1001" and specs[0].labels[owner.OWNER_LABEL] == "bob"
-    assert owner.container_name("cifar", 0, "a b/c") == "cifar-node0-a_b_c"  # a Docker name allows no space or /
+    assert specs[0].labels[labels.OWNER_UID_LABEL] == "1001" and specs[0].labels[labels.OWNER_LABEL] == "bob"
+    assert labels.container_name("cifar", 0, "a b/c") == "cifar-node0-a_b_c"  # a Docker name allows no space or /
 
 
 def test_kill_stops_only_the_callers_containers_and_names_the_other_owner() -> None:
@@ -119,19 +122,18 @@ def test_status_all_prints_the_table() -> None:
             return _Client([_Container("cifar-node0-bob", "cifar", BOB), _Container("x-node0", "x", ALICE)])
 
     out = io.StringIO()
-    assert owner.print_all_jobs(_Nodes(), Console(file=out, width=200), {})  # type: ignore[arg-type]
+    assert print_all_jobs(DockerSSH(), _Nodes(), Console(file=out, width=200), {})  # type: ignore[arg-type]
     assert "bob (uid 1001)" in out.getvalue() and "alice (uid 1000)" in out.getvalue()
 
 
 def test_the_gpu_probe_and_the_self_test_containers_carry_the_owner_and_a_name_per_login() -> None:
     """The short containers of `up`'s GPU probe and of `check`'s self-test belong to the job's owner (status --all
     shows whose they are) and are named after the login, so two people checking the same hosts do not clash."""
-    from orchestrate.checks import selfcheck
-    from orchestrate.probe import gpuprobe
+    from orchestrate.plan import shortlived
 
     hosts = [Host(name="h0", hostname="h0", port=22, user="alice")]
-    config = UpConfig(ssh=SSHOptions(Path("x"), None, False), gpus=1)
-    [spec] = build_plan(config, hosts, "h0", [NodeFacts("eth0", user="1000:1000", login="alice")])
-    assert gpuprobe.probe_labels(spec) == {**owner.owner_labels("1000:1000", "alice"), JOB_LABEL: "cifar-gpuprobe"}
-    [test] = selfcheck.selftest_specs([spec], config)
-    assert test.name == "cifar-selftest-node0-alice" and test.labels[owner.OWNER_UID_LABEL] == "1000"
+    config = UpConfig.of(ssh=SSHOptions(Path("x"), None, False), gpus=1)
+    [spec] = job_specs(config, hosts, "h0", [NodeFacts("eth0", user="1000:1000", login="alice")])
+    assert shortlived.probe_labels(spec) == {**labels.owner_labels("1000:1000", "alice"), JOB_LABEL: "cifar-gpuprobe"}
+    [test] = shortlived.selftest([spec], config.program, config.resources)
+    assert test.name == "cifar-selftest-node0-alice" and test.labels[labels.OWNER_UID_LABEL] == "1000"

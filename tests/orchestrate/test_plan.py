@@ -2,32 +2,33 @@
 
 from __future__ import annotations
 
-import dataclasses
 import shlex
 from pathlib import Path
 
 import pytest
+from kit.units import SSH, job_specs
 from rich.console import Console
 
 from orchestrate import cli
-from orchestrate.config import GPUS_ALL, SSHOptions, UpConfig
+from orchestrate.backends.docker_ssh.request import docker_run_argv, sdk_kwargs
+from orchestrate.config import GPUS_ALL, UpConfig
 from orchestrate.hosts import Host
-from orchestrate.plan.jobplan import Attempt, NodeFacts, build_plan
+from orchestrate.plan.jobplan import Attempt
+from orchestrate.probe.observations import NodeFacts
 
 HOSTS = [Host(name="gpu1", hostname="10.0.0.11", port=22, user="u", slots=None),
          Host(name="gpu2", hostname="10.0.0.12", port=22, user="u", slots=None, iface="ib0",
               ckpt_dir="/scratch/{job}/ck")]
-SSH = SSHOptions(Path("hosts"), None, False)
 
 
 def config(**kw: object) -> UpConfig:
-    return UpConfig(ssh=SSH, job="exp1", image="ddp-cifar:latest", **kw)  # type: ignore[arg-type]
+    return UpConfig.of(ssh=SSH, job="exp1", image="ddp-cifar:latest", **kw)  # type: ignore[arg-type]
 
 
 def test_gpu_plan_all_gpus() -> None:
     facts = [NodeFacts(iface="eth0", gpus=8), NodeFacts(iface="eth9", gpus=4)]
-    specs = build_plan(config(gpus=GPUS_ALL, master_port=29500, trainer_args=("--epochs", "3")), HOSTS, "10.0.0.11",
-                       facts)
+    specs = job_specs(config(gpus=GPUS_ALL, master_port=29500, trainer_args=("--epochs", "3")), HOSTS, "10.0.0.11",
+                      facts)
     n0, n1 = specs
     assert n0.name == "exp1-node0" and n1.name == "exp1-node1"
     assert n0.command == ("torchrun", "--nnodes", "2", "--node_rank", "0", "--master_addr", "10.0.0.11",
@@ -53,7 +54,7 @@ def test_gpu_plan_all_gpus() -> None:
     assert [(m.source, m.target) for m in n1.mounts] == [
         ("~/.cache/ddp-cifar/data", "/data"), ("/scratch/exp1/ck", "/checkpoints"),
         ("~/.local/share/ddp-cifar/jobs/exp1/logs", "/logs")]
-    kwargs = n0.sdk_kwargs()
+    kwargs = sdk_kwargs(n0)
     assert kwargs["privileged"] is False and kwargs["init"] is True and kwargs["network_mode"] == "host"
     assert kwargs["device_requests"][0]["Count"] == -1 and kwargs["device_requests"][0]["Capabilities"] == [["gpu"]]
     assert all("docker.sock" not in m["Source"] for m in kwargs["mounts"])  # never the Docker socket
@@ -61,17 +62,17 @@ def test_gpu_plan_all_gpus() -> None:
 
 
 def test_gpu_plan_n_gpus_and_resume() -> None:
-    specs = build_plan(config(gpus=2, resume=True), HOSTS, "10.0.0.11", [NodeFacts("eth0", 8)] * 2)
+    specs = job_specs(config(gpus=2, resume=True), HOSTS, "10.0.0.11", [NodeFacts("eth0", 8)] * 2)
     assert specs[0].gpus == 2 and specs[0].command[-1] == "--resume"
     assert specs[0].command[specs[0].command.index("--nproc_per_node") + 1] == "2"
-    assert specs[0].sdk_kwargs()["device_requests"][0]["Count"] == 2
+    assert sdk_kwargs(specs[0])["device_requests"][0]["Count"] == 2
 
 
 def test_cpu_plan() -> None:
-    specs = build_plan(config(gpus=0, nproc_per_node=2, shm_size="2g"), HOSTS, "10.0.0.11",
-                       [NodeFacts("eth0"), NodeFacts("eth1")])
+    specs = job_specs(config(gpus=0, nproc_per_node=2, shm_size="2g"), HOSTS, "10.0.0.11",
+                      [NodeFacts("eth0"), NodeFacts("eth1")])
     n0 = specs[0]
-    assert n0.gpus == 0 and n0.sdk_kwargs()["device_requests"] is None
+    assert n0.gpus == 0 and sdk_kwargs(n0)["device_requests"] is None
     assert "NCCL_SOCKET_IFNAME" not in n0.env and n0.env["GLOO_SOCKET_IFNAME"] == "eth0"
     assert n0.env["NPROC_PER_NODE"] == "2" and "--nproc_per_node" in n0.command
     assert n0.ipc_mode is None and n0.shm_size == "2g"
@@ -80,26 +81,26 @@ def test_cpu_plan() -> None:
 
 def test_a_memory_limit_is_in_the_plan_and_its_docker_run_line() -> None:
     """--memory: Docker's mem_limit, with no swap beyond it (memswap_limit equal), shown as `docker run` flags."""
-    (limited,) = build_plan(config(gpus=0, memory="512m"), HOSTS[:1], "a", [NodeFacts("eth0")])
-    kwargs = limited.sdk_kwargs()
+    (limited,) = job_specs(config(gpus=0, memory="512m"), HOSTS[:1], "a", [NodeFacts("eth0")])
+    kwargs = sdk_kwargs(limited)
     assert (kwargs["mem_limit"], kwargs["memswap_limit"]) == ("512m", "512m")
-    assert {"--memory=512m", "--memory-swap=512m"} <= set(limited.docker_run_argv())
-    (free,) = build_plan(config(gpus=0), HOSTS[:1], "a", [NodeFacts("eth0")])
-    assert free.sdk_kwargs()["mem_limit"] is None
-    assert not [a for a in free.docker_run_argv() if a.startswith("--memory")]
+    assert {"--memory=512m", "--memory-swap=512m"} <= set(docker_run_argv(limited))
+    (free,) = job_specs(config(gpus=0), HOSTS[:1], "a", [NodeFacts("eth0")])
+    assert sdk_kwargs(free)["mem_limit"] is None
+    assert not [a for a in docker_run_argv(free) if a.startswith("--memory")]
 
 
 def test_cpu_plan_slots_default_to_processes() -> None:
     hosts = [Host(name="a", hostname="a", port=22, user=None, slots=3)]
-    (spec,) = build_plan(config(gpus=0), hosts, "a", [NodeFacts("eth0")])
+    (spec,) = job_specs(config(gpus=0), hosts, "a", [NodeFacts("eth0")])
     assert spec.command[spec.command.index("--nproc_per_node") + 1] == "3"
 
 
 def test_user_env_and_secret_masking() -> None:
     env = (("WANDB_API_KEY", "s3cr3t"), ("NCCL_DEBUG", "INFO"), ("X", "$(touch /tmp/owned); `id`\nls"))
-    (spec, _) = build_plan(config(gpus=0, env=env), HOSTS, "10.0.0.11", [NodeFacts("eth0")] * 2)
+    (spec, _) = job_specs(config(gpus=0, env=env), HOSTS, "10.0.0.11", [NodeFacts("eth0")] * 2)
     assert spec.env["WANDB_API_KEY"] == "s3cr3t"  # the container gets the value ...
-    shown = spec.docker_run_argv()
+    shown = docker_run_argv(spec)
     assert "--env=WANDB_API_KEY=****" in shown and "s3cr3t" not in " ".join(shown)  # ... the output does not
     assert "--env=NCCL_DEBUG=INFO" in shown
 
@@ -132,32 +133,32 @@ def test_dry_run_prints_every_node_masked_and_quoted(tmp_path: Path, capsys: pyt
 def test_an_automatic_restart_resumes_keeps_the_global_batch_and_says_why() -> None:
     cfg = config(gpus=0, trainer_args=("--epochs", "3"))  # the user's config is never rewritten for a restart
     attempt = Attempt(2, "node 1 (b) exited with code 1", resume=True)
-    n0 = build_plan(cfg, HOSTS, "10.0.0.11", attempt=attempt)[0]
+    n0 = job_specs(cfg, HOSTS, "10.0.0.11", attempt=attempt)[0]
     assert n0.command[-3:] == ("3", "--resume", "--keep-global-batch")
     assert (n0.env["DDP_RESTART"], n0.env["DDP_RESTART_CAUSE"]) == ("2", "node 1 (b) exited with code 1")
     assert n0.labels["ddp-cifar.restart"] == "2" and n0.labels["ddp-cifar.restart-cause"].startswith("node 1")
     # Another program gets the environment, not the trainer's option.
-    other = build_plan(dataclasses.replace(cfg, entry="-m app.train", trainer_args=("--x",)), HOSTS, "10.0.0.11",
-                       attempt=attempt)[0]
+    other = job_specs(cfg.with_options(entry="-m app.train", trainer_args=("--x",)), HOSTS, "10.0.0.11",
+                      attempt=attempt)[0]
     assert "--keep-global-batch" not in other.command and other.env["DDP_RESTART"] == "2"
 
 
 def test_every_node_can_name_its_peers_addresses() -> None:
     """c10d warns on each connection whose peer address has no name (no reverse DNS on most clusters)."""
     facts = [NodeFacts(iface="eth0", addr="10.0.0.11"), NodeFacts(iface="eth0", addr="10.0.0.12")]
-    for spec in build_plan(config(gpus=0), HOSTS, "10.0.0.11", facts):
-        assert spec.sdk_kwargs()["extra_hosts"] == ["ddp-node0:10.0.0.11", "ddp-node0:::ffff:10.0.0.11",
+    for spec in job_specs(config(gpus=0), HOSTS, "10.0.0.11", facts):
+        assert sdk_kwargs(spec)["extra_hosts"] == ["ddp-node0:10.0.0.11", "ddp-node0:::ffff:10.0.0.11",
                                                     "ddp-node1:10.0.0.12", "ddp-node1:::ffff:10.0.0.12"]
-        assert "--add-host=ddp-node1:::ffff:10.0.0.12" in spec.docker_run_argv()
-    assert build_plan(config(gpus=0), HOSTS, "10.0.0.11")[0].sdk_kwargs()["extra_hosts"] is None
+        assert "--add-host=ddp-node1:::ffff:10.0.0.12" in docker_run_argv(spec)
+    assert sdk_kwargs(job_specs(config(gpus=0), HOSTS, "10.0.0.11")[0])["extra_hosts"] is None
 
 
 def test_the_printed_command_is_rendered_from_what_launch_applies() -> None:
     """--dry-run once printed --volume (which creates a missing folder as root) while launch applied a bind
     mount, and left out the stop signal: the printed line now comes from sdk_kwargs itself."""
-    (spec, _) = build_plan(config(gpus=2), HOSTS, "10.0.0.11", [NodeFacts("eth0", user="1000:1000")] * 2)
-    shown = spec.docker_run_argv()
-    kwargs = spec.sdk_kwargs()
+    (spec, _) = job_specs(config(gpus=2), HOSTS, "10.0.0.11", [NodeFacts("eth0", user="1000:1000")] * 2)
+    shown = docker_run_argv(spec)
+    kwargs = sdk_kwargs(spec)
     mounts = [a for a in shown if a.startswith("--mount=")]
     assert mounts == [f"--mount=type=bind,source={m['Source']},target={m['Target']}" + (",readonly" if m["ReadOnly"]
                                                                                      else "")

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from typing import Any
-
 import pytest
 
 from orchestrate.errors import PreflightError
@@ -26,16 +24,9 @@ def test_an_arm64_image_on_an_amd64_node_says_how_to_build_for_it() -> None:
                     "format error'; build for the node: docker build --platform linux/amd64 -t ddp-cifar:latest .")
 
 
-class Daemon:
-    def __init__(self, arch: str) -> None:
-        self.arch = arch
-
-    def info(self) -> dict[str, Any]:
-        return {"OSType": "linux", "Architecture": self.arch}
-
-
 def test_every_mismatched_node_is_named_once() -> None:
-    nodes = [("a", Daemon("x86_64")), ("gh200-1", Daemon("aarch64")), ("gh200-2", Daemon("aarch64"))]
+    # each node's daemon as the backend reads it (backends/docker_ssh/observe.py node_platform): (os, uname -m)
+    nodes = [("a", ("linux", "x86_64")), ("gh200-1", ("linux", "aarch64")), ("gh200-2", ("linux", "aarch64"))]
     with pytest.raises(PreflightError) as err:
         require_same("img:1", ("linux", "amd64"), nodes)
     lines = str(err.value).splitlines()[1:]

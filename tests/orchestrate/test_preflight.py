@@ -2,25 +2,18 @@
 
 from __future__ import annotations
 
-import subprocess
 import time
 from pathlib import Path
 
 import pytest
+from kit.probe import probe_facts
+from kit.units import SSH
 
-from orchestrate.config import SSHOptions, UpConfig
-from orchestrate.probe.preflight import (
-    PROBE_SCRIPT,
-    HostReport,
-    clock_skew,
-    clock_warnings,
-    judge_disk,
-    judge_gpus,
-    judge_master,
-    judge_port,
-)
+from orchestrate.config import UpConfig
+from orchestrate.plan.verdicts import judge_disk, judge_gpus, judge_master, judge_port
+from orchestrate.probe.observations import HostReport
+from orchestrate.probe.preflight import clock_skew, clock_warnings
 
-SSH = SSHOptions(Path("h"), None, False)
 DIRS = {"data": "/d", "ckpt": "/c/j", "log": "/l"}
 DISK_OK = {"data_base": "/", "data_isdir": "1", "data_writable": "1", "data_free_kb": str(50 * 1024**2),
            "ckpt_base": "/", "ckpt_isdir": "1", "ckpt_writable": "1", "ckpt_free_kb": str(50 * 1024**2),
@@ -33,32 +26,32 @@ def report() -> HostReport:
 
 def test_gpus_too_few_missing_and_ok() -> None:
     r = report()
-    judge_gpus({"smi": "ok", "gpus": "2"}, r, UpConfig(ssh=SSH, gpus=4), None)
+    judge_gpus({"smi": "ok", "gpus": "2"}, r, UpConfig.of(ssh=SSH, gpus=4).resources, None)
     assert r.problems == ["gpus: 2 GPU(s) visible, 4 needed; lower --gpus or slots="]
     r = report()
-    judge_gpus({"smi": "missing"}, r, UpConfig(ssh=SSH, gpus=1), None)
+    judge_gpus({"smi": "missing"}, r, UpConfig.of(ssh=SSH, gpus=1).resources, None)
     assert "nvidia-smi not found" in r.problems[0]
     r = report()
-    judge_gpus({"smi": "ok", "gpus": "8"}, r, UpConfig(ssh=SSH), 8)
+    judge_gpus({"smi": "ok", "gpus": "8"}, r, UpConfig.of(ssh=SSH).resources, 8)
     assert not r.problems and r.gpus == 8
     r = report()
-    judge_gpus({}, r, UpConfig(ssh=SSH, gpus=0), None)
+    judge_gpus({}, r, UpConfig.of(ssh=SSH, gpus=0).resources, None)
     assert r.checks["gpus"].text == "CPU mode" and not r.problems
 
 
 def test_disk() -> None:
     r = report()
-    judge_disk(DISK_OK, r, UpConfig(ssh=SSH, gpus=0), DIRS)
+    judge_disk(DISK_OK, r, UpConfig.of(ssh=SSH, gpus=0).resources, DIRS)
     assert not r.problems and r.checks["disk"].text == "data 50G ckpt 50G"
     r = report()
-    judge_disk(DISK_OK | {"ckpt_free_kb": "1024"}, r, UpConfig(ssh=SSH, gpus=0), DIRS)
+    judge_disk(DISK_OK | {"ckpt_free_kb": "1024"}, r, UpConfig.of(ssh=SSH, gpus=0).resources, DIRS)
     assert r.problems == ["disk: ckpt dir /c/j: 0.0 GB free, 1 GB needed; free space or choose another dir"]
     r = report()
-    judge_disk(DISK_OK | {"data_writable": "0", "data_base": "/ro"}, r, UpConfig(ssh=SSH, gpus=0), DIRS)
+    judge_disk(DISK_OK | {"data_writable": "0", "data_base": "/ro"}, r, UpConfig.of(ssh=SSH, gpus=0).resources, DIRS)
     assert "data dir /d not writable (/ro)" in r.problems[0]
     # A folder of the chain that another account owns (e.g. made first in a world-writable /var/tmp) is refused.
     r = report()
-    judge_disk(DISK_OK | {"log_foreign": "/var/tmp/ddp-cifar (owned by mallory)"}, r, UpConfig(ssh=SSH, gpus=0), DIRS)
+    judge_disk(DISK_OK | {"log_foreign": "/var/tmp/ddp-cifar (owned by mallory)"}, r, UpConfig.of(ssh=SSH, gpus=0).resources, DIRS)
     assert r.problems == ["disk: log dir /l: /var/tmp/ddp-cifar (owned by mallory) belongs to another account, which "
                           "could replace what the job reads or writes; choose a dir of your own or have that folder "
                           "removed"]
@@ -92,9 +85,7 @@ def test_port_and_master() -> None:
 def test_probe_script_runs_locally_and_quotes_nothing_into_code(tmp_path: Path) -> None:
     marker = tmp_path / "owned"
     evil = str(tmp_path / f"x $(touch {marker}); `touch {marker}`")
-    res = subprocess.run(["sh", "-c", PROBE_SCRIPT, "probe", evil, str(tmp_path), "127.0.0.1", "0", "0", "0", evil],
-                         capture_output=True, timeout=30)
-    facts = dict(rec.decode().split("=", 1) for rec in res.stdout.split(b"\0") if b"=" in rec)
+    facts = probe_facts(evil, str(tmp_path), evil)
     assert facts["data_base"] == str(tmp_path) and facts["data_isdir"] == "1" and int(facts["ckpt_free_kb"]) > 0
     assert not marker.exists()
     assert "data_foreign" not in facts and "log_foreign" not in facts  # tmp_path is ours, / is root's
@@ -153,9 +144,20 @@ def test_a_skewed_host_clock_is_warned_about_and_nothing_else() -> None:
     assert all(not r.problems for r in reports)  # a warning: preflight still passes
 
 
-def test_the_probe_reads_the_host_clock(tmp_path: Path) -> None:
+def _probe_clock_skew(folder: Path, env: dict[str, str] | None = None) -> float:
     sent = time.time()
-    res = subprocess.run(["sh", "-c", PROBE_SCRIPT, "probe", str(tmp_path), str(tmp_path), "127.0.0.1", "0", "0", "0",
-                          str(tmp_path)], capture_output=True, timeout=30)
-    facts = dict(rec.decode().split("=", 1) for rec in res.stdout.split(b"\0") if b"=" in rec)
-    assert clock_skew({**facts, "sent": repr(sent), "answered": repr(time.time())}) == 0.0  # one clock
+    facts = probe_facts(str(folder), str(folder), str(folder), env=env)
+    return clock_skew({**facts, "sent": repr(sent), "answered": repr(time.time())})
+
+
+def test_the_probe_reads_the_host_clock(tmp_path: Path) -> None:
+    """The real probe script, once on this machine's clock and once on a host whose clock is 42 s behind: a `date`
+    first on its PATH that answers 42 s early (this machine's clock cannot be moved for one process: a time namespace
+    shifts the monotonic clocks only, and libfaketime is not installed)."""
+    shifted = tmp_path / "bin"
+    shifted.mkdir()
+    (shifted / "date").write_text('#!/bin/sh\nexec /usr/bin/date -d "-42 seconds" "$@"\n')
+    (shifted / "date").chmod(0o755)
+    assert _probe_clock_skew(tmp_path) == 0.0  # one clock: the round trip is not skew
+    behind = _probe_clock_skew(tmp_path, env={"PATH": f"{shifted}:/usr/bin:/bin"})
+    assert behind == pytest.approx(-42, abs=1)

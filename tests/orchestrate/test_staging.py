@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from orchestrate.apply.staging import Entry, changed_files, local_manifest, tar_stream
+from orchestrate.backends.docker_ssh.staging import Entry, changed_files, local_manifest, tar_stream
 from orchestrate.errors import ConfigError
 
 
@@ -49,7 +49,7 @@ def test_an_unreadable_source_file_is_refused(shared_tmp: Path,
     """As the unprivileged account `nobody` (root reads any file, whatever its mode), in a process of its own."""
     src = tree(shared_tmp / "src")
     (src / "sub" / "b.bin").chmod(0)
-    probe = ("import pathlib, sys\nfrom orchestrate.errors import ConfigError\nfrom orchestrate.apply.staging import "
+    probe = ("import pathlib, sys\nfrom orchestrate.errors import ConfigError\nfrom orchestrate.backends.docker_ssh.staging import "
              "local_manifest\ntry:\n    local_manifest(pathlib.Path(sys.argv[1]))\nexcept ConfigError as e:\n"
              "    print(e)\n    sys.exit(3)")
     res = run_as_nobody(["-c", probe, str(src)], shared_tmp)

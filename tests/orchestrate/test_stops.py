@@ -9,8 +9,9 @@ from pathlib import Path
 from types import SimpleNamespace
 
 from orchestrate.jobs import stops
-from orchestrate.remote.session import Nodes
-from orchestrate.remote.ssh import WRITE_SCRIPT, Identity, Result
+from orchestrate.remote.identity import Identity
+from orchestrate.remote.session import Session
+from orchestrate.remote.ssh import WRITE_SCRIPT, Result
 
 
 class LocalConn:
@@ -33,9 +34,9 @@ class LocalConn:
         pass
 
 
-def nodes_in(tmp_path: Path, count: int) -> Nodes:
+def nodes_in(tmp_path: Path, count: int) -> Session:
     conns = [LocalConn(f"h{i}", tmp_path / f"home{i}") for i in range(count)]
-    return Nodes([c.host for c in conns], conns)  # type: ignore[misc,arg-type]
+    return Session([c.host for c in conns], conns)  # type: ignore[misc,arg-type]
 
 
 def test_a_record_left_on_any_host_is_seen_and_cleared_for_that_job_only(tmp_path: Path) -> None:

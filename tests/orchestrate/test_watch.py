@@ -9,13 +9,15 @@ from typing import Any
 
 import docker.errors
 import pytest
+from kit.units import job_specs
 from rich.console import Console
 
-from orchestrate.apply import start
+from orchestrate.backends.docker_ssh import start
+from orchestrate.backends.docker_ssh.ranks import ContainerRanks
 from orchestrate.config import SSHOptions, UpConfig
 from orchestrate.errors import SSHError
 from orchestrate.hosts import Host
-from orchestrate.plan.jobplan import NodeFacts, build_plan
+from orchestrate.probe.observations import NodeFacts
 from orchestrate.watch import progress
 from orchestrate.watch import watcher as watching
 from orchestrate.watch.outcome import End
@@ -73,7 +75,7 @@ class FakeNodes:
         return type("Client", (), {"api": self.api(self.states[rank])})()
 
     def conn(self, rank: int) -> FakeConn:
-        if rank in self.lost:  # as Nodes.conn does for a lost node
+        if rank in self.lost:  # as Session.conn does for a lost node
             raise SSHError(f"h{rank} unreachable: {self.lost[rank]}")
         self.conns[rank].boot = self.boots[rank]
         return self.conns[rank]
@@ -82,11 +84,11 @@ class FakeNodes:
 def watcher(states: list[dict[str, Any] | None], api: type[FakeAPI] | None = None,
             memory: str | None = None) -> watching.Watcher:
     hosts = [Host(name=f"h{i}", hostname=f"h{i}", port=22, user=None) for i in range(len(states))]
-    config = UpConfig(ssh=SSHOptions(Path("x"), None, False), gpus=0, memory=memory)
-    specs = build_plan(config, hosts, "h0", [NodeFacts("eth0")] * len(hosts))
+    config = UpConfig.of(ssh=SSHOptions(Path("x"), None, False), gpus=0, memory=memory)
+    specs = job_specs(config, hosts, "h0", [NodeFacts("eth0")] * len(hosts))
     containers = [type("C", (), {"id": f"c{i}"})() for i in range(len(hosts))]
     nodes = FakeNodes(states, api or FakeAPI)
-    return watching.Watcher(nodes, specs, containers, Console(), [])  # type: ignore[arg-type]
+    return watching.Watcher(nodes, specs, ContainerRanks(nodes, containers), Console(), [])  # type: ignore[arg-type]
 
 
 RUNNING = {"Status": "running", "ExitCode": 0}
@@ -143,7 +145,7 @@ def test_names_the_node_seen_failing_first_whatever_the_hosts_clocks(first: int)
     finished = ["2026-01-01T00:01:00Z", "2026-01-01T00:00:02.123456789Z"]  # node 1's clock 60 s behind
     w = watcher([exited(1, finished[0]), exited(137, finished[1])])
     for rank in (first, 1 - first):  # the order in which the daemons' waits returned
-        w._wait(w.nodes.docker(rank), rank)
+        w._wait(rank)
     outcome = w.poll()
     assert outcome is not None and not outcome.ok
     assert (outcome.failed_rank, outcome.reason) == (first, f"exited with code {(1, 137)[first]}")
@@ -233,7 +235,7 @@ def test_a_reboot_seen_only_after_the_peers_exit_is_still_the_cause_once_its_ssh
             w.nodes.boots[1] = "b-2\n5151 2000\n"  # type: ignore[attr-defined]
 
     monkeypatch.setattr(watching.time, "sleep", sleep)
-    watching._blame_a_host_change(w, outcome)
+    outcome = watching.blame_a_host_change(w, outcome)
     assert (outcome.end, outcome.failed_rank, outcome.reason) == (End.HOST, 1, "h1 rebooted")
 
 
@@ -284,7 +286,7 @@ class CreatingNodes:
 
 def test_a_create_failing_on_one_node_removes_the_containers_created_on_the_others() -> None:
     hosts = [Host(name=f"h{i}", hostname=f"h{i}", port=22, user=None) for i in range(2)]
-    specs = build_plan(UpConfig(ssh=SSHOptions(Path("x"), None, False), gpus=0), hosts, "h0", [NodeFacts("eth0")] * 2)
+    specs = job_specs(UpConfig.of(ssh=SSHOptions(Path("x"), None, False), gpus=0), hosts, "h0", [NodeFacts("eth0")] * 2)
     nodes = CreatingNodes()
     with pytest.raises(Exception, match="h1"):
         start.start_containers(nodes, specs)  # type: ignore[arg-type]

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from trainer_helpers import N_TEST, N_TRAIN
+from kit.trainer_helpers import N_TEST, N_TRAIN
 
 from trainer.data import write_synthetic
 
@@ -36,3 +36,11 @@ def inprocess() -> Iterator[None]:
         if getattr(h, "_trainer", False):
             root.removeHandler(h)
     root.setLevel(logging.WARNING)
+
+
+@pytest.fixture
+def no_cuda(monkeypatch: pytest.MonkeyPatch) -> None:
+    """CUDA missing, on any machine: for the tests of what the trainer does without it (on a GPU machine torch
+    would find it; the GPU tier, tests/trainer/gpu, tests what it does with it)."""
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 0)

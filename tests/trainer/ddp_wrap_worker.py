@@ -12,6 +12,7 @@ import torch.distributed as dist
 from torch import nn
 
 from trainer import parallel
+from trainer.__main__ import exit_without_finalizing
 from trainer.config import Config
 from trainer.dist import context_from_env
 
@@ -30,16 +31,17 @@ def main() -> None:
     ddp = parallel.wrap_ddp(_cfg(grad_compression="fp16"), ctx, model)
     ddp(torch.tensor([[70000.0 if ctx.rank == 0 else 10000.0]])).sum().backward()
     out: dict[str, object] = {"fp16_hook_grad": model.weight.grad.item()}  # type: ignore[union-attr]
-    for sync_bn in (False, True):
-        # DDP refuses SyncBatchNorm modules on CPU at construction: a BatchNorm model stands in; what is pinned is
-        # the wrap's decision from the --sync-bn config, read back from the real DDP object.
-        bn_model = nn.Sequential(nn.Linear(2, 2), nn.BatchNorm1d(2))
-        wrapped = parallel.wrap_ddp(_cfg(sync_bn=sync_bn), ctx, bn_model)
-        out[f"broadcast_buffers_sync_bn_{sync_bn}"] = wrapped.broadcast_buffers
+    # The wrap's decisions, read back from the real DDP object around a BatchNorm model.
+    wrapped = parallel.wrap_ddp(_cfg(), ctx, nn.Sequential(nn.Linear(2, 2), nn.BatchNorm1d(2)))
+    out["broadcast_buffers"] = wrapped.broadcast_buffers
+    out["gradient_as_bucket_view"] = wrapped.gradient_as_bucket_view
     if ctx.rank == 0:
         Path(sys.argv[1]).write_text(json.dumps(out))
     dist.barrier()
-    dist.destroy_process_group()
+    # Out with the DDP objects alive: freeing a Reducer as main() returns, after the group's barrier, hung now and
+    # then (the Reducer's last reference destroys the gloo group, which joins gloo's run loop while holding the
+    # GIL; the run loop waits for the GIL to free the barrier's tensors). The trainer ends the same way.
+    exit_without_finalizing(0)
 
 
 if __name__ == "__main__":

@@ -11,7 +11,9 @@ import torch.distributed as dist
 from torch import nn
 
 from trainer import parallel
+from trainer.__main__ import exit_without_finalizing
 from trainer.config import Config
+from trainer.dist import DistContext
 
 
 def main() -> None:
@@ -20,7 +22,7 @@ def main() -> None:
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(4, 8), nn.Linear(8, 2))
     cfg = Config(data_dir=Path("/unused"), ckpt_dir=Path("/unused"), strategy="fsdp", precision="fp16")
-    parallel.shard(cfg, model)
+    parallel.shard(cfg, DistContext(rank, rank, 2, torch.device("cpu")), model)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
     scaler = parallel.grad_scaler(cfg, torch.device("cpu"))
     before = [p.to_local().clone() for p in model.parameters()]  # type: ignore[operator]
@@ -36,3 +38,4 @@ def main() -> None:
 
 if __name__ == "__main__":
     main()
+    exit_without_finalizing(0)  # gloo threads outlive the group: SIGABRT at finalization (see its docstring)

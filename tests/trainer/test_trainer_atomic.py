@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from orchestrate.jobs import memory as state
+from orchestrate import localfs
 from trainer import atomic, checkpoint, metrics
 
 # Each caller's write, and the mode bits its file must have whatever the umask: the trainer's files are read by
@@ -18,7 +18,7 @@ from trainer import atomic, checkpoint, metrics
 WRITERS: dict[str, tuple[Callable[[Path, bytes], None], int]] = {
     "checkpoint": (lambda p, b: checkpoint._write_atomic(p, b), 0o644),
     "heartbeat": (lambda p, b: metrics.write_text_atomic(p, b.decode()), 0o644),
-    "orchestrate-state": (lambda p, b: state.write_atomically(p, [b[:3], b[3:]]), 0o600),
+    "orchestrate-state": (lambda p, b: localfs.write_atomically(p, [b[:3], b[3:]]), 0o600),
 }
 
 

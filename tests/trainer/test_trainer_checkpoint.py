@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from trainer_helpers import tmpfs
+from kit.disks import tmpfs
 
 from trainer import checkpoint
 from trainer.errors import CheckpointError

@@ -18,7 +18,8 @@ from typing import Any
 
 import pytest
 import torch
-from trainer_helpers import REPO, base_args, child_env, metrics_lines, tmpfs
+from kit.disks import tmpfs
+from kit.trainer_helpers import REPO, base_args, child_env, metrics_lines
 
 from trainer import checkpoint, contract, data
 from trainer.__main__ import main
@@ -68,7 +69,7 @@ CASES = {
 
 @pytest.mark.parametrize("case", CASES)
 def test_bad_input_is_one_error_line_and_exit_2(case: str, data_dir: Path, tmp_path: Path, inprocess: None,
-                                                capsys: pytest.CaptureFixture[str]) -> None:
+                                                no_cuda: None, capsys: pytest.CaptureFixture[str]) -> None:
     extra, needle = CASES[case]
     assert main(base_args(data_dir, tmp_path / "ck", *extra)) == 2
     assert needle in _error_line(capsys)

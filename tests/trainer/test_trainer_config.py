@@ -17,7 +17,7 @@ BASE = ["--data-dir", "/d", "--ckpt-dir", "/c"]
 def test_defaults_parse_and_round_trip_to_plain_dict() -> None:
     cfg, legacy = parse(BASE)
     assert legacy is None
-    assert cfg.model == "resnet18" and cfg.precision == "fp32" and cfg.data_dir == Path("/d")
+    assert cfg.model == "resnet18" and cfg.precision == "auto" and cfg.data_dir == Path("/d")
     assert cfg.to_dict()["ckpt_dir"] == "/c"  # plain str: loads with torch.load(weights_only=True)
 
 

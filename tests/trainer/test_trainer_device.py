@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 import torch
-from trainer_helpers import CPU, GPU3, unit_cfg, unit_ctx
+from kit.trainer_helpers import CPU, GPU3, unit_cfg, unit_ctx
 
 from trainer import device
 from trainer.config import cuda_only

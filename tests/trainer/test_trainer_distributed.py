@@ -14,21 +14,24 @@ from pathlib import Path
 
 import pytest
 import torch
-from trainer_helpers import (
+from kit.net import free_port
+from kit.trainer_helpers import (
     N_TEST,
     N_TRAIN,
     REPO,
     base_args,
     child_env,
-    free_port,
     metrics_lines,
     newest_state,
     run_torchrun,
+    step_lines,
     torchrun_cmd,
 )
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from trainer import checkpoint, data, models
 from trainer.__main__ import main
+from trainer.contract import HEARTBEAT_FILE, TENSORBOARD_FOLDER, Beat
 from trainer.dist import DistContext
 from trainer.loop import AGREE_EVERY, evaluate
 
@@ -36,6 +39,7 @@ pytestmark = pytest.mark.slow
 FINALIZE_PROBE = REPO / "tests" / "finalize_probe"  # its sitecustomize marks ranks that finalize
 STEPS = 20  # 16 steps per epoch at global batch 32: stop 4 steps into epoch 2
 RUN = ("--epochs", "2", "--lr", "0.05", "--max-steps", str(STEPS))
+LOG_EVERY = 3
 
 
 def _done_acc(output: str) -> float:
@@ -52,8 +56,8 @@ def two_procs(data_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> tuple
     probe.mkdir()
     env = child_env()
     env.update({"PYTHONPATH": f"{FINALIZE_PROBE}{os.pathsep}{env['PYTHONPATH']}", "PROBE_DIR": str(probe)})
-    proc = subprocess.run(torchrun_cmd(2, base_args(data_dir, ck, *RUN, "--batch-size", "16")), cwd=REPO, env=env,
-                          capture_output=True, text=True, timeout=180)
+    args = base_args(data_dir, ck, *RUN, "--batch-size", "16", "--log-every", str(LOG_EVERY))
+    proc = subprocess.run(torchrun_cmd(2, args), cwd=REPO, env=env, capture_output=True, text=True, timeout=180)
     assert proc.returncode == 0, proc.stderr[-3000:]
     return ck, proc.stderr + proc.stdout
 
@@ -66,6 +70,37 @@ def test_ranks_end_without_interpreter_finalization_and_their_last_lines_are_kep
     ck, output = two_procs
     assert sorted(p.name for p in (ck.parent / "probe").glob("finalized-*")) == []
     assert "INFO DONE epochs=" in output.strip().splitlines()[-1], output[-1000:]
+
+
+def test_step_records_every_log_every_steps_with_every_ranks_timings(two_procs: tuple[Path, str]) -> None:
+    """Rank 0 writes a step record every --log-every steps beside the epoch records; from the second agreement
+    on (the timings lag one window) it carries both ranks' timings and scores, as does the heartbeat."""
+    ck, _ = two_procs
+    steps = step_lines(ck)
+    assert [r["step"] for r in steps] == list(range(LOG_EVERY, STEPS + 1, LOG_EVERY))
+    assert all(r["loss"] > 0 and r["lr"] > 0 and r["images_per_s"] > 0 and r["step_s"] > 0 for r in steps)
+    assert all(r["mfu"] is None for r in steps)  # CPU: not applicable
+    timed = [r for r in steps if r["step"] > 2 * AGREE_EVERY]
+    assert timed and all(len(r["rank_work_s"]) == len(r["rank_score"]) == 2 and r["node_score"] == [1.0]
+                         for r in timed), timed
+    assert [(r["epoch"], r.get("partial", False)) for r in metrics_lines(ck)] == [(1, False), (1, True)]
+    beat = Beat.parse((ck / HEARTBEAT_FILE).read_text())
+    assert beat and beat.rank_work_s and len(beat.rank_work_s) == 2 and beat.ranks_per_node == 2
+
+
+def test_tensorboard_events_hold_the_step_records_losses(two_procs: tuple[Path, str]) -> None:
+    """TensorBoard's own reader loads rank 0's event files with the losses of metrics.jsonl's step records."""
+    ck, _ = two_procs
+    acc = EventAccumulator(str(ck / TENSORBOARD_FOLDER))
+    acc.Reload()
+    events = acc.Scalars("train/loss")
+    assert [(e.step, round(e.value, 5)) for e in events] == \
+        [(r["step"], round(r["loss"], 5)) for r in step_lines(ck)]
+
+
+def test_unverified_data_is_reported_once_per_job(two_procs: tuple[Path, str]) -> None:
+    _, output = two_procs
+    assert output.count("using unverified data") == 1, output[-3000:]
 
 
 def test_two_processes_with_b_match_one_process_with_2b(two_procs: tuple[Path, str], data_dir: Path,

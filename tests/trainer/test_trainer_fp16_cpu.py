@@ -7,7 +7,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import torch
-from trainer_helpers import base_args, metrics_lines, newest_state
+from kit.trainer_helpers import base_args, metrics_lines, newest_state
 
 from trainer import checkpoint, loop, snapshot, state
 from trainer.__main__ import main

@@ -14,8 +14,17 @@ from pathlib import Path
 
 import pytest
 import torch
+from kit.net import free_port
+from kit.trainer_helpers import (
+    REPO,
+    base_args,
+    child_env,
+    metrics_lines,
+    run_torchrun,
+    torchrun_cmd,
+)
+from kit.waits import wait_until
 from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
-from trainer_helpers import REPO, base_args, child_env, free_port, metrics_lines, run_torchrun, torchrun_cmd
 
 from trainer import dcp_checkpoint
 from trainer.__main__ import main
@@ -44,9 +53,8 @@ def _kill_job(job: subprocess.Popen[bytes]) -> None:
         with contextlib.suppress(ProcessLookupError):
             os.kill(pid, signal.SIGKILL)
     job.wait(timeout=30)
-    deadline = time.monotonic() + 30
-    while any(Path(f"/proc/{pid}").exists() for pid in kids) and time.monotonic() < deadline:
-        time.sleep(0.05)
+    wait_until(lambda: not any(Path(f"/proc/{pid}").exists() for pid in kids), 30, "the killed ranks to be gone",
+               every=0.05)
 
 
 def _assert_close(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor], atol: float) -> None:

@@ -7,15 +7,16 @@ from __future__ import annotations
 import datetime
 import os
 import signal
+import warnings
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
+from kit.trainer_helpers import CPU, GPU3, base_args, metrics_lines, unit_cfg, unit_ctx
 from torch import nn
 from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
-from trainer_helpers import CPU, GPU3, base_args, metrics_lines, unit_cfg, unit_ctx
 
 from trainer import checkpoint, contract, dist, loop, parallel, snapshot, state
 from trainer.__main__ import main
@@ -115,11 +116,15 @@ def test_precision_plan(precision: str, dtype: torch.dtype, autocast_on: bool, s
 
 
 def test_only_fp16_gets_an_enabled_scaler_of_the_devices_kind() -> None:
-    """Real scalers: on the CPU, enabled for fp16 only; on a CUDA device, a CUDA scaler (torch disables it on a
-    machine without CUDA: that it then scales is what only a GPU shows)."""
+    """Real scalers: on the CPU, enabled for fp16 only; on a CUDA device, a CUDA scaler: enabled where CUDA is,
+    disabled by torch with a warning where it is not (that it then scales: the GPU tier, tests/trainer/gpu)."""
     assert [grad_scaler(CPU, p).is_enabled() for p in ("fp16", "bf16", "fp32")] == [True, False, False]
-    with pytest.warns(UserWarning, match="CUDA is not available"):
-        assert grad_scaler(GPU3, "fp16")._device == "cuda"
+    cuda = torch.cuda.is_available()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        scaler = grad_scaler(GPU3, "fp16")
+    assert scaler._device == "cuda" and scaler.is_enabled() == cuda
+    assert any("CUDA is not available" in str(w.message) for w in caught) == (not cuda)
 
 
 @pytest.mark.parametrize(("precision", "dtype"), [("fp16", torch.float16), ("bf16", torch.bfloat16),
@@ -157,8 +162,9 @@ def test_sync_batch_norm_cannot_run_on_cpu_tensors(tmp_path: Path) -> None:
 # --- model placement and the DDP wrap -----------------------------------------------------------------------------
 
 def test_ddp_gets_the_gpu_index_and_nothing_on_cpu() -> None:
-    assert parallel.ddp_kwargs(GPU3) == {"device_ids": [3], "output_device": 3}
-    assert parallel.ddp_kwargs(CPU) == {}
+    common = {parallel._FORWARD_SYNC_KW: False, "gradient_as_bucket_view": True}
+    assert parallel.ddp_kwargs(GPU3) == {**common, "device_ids": [3], "output_device": 3}
+    assert parallel.ddp_kwargs(CPU) == common
 
 
 def test_comm_hooks() -> None:
@@ -190,7 +196,7 @@ def test_sync_bn_is_converted_before_the_ddp_wrap_with_the_gpu_and_hook(monkeypa
     state.wrap(cfg, unit_ctx(GPU3, rank=3, world=4), st)
     (module, kwargs), = _RecordingDDP.seen
     assert module is st.model and kwargs == {"device_ids": [3], "output_device": 3,
-                                                   parallel._FORWARD_SYNC_KW: False}
+                                                   parallel._FORWARD_SYNC_KW: False, "gradient_as_bucket_view": True}
     kinds = {type(m) for m in module.modules()}
     assert nn.SyncBatchNorm in kinds and nn.BatchNorm2d not in kinds
     (hook_state, hook), = _RecordingDDP.hooks
@@ -272,14 +278,16 @@ def test_sigterm_on_an_epochs_last_step_keeps_its_metrics_line_and_resumes_exact
 def test_the_stop_and_save_flags_are_agreed_every_few_steps_not_every_step(
         data_dir: Path, tmp_path: Path, inprocess: None, monkeypatch: pytest.MonkeyPatch) -> None:
     """Reading an all_reduce's result on a GPU waits for every queued kernel: once a step, it would drain
-    the queue each step. 2 epochs of 32 steps agree 64 / AGREE_EVERY times (epoch ends fall on multiples)."""
+    the queue each step. 2 epochs of 32 steps agree 64 / AGREE_EVERY times (epoch ends fall on multiples), on
+    three flags each: stop, save due, evaluation due."""
     agreements = []
     real = dist.agree
 
-    def counting(ctx: DistContext, loss: torch.Tensor, *flags: bool) -> tuple[tuple[bool, ...], bool]:
+    def counting(ctx: DistContext, loss: torch.Tensor, *flags: bool,
+                 times: tuple[float, ...] = ()) -> tuple[tuple[bool, ...], bool, list[float]]:
         agreements.append(len(flags))
-        return real(ctx, loss, *flags)
+        return real(ctx, loss, *flags, times=times)
 
     monkeypatch.setattr(dist, "agree", counting)
     assert main(base_args(data_dir, tmp_path, "--epochs", "2", "--batch-size", "16")) == 0
-    assert agreements.count(2) == 64 // loop.AGREE_EVERY
+    assert agreements.count(3) == 64 // loop.AGREE_EVERY

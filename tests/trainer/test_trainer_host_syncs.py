@@ -1,4 +1,4 @@
-"""Host-device synchronisations per training step, counted on the CPU (unit, in process).
+"""Host-device synchronisations per training step and per epoch loop, counted on the CPU (unit, in process).
 
 On a GPU each of these blocks the host until the device catches up, so the CPU can no longer queue the next
 step's kernels ahead: a tensor made from Python values (a host-to-device copy), a read of a device value
@@ -18,12 +18,13 @@ from typing import Any
 
 import pytest
 import torch
+from kit.trainer_helpers import base_args
 from torch.overrides import TorchFunctionMode
-from trainer_helpers import base_args
 
 from orchestrate.watch.health import RankStack
-from trainer import data, dist, loop, metrics
+from trainer import data, defaults, dist, loop, metrics, state
 from trainer.__main__ import main
+from trainer.config import Config
 from trainer.contract import PEER_WAIT_FUNCTION
 from trainer.dist import DistContext
 
@@ -105,6 +106,40 @@ def test_no_host_sync_in_a_training_step(precision: str, per_step: list[list[str
     assert [calls for calls in per_step[1:] if calls] == []
 
 
+@pytest.fixture
+def per_epoch(monkeypatch: pytest.MonkeyPatch) -> list[list[str]]:
+    """The syncs of each epoch's whole loop (loop._train_epoch: batches, steps, the log line's and the heartbeat's
+    reads, the agreement, the epoch's sums), without the evaluation and checkpoint after it."""
+    counts: list[list[str]] = []
+    real_epoch = loop._train_epoch
+
+    def counted_epoch(*a: Any, **k: Any) -> loop.EpochStats:
+        with SyncCounter() as c:
+            out = real_epoch(*a, **k)
+        counts.append(c.calls)
+        return out
+
+    monkeypatch.setattr(loop, "_train_epoch", counted_epoch)
+    monkeypatch.setattr(metrics, "HEARTBEAT_S", 1e9)
+    return counts
+
+
+def test_an_epochs_loop_syncs_only_to_agree_and_to_sum_the_epoch(per_epoch: list[list[str]], data_dir: Path,
+                                                                 tmp_path: Path, inprocess: None) -> None:
+    """16 steps per epoch, 2 epochs: the agreement every AGREE_EVERY steps reads its flags, and the epoch reads a
+    few things once (its permutation's move, its loss sum); a read per step (the loss for a log line that is not
+    printed, or for a heartbeat that is not due) would add 16. Seen on 2026-11-25: 5 in each epoch (`to`, `tolist`
+    twice, `__bool__`, `__float__`); before the GPU defaults (merge 1a5c707), the first epoch had 4 more (the first step's
+    per-device constants), which the first epoch's bound still allows."""
+    args = base_args(data_dir, tmp_path, "--epochs", "2", "--batch-size", "32", "--log-every", "1000")
+    assert main(args) == 0
+    print("syncs of each epoch's loop:", per_epoch)
+    agreements = 16 // loop.AGREE_EVERY
+    assert len(per_epoch) == 2
+    assert len(per_epoch[1]) <= agreements + 3, per_epoch
+    assert len(per_epoch[0]) <= agreements + 3 + 4, per_epoch
+
+
 def test_the_agreement_waits_in_the_function_the_stall_report_names(tmp_path: Path,
                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
     """A real faulthandler dump (what SIGUSR1 writes) taken while the agreement's collective runs: the frame the
@@ -117,6 +152,27 @@ def test_the_agreement_waits_in_the_function_the_stall_report_names(tmp_path: Pa
 
     monkeypatch.setattr(torch.distributed, "all_reduce", all_reduce_then_dump)
     ctx = DistContext(0, 0, 2, torch.device("cpu"))
-    assert dist.agree(ctx, torch.tensor(math.nan), True, False) == ((True, False), True)
+    assert dist.agree(ctx, torch.tensor(math.nan), True, False) == ((True, False), True, [])
     assert RankStack(0, 0, dump.read_text()).in_collective
     assert f" in {PEER_WAIT_FUNCTION}\n" in dump.read_text()
+
+
+@pytest.mark.parametrize(("rank", "reads"), [(0, 8), (1, 0)])
+def test_only_global_rank_0_reads_the_loss_for_its_log_line(rank: int, reads: int, data_dir: Path, tmp_path: Path,
+                                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    """One epoch of rank `rank` of 2 with a log line every step (the collectives stood in for by no-ops: the
+    count is this rank's own): the loss is read (`.item()`, a host sync on a GPU) for rank 0's lines only;
+    the other ranks' lines are not printed, and must not cost a sync either."""
+    monkeypatch.setattr(torch.distributed, "all_reduce", lambda t, op=None: None)
+    monkeypatch.setattr(metrics, "HEARTBEAT_S", 1e9)
+    cfg = Config(data_dir=data_dir, ckpt_dir=tmp_path, model="tiny", log_every=1, allow_unverified_data=True)
+    ctx = DistContext(rank, rank, 2, torch.device("cpu"))
+    train, _ = data.load_cifar(data_dir, allow_unverified=True)
+    loader = data.TrainLoader(train, 32, rank, 2, cfg.seed)  # 8 steps of global batch 64
+    steps = metrics.StepLog(tmp_path, 64, None, None) if ctx.is_main else None  # as trainer/__main__.py has it
+    pace = loop.Pace(metrics.Heartbeat(tmp_path, ctx.is_main, 8, 1, 64), defaults.resolve(cfg, "cpu", False, 64),
+                     steps=steps)
+    st = state.build(cfg, ctx)
+    with SyncCounter() as c:
+        loop._train_epoch(cfg, ctx, st, loader, loop.StopRequest(), pace)
+    assert c.calls.count("item") == reads

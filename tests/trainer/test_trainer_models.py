@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from trainer import models
+from trainer import defaults, models
 from trainer.config import MODEL_NAMES, Config
 from trainer.errors import ConfigError
 from trainer.loop import autocast, lr_at
@@ -52,9 +52,10 @@ def test_a_name_no_model_can_have_is_refused_by_the_config() -> None:
 
 def test_lr_warms_up_linearly_then_decays_with_a_cosine() -> None:
     cfg = Config(data_dir=Path("/d"), ckpt_dir=Path("/c"), lr=0.2, warmup_epochs=2, epochs=10)
-    assert lr_at(cfg, 0.0) == 0.0 and math.isclose(lr_at(cfg, 1.0), 0.1) and math.isclose(lr_at(cfg, 2.0), 0.2)
-    assert math.isclose(lr_at(cfg, 6.0), 0.1) and lr_at(cfg, 10.0) < 1e-12
-    assert all(lr_at(cfg, 2 + i * 0.5) >= lr_at(cfg, 2 + (i + 1) * 0.5) for i in range(16))
+    run = defaults.resolve(cfg, "cpu", False, 128)  # on CPU --lr is used as given
+    assert lr_at(run, 0.0) == 0.0 and math.isclose(lr_at(run, 1.0), 0.1) and math.isclose(lr_at(run, 2.0), 0.2)
+    assert math.isclose(lr_at(run, 6.0), 0.1) and lr_at(run, 10.0) < 1e-12
+    assert all(lr_at(run, 2 + i * 0.5) >= lr_at(run, 2 + (i + 1) * 0.5) for i in range(16))
 
 
 def test_autocast_bf16_on_cpu_computes_in_bf16() -> None:

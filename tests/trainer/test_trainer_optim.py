@@ -9,8 +9,8 @@ from typing import Any
 
 import pytest
 import torch
+from kit.trainer_helpers import unit_cfg
 from torch import nn
-from trainer_helpers import unit_cfg
 
 from trainer import optim
 from trainer.errors import ConfigError

@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 import torch
+from kit.trainer_helpers import REPO, child_env, torchrun_cmd
 from torch.distributed.fsdp import MixedPrecisionPolicy
 from torch.distributed.fsdp.sharded_grad_scaler import ShardedGradScaler
-from trainer_helpers import REPO, child_env, torchrun_cmd
 
 from trainer import models, parallel
 from trainer.config import Config
@@ -23,18 +23,17 @@ def _cfg(**kw: object) -> Config:
 
 
 @pytest.mark.slow
-def test_real_ddp_on_gloo_fp16_hook_divides_before_the_cast_and_sync_bn_skips_the_buffer_broadcast(
-        tmp_path: Path) -> None:
+def test_real_ddp_on_gloo_fp16_hook_divides_before_the_cast_and_no_buffer_broadcast(tmp_path: Path) -> None:
     """2 processes, gloo, the real DistributedDataParallel. Gradients 70000 and 10000: torch's
-    fp16_compress_hook casts 70000 to fp16 first (inf); ours divides first and gets the mean, 40000."""
+    fp16_compress_hook casts 70000 to fp16 first (inf); ours divides first and gets the mean, 40000 (with the
+    gradients as views into the buckets). No broadcast of BatchNorm's buffers before each forward (issue 31)."""
     out = tmp_path / "result.json"
     cmd = torchrun_cmd(2, [str(out)], entry=(str(REPO / "tests" / "trainer" / "ddp_wrap_worker.py"),))
     proc = subprocess.run(cmd, cwd=REPO, env=child_env(), capture_output=True, text=True, timeout=180)
     assert proc.returncode == 0, proc.stderr[-3000:]
     result = json.loads(out.read_text())
     assert result["fp16_hook_grad"] == 40000.0
-    assert result["broadcast_buffers_sync_bn_True"] is False
-    assert result["broadcast_buffers_sync_bn_False"] is True
+    assert result["broadcast_buffers"] is False and result["gradient_as_bucket_view"] is True
 
 
 def test_fsdp_shards_each_residual_block() -> None:

@@ -8,8 +8,9 @@ import subprocess
 import sys
 from pathlib import Path
 
-from trainer_helpers import REPO
+from kit.trainer_helpers import REPO
 
+from trainer.contract import STEP_KIND
 from trainer.plot import PANELS, draw, parse
 
 RECORDS = [
@@ -41,6 +42,27 @@ def test_each_panel_draws_its_field_against_step_and_marks_the_restart(tmp_path:
         assert [tuple(p) for p in line.get_xydata().tolist()] == expected
         assert [m.get_xdata()[0] for m in markers] == [16]  # the restart, on every panel
     assert fig.axes[0].get_legend().get_texts()[-1].get_text() == "restart 1"
+
+
+STEP_RECORDS = [{"kind": STEP_KIND, "step": s, "epoch": 1 + (s - 1) // 8, "loss": 2.5 - s / 20, "lr": 0.1,
+                 "images_per_s": 800.0 + s, "step_s": 0.04, "mfu": None} for s in range(4, 25, 4)]
+
+
+def test_step_records_are_drawn_per_step_and_left_out_of_the_epoch_points(tmp_path: Path) -> None:
+    """Loss, images/s and lr: a line through the step records, the epoch records as points over it; test
+    accuracy (per epoch only) as before."""
+    mixed = sorted(RECORDS + STEP_RECORDS, key=lambda r: (r["step"], "kind" in r))
+    fig = draw(parse(write(tmp_path / "m.jsonl", mixed).read_text()), "job x")
+    for ax, (key, _) in zip(fig.axes, PANELS, strict=True):
+        lines = ax.get_lines()
+        epoch_points = [(r["step"], r[key]) for r in RECORDS if "event" not in r and r[key] is not None]
+        if key == "test_acc":
+            assert [tuple(p) for p in lines[0].get_xydata().tolist()] == epoch_points
+            continue
+        field = {"train_loss": "loss"}.get(key, key)
+        assert [tuple(p) for p in lines[0].get_xydata().tolist()] == [(r["step"], r[field]) for r in STEP_RECORDS]
+        assert [tuple(p) for p in lines[1].get_xydata().tolist()] == epoch_points
+    assert [t.get_text() for t in fig.axes[0].get_legend().get_texts()][:2] == ["every 4 steps", "per epoch"]
 
 
 def test_the_command_writes_a_png_of_the_expected_size(tmp_path: Path) -> None:

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from trainer_helpers import base_args, metrics_lines, newest_state
+from kit.trainer_helpers import base_args, metrics_lines, newest_state
 
 from trainer.__main__ import main
 

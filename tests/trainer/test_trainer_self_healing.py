@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from trainer_helpers import REPO, base_args, child_env, metrics_lines, newest_state
+from kit.trainer_helpers import REPO, base_args, child_env, metrics_lines, newest_state
 
 from trainer import checkpoint, contract, loop, metrics
 from trainer.__main__ import main

@@ -1,5 +1,5 @@
 # shellcheck shell=sh
-# Run on a host over SSH (orchestrate/apply/staging.py). $1: the data dir, $2: the staging folders' prefix. stdin: a
+# Run on a host over SSH (orchestrate/backends/docker_ssh/staging.py). $1: the data dir, $2: the staging folders' prefix. stdin: a
 # tar of the changed files. Unpacked into a staging folder beside them, then each file renamed into place.
 set -e
 t=$(mktemp -d -- "$1/$2XXXXXX")

@@ -1,1 +1,0 @@
-"""Apply: give the nodes the image and the data the plan says."""

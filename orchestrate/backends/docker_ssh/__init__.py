@@ -1,0 +1,119 @@
+"""Docker over SSH: each rank a container started through the host's Docker API, tunnelled over SSH. The request
+is each container's docker-py arguments and the same as a `docker run` line (request.py)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from rich.console import Console
+
+from orchestrate.backends.docker_ssh import control, observe, owner, shortrun
+from orchestrate.backends.docker_ssh.claim import start_claimed
+from orchestrate.backends.docker_ssh.ranks import ContainerRanks
+from orchestrate.backends.docker_ssh.request import offline_json, plan_json, render_job_plan, render_plan
+from orchestrate.backends.docker_ssh.start import remove_leftovers
+from orchestrate.backends.protocol import (
+    JobRow,
+    JobStatus,
+    NodeLog,
+    Ran,
+    RankFiles,
+    Ranks,
+    Replan,
+    Request,
+    Submitted,
+)
+from orchestrate.plan.jobplan import ContainerSpec, JobPlan
+from orchestrate.probe.daemons import Local
+from orchestrate.probe.observations import ContainerSeen, Holdings, LocalImage
+from orchestrate.remote.docker import image_id
+from orchestrate.remote.session import Session
+
+
+class DockerSSH:
+    """The Backend of backends/protocol.py over each host's Docker daemon (its docstrings say what each does)."""
+
+    def materialize(self, plan: JobPlan) -> Request:
+        return plan_json(plan)
+
+    def text(self, plan: JobPlan) -> str:
+        return render_job_plan(plan)
+
+    def materialize_offline(self, specs: Sequence[ContainerSpec]) -> Request:
+        return offline_json(specs)
+
+    def text_offline(self, specs: Sequence[ContainerSpec]) -> str:
+        return render_plan(specs)
+
+    def submit(self, nodes: Session, plan: JobPlan, grace: float, replan: Replan, console: Console) -> Submitted:
+        remove_leftovers(nodes, plan.job, grace, [n.rank for n in plan.nodes if n.leftovers])
+        claim = start_claimed(nodes, plan.specs, replan, console)
+        return Submitted(plan.with_claim(claim.specs, claim.port), claim.containers)
+
+    def run(self, nodes: Session, specs: Mapping[int, ContainerSpec], timeout: float, what: str,
+            together: bool = False) -> dict[int, Ran]:
+        return shortrun.run(nodes, specs, timeout, what, together)
+
+    def attach(self, nodes: Session, submitted: Sequence[Any]) -> Ranks:
+        return ContainerRanks(nodes, submitted)
+
+    def cancel(self, nodes: Session, job: str, grace: float, console: Console,
+               unreachable: Mapping[str, BaseException | str] | None = None) -> None:
+        control.kill_job(nodes, job, grace, console, unreachable)
+
+    def remove(self, nodes: Session, job: str, grace: float, ranks: Sequence[int]) -> None:
+        remove_leftovers(nodes, job, grace, ranks)
+
+    def describe(self, nodes: Session, job: str, unreachable: Mapping[str, str]) -> JobStatus:
+        return control.describe(nodes, job, unreachable)
+
+    def logs(self, nodes: Session, job: str, node: int | None, tail: int, follow: bool) -> list[NodeLog]:
+        return control.node_logs(nodes, job, node, tail, follow)
+
+    def rank_logs(self, nodes: Session, job: str, rank: int, tail: int, follow: bool) -> RankFiles:
+        return control.rank_logs(nodes, job, rank, tail, follow)
+
+    def find(self, nodes: Session) -> list[JobRow]:
+        return owner.find_jobs(nodes)
+
+    def node_dirs(self, nodes: Session, job: str, mount: str) -> dict[int, tuple[int, str]]:
+        return control.job_dirs(nodes, job, mount)
+
+    def node0_dir(self, nodes: Session, job: str, remembered: str | None, mount: str) -> tuple[int, str]:
+        return control.node0_dir(nodes, job, remembered, mount)
+
+    # ---- the probe's reads (probe/daemons.py) -----------------------------------------------------------
+
+    def local_image(self, name: str) -> tuple[Local, str | None]:
+        return observe.local_image(name)
+
+    def local_layers(self, local: Local, image_id: str | None) -> LocalImage | None:
+        return observe.local_layers(local, image_id)
+
+    def local_platform(self, local: Local, image: str) -> tuple[str, str] | None:
+        return observe.local_platform(local, image)
+
+    def daemon_version(self, nodes: Session, rank: int) -> str:
+        return str(nodes.docker(rank).server_version)
+
+    def holdings(self, nodes: Session, rank: int, job: str, uid: int) -> Holdings:
+        return observe.read_holdings(nodes.docker(rank), job, uid)
+
+    def job_containers(self, nodes: Session, rank: int, job: str, uid: int) -> list[ContainerSeen]:
+        return observe.my_containers(nodes.docker(rank), job, uid)
+
+    def image_id(self, nodes: Session, rank: int, image: str) -> str | None:
+        return image_id(nodes.docker(rank), image)
+
+    def platforms(self, nodes: Session, ranks: Sequence[int]) -> list[tuple[str, str]]:
+        return observe.each_node(nodes, "platform check", ranks, observe.node_platform)
+
+    def chain_ids(self, nodes: Session, ranks: Sequence[int]) -> list[set[str]]:
+        return observe.each_node(nodes, "image layers", ranks, observe.node_chain_ids)
+
+    def registry_reach(self, nodes: Session, ranks: Sequence[int], ref: str) -> list[str]:
+        return observe.each_node(nodes, "base registry", ranks, lambda client: observe.registry_reach(client, ref))
+
+    def image_check(self, nodes: Session, spec: ContainerSpec, local: Local) -> str:
+        return observe.image_check(nodes, spec, local)

@@ -1,0 +1,304 @@
+"""The Backend protocol: what the pipeline, `kill`/`status`/`logs` and the watcher ask of a scheduler, and the plain
+data it answers with. A backend decides nothing: it carries out a plan and reports what it sees.
+
+A second scheduler implements these methods in its own folder (`backends/NAME/`) and registers in
+`backends/__init__.py`'s BACKENDS; nothing above it names it. A scheduler that grants the hosts and queues the jobs,
+while a Backend runs the containers on them, implements Scheduler and registers in SCHEDULERS: its subcommands, its
+`--hosts` value, its side of `status` and `kill`, and its hint on an SSH failure are asked of it there."""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Protocol
+
+from rich.console import Console
+
+from orchestrate.config import GPUS_ALL, UpConfig
+from orchestrate.errors import ConfigError, MultiHostError
+from orchestrate.plan.jobplan import ContainerSpec, JobPlan
+from orchestrate.probe.daemons import Daemons, Local
+from orchestrate.probe.observations import Holdings
+from orchestrate.remote.session import Session
+
+Request = dict[str, Any]  # JSON-ready, secrets masked
+# Plan the start again from what the hosts hold now (another job took part of the grant meanwhile): node 0's master
+# port and every node's container, decided by the pipeline's plan, never by the backend.
+Replan = Callable[[Sequence[Holdings]], tuple[int | None, list[ContainerSpec]]]
+
+
+@dataclass(frozen=True)
+class RankState:
+    """One node's part of a running attempt, as the scheduler reports it."""
+
+    status: str  # the scheduler's word: created, running, exited, dead, ...
+    exit_code: int = 0
+    oom_killed: bool = False
+    started_at: float | None = None  # when it started, epoch seconds by the node's clock; None when unknown
+
+    @property
+    def ended(self) -> bool:
+        return self.status in ("exited", "dead")
+
+
+class Ranks(Protocol):
+    """The watcher's view of one submitted attempt, node by node (node rank = index into the plan's nodes).
+    Each method may raise when the host does not answer: the watcher then asks the host itself why."""
+
+    def follow(self, rank: int) -> Iterator[bytes]:
+        """The node's output as it comes; called again after a broken stream, it goes on after the last line
+        given (none twice, none lost). It ends when the node's part ends."""
+        ...
+
+    def running(self, rank: int) -> bool:
+        ...
+
+    def wait_exit(self, rank: int) -> None:
+        """Block until the node's part ends."""
+        ...
+
+    def state(self, rank: int) -> RankState | None:
+        """Its state now; None when the scheduler answered that it no longer exists."""
+        ...
+
+    def last_lines(self, rank: int, tail: int) -> str:
+        ...
+
+    def signal_ranks(self, rank: int) -> list[int]:
+        """SIGUSR1 to every training process of the node (stack dumps); the global ranks signalled."""
+        ...
+
+
+@dataclass(frozen=True)
+class Ran:
+    """A short container run to its end; or not started, and `error` says why in the scheduler's words."""
+
+    exit_code: int | None  # None: it did not start
+    output: str = ""  # stdout and stderr as they came
+    stdout: str = ""
+    error: str = ""
+
+
+@dataclass(frozen=True)
+class Submitted:
+    """An attempt as it started: the plan that started (a lost claim planned it again) and its handles."""
+
+    plan: JobPlan
+    handles: Sequence[Any]  # one per node, what `attach` follows (Docker: the container)
+
+
+@dataclass(frozen=True)
+class StatusRow:
+    """One node of a job, as `status` shows it."""
+
+    node: str
+    host: str
+    name: str  # the container (or the scheduler's job step)
+    state: str
+    exit: str
+    uptime: str
+    last_line: str
+    checkpoint: str
+
+
+@dataclass(frozen=True)
+class JobStatus:
+    rows: list[StatusRow]
+    lines: list[str]  # the job's progress and restarts, one line each
+
+
+@dataclass(frozen=True)
+class JobRow:
+    """One job of one owner on the hosts, as `status --all` shows it."""
+
+    owner: str
+    job: str
+    nodes: str  # host labels, node rank order
+    gpus: str
+    age: str
+    running: int  # containers running, of `containers`
+    containers: int
+
+
+@dataclass(frozen=True)
+class NodeLog:
+    """A node's log: its text, or with `follow` its chunks as they come."""
+
+    node: int
+    chunks: Iterator[bytes]
+    secrets: list[str]  # masked wherever shown
+
+
+@dataclass(frozen=True)
+class RankFiles:
+    """One global rank's stdout and stderr (torchrun's --log-dir), and with `follow` its new lines as they come."""
+
+    node: int
+    files: dict[str, str]  # "stdout"/"stderr" → text
+    follow: Iterator[str] | None
+    secrets: list[str]
+
+
+class Backend(Daemons, Protocol):
+    """A scheduler's answers: the probe's reads of its daemons (Daemons, probe/daemons.py, in the probe's types) and
+    these."""
+
+    def materialize(self, plan: JobPlan) -> Request:
+        """PURE: the request submitted for the attempt's plan (`--dry-run=hosts --json` prints it)."""
+        ...
+
+    def text(self, plan: JobPlan) -> str:
+        """PURE: the plan and its request as text (`--dry-run=hosts`)."""
+        ...
+
+    def materialize_offline(self, specs: Sequence[ContainerSpec]) -> Request:
+        """PURE: the request of the containers of a plan made without probing (`--dry-run --json`)."""
+        ...
+
+    def text_offline(self, specs: Sequence[ContainerSpec]) -> str:
+        """PURE: the same as text (`--dry-run`)."""
+        ...
+
+    def submit(self, nodes: Session, plan: JobPlan, grace: float, replan: Replan, console: Console) -> Submitted:
+        """Start the attempt as planned: the job's leftovers the plan names removed (stopped with `grace`), then
+        every node's part, all or none. Where another job took part of the grant meanwhile, `replan` plans again from what the hosts
+        hold now (bounded tries)."""
+        ...
+
+    def run(self, nodes: Session, specs: Mapping[int, ContainerSpec], timeout: float, what: str,
+            together: bool = False) -> dict[int, Ran]:
+        """Run the plan's short containers (node rank → spec, plan/shortlived.py) to their end, each waited for at
+        most `timeout` s, and remove them: one by one (one that cannot start is a Ran with its error), or
+        `together`, one on every node, all created before any starts (they meet each other; one that cannot start
+        removes them all and raises). `what` names them in errors (MultiHostError: one line per host)."""
+        ...
+
+    def image_check(self, nodes: Session, spec: ContainerSpec, local: Local) -> str:
+        """The output of the plan's image check container (plan/shortlived.py) run to its end and removed, on node 0,
+        or on this machine's image store `local` when given (the same image: the nodes get it from here);
+        PreflightError when it cannot run."""
+        ...
+
+    def attach(self, nodes: Session, submitted: Sequence[Any]) -> Ranks:
+        """The watcher's view of the submitted handles (`Submitted.handles`)."""
+        ...
+
+    def cancel(self, nodes: Session, job: str, grace: float, console: Console,
+               unreachable: Mapping[str, BaseException | str] | None = None) -> None:
+        """Stop the caller's job on every reachable host: SIGTERM, SIGKILL after `grace` s, then removed; one
+        line per host. MultiHostError naming every host where it failed (and the `unreachable` ones)."""
+        ...
+
+    def remove(self, nodes: Session, job: str, grace: float, ranks: Sequence[int]) -> None:
+        """The same, quietly, on the nodes `ranks`: leftovers before a start, or a start a `kill` raced."""
+        ...
+
+    def describe(self, nodes: Session, job: str, unreachable: Mapping[str, str]) -> JobStatus:
+        """Each node's state of the caller's job (`status`); an unreachable host is one row saying so."""
+        ...
+
+    def logs(self, nodes: Session, job: str, node: int | None, tail: int, follow: bool) -> list[NodeLog]:
+        """Each node's log (or one node's), node order; JobError when the job has none here."""
+        ...
+
+    def rank_logs(self, nodes: Session, job: str, rank: int, tail: int, follow: bool) -> RankFiles:
+        """One global rank's files; JobError naming the ranks there are when there is no such rank."""
+        ...
+
+    def find(self, nodes: Session) -> list[JobRow]:
+        """Every owner's jobs on the reachable hosts (`status --all`)."""
+        ...
+
+    def node_dirs(self, nodes: Session, job: str, mount: str) -> dict[int, tuple[int, str]]:
+        """Node rank -> (host index, host folder seen in the job's containers at `mount`: CKPT_MOUNT or LOG_MOUNT)
+        of the job's parts found (`tensorboard` reads the replica's log dir)."""
+        ...
+
+    def node0_dir(self, nodes: Session, job: str, remembered: str | None, mount: str) -> tuple[int, str]:
+        """(host index, folder at `mount`) of the job's node 0, found running or, once gone, from the folder its
+        last `up` was given (`remembered`): `plot` reads the checkpoint dir, `tensorboard` the log dir."""
+        ...
+
+
+@dataclass(frozen=True)
+class Allocation:
+    """The hosts a scheduler granted the allocation this runs in: a hosts file (node 0 first, each node's GPU
+    indices in its gpu_ids=), and the GPUs granted per node (0: none)."""
+
+    hosts_file: Path
+    gpus_per_node: int
+    scheduler: str  # its name in messages
+    ask_gpus: str  # how one asks it for other GPUs (a flag of its own)
+
+    def gpus(self, count: int) -> int:
+        """`--gpus` inside the allocation: left out (all), the grant is taken; 0 runs on CPU regardless; another
+        count given by hand is refused."""
+        if count in (GPUS_ALL, self.gpus_per_node) or count == 0:
+            return self.gpus_per_node if count == GPUS_ALL else count
+        raise ConfigError(f"--gpus {count}: {self.scheduler} granted {self.gpus_per_node} GPU(s) per node to this "
+                          f"allocation; leave --gpus out to use them, or ask {self.scheduler} for others "
+                          f"({self.ask_gpus})")
+
+
+class CommandLine(Protocol):
+    """What the command line (cli.py) lends a scheduler's subcommands, so that they read as its own."""
+
+    def parser(self, command: str, description: str, options: type[Any]) -> argparse.ArgumentParser:
+        """`python -m orchestrate COMMAND`'s parser, its options the flag fields of the dataclass `options` (each
+        declared once with config.option); errors in one line (exit 2), --help as every command's."""
+        ...
+
+    def up_options(self, argv: Sequence[str]) -> argparse.Namespace:
+        """`up`'s options parsed as `up` parses them: a typo fails here, naming `up`."""
+        ...
+
+    def up_config(self, ns: argparse.Namespace, hosts: Path, trainer: Sequence[str]) -> UpConfig:
+        """Those options on `hosts`, with the trainer's, checked as `up` checks them."""
+        ...
+
+
+# A scheduler's subcommand: (its arguments before '--', the trainer's after it, the command line's parsers, the
+# console) → the exit status.
+Command = Callable[[Sequence[str], Sequence[str], CommandLine, Console], int]
+
+
+class Scheduler(Protocol):
+    """A scheduler that grants the hosts and queues the jobs, beside the Backend that runs the containers on them.
+    The command line and `status`/`kill` ask every one in SCHEDULERS and name none."""
+
+    hosts_help: str  # --hosts's help on the value it owns: "'NAME': ..."
+    default_help: str  # --hosts's help on when that value is up's default
+    examples: str  # --help's example lines of its subcommands
+    summaries: Mapping[str, str]  # --help's one line on each of its subcommands, by name
+    epilog: str  # --help's line on the value it owns
+
+    @property
+    def commands(self) -> Mapping[str, Command]:
+        """Its own subcommands by name (`python -m orchestrate NAME ...`)."""
+        ...
+
+    def default_hosts(self) -> Path | None:
+        """The `--hosts` value of `up` without one, when this runs inside one of its allocations; else None."""
+        ...
+
+    def allocation(self, hosts: Path, folder: Path) -> Allocation | None:
+        """`--hosts` `hosts` when the value is its own: the allocation this runs in, its hosts file written in
+        `folder`; None for any other value (a hosts file)."""
+        ...
+
+    def describe_job(self, job: str, console: Console) -> bool:
+        """`status --job`: print its state of the caller's job; True when it knows the job (a job it still queues
+        has no hosts nor containers)."""
+        ...
+
+    def cancel_job(self, job: str, console: Console) -> bool:
+        """`kill --job`: cancel the caller's jobs of that name it queues or runs, one line each; True when it
+        knows the job."""
+        ...
+
+    def hint(self, err: MultiHostError, hosts_file: Path | None, folder: Path) -> MultiHostError:
+        """`err` (hosts that failed `up` or `check`) with what the site must allow, where the hosts were its
+        allocation's (`allocation` wrote `hosts_file` in `folder`); else `err` as it is."""
+        ...

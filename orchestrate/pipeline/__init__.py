@@ -1,0 +1,198 @@
+"""The `up` pipeline: hosts → probe (preflight and the facts) → the attempt's JobPlan → image → data → start →
+watch, and again from the newest checkpoint after a failure (--max-restarts); `check` shares its first phases.
+Nothing starts unless preflight passes. The plan is built once per attempt; every phase after it reads it."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from dataclasses import replace
+from typing import Any
+
+from rich.console import Console
+
+from orchestrate import jobfile
+from orchestrate.backends import backend
+from orchestrate.backends.docker_ssh.layercache import REGISTRY_BINARY, registry_binary
+from orchestrate.checks import gpuprobe, selfcheck
+from orchestrate.checks.netcheck import Options, measure, require_all_joined
+from orchestrate.config import UpConfig
+from orchestrate.errors import ConfigError
+from orchestrate.hosts import Host, match_exec_blocks, parse_hosts_file, ssh_config_path
+from orchestrate.jobs import stops
+from orchestrate.pipeline import phases
+from orchestrate.pipeline.attempt import plan_attempt
+from orchestrate.pipeline.attend import watch
+from orchestrate.pipeline.ready import connect_and_preflight
+from orchestrate.plan.jobplan import Attempt, JobPlan, container_specs
+from orchestrate.probe.hostboot import await_hosts
+from orchestrate.probe.resume import newest_step
+from orchestrate.remote.session import Session
+from orchestrate.restart import AttemptResult, restart_or_raise
+from orchestrate.timings import Timings
+from orchestrate.watch.hangup import Hangup
+from orchestrate.watch.outcome import End, Outcome
+from orchestrate.watch.report import summary
+
+
+def load_hosts(config: UpConfig) -> list[Host]:
+    assert config.ssh.hosts_file is not None
+    # The offline dry run runs nothing; --dry-run=hosts connects as `up` would, so the ssh config applies whole.
+    return parse_hosts_file(config.ssh.hosts_file, config.ssh.ssh_config, run_match_exec=not config.mode.dry_run)
+
+
+def _match_exec_note(config: UpConfig) -> str | None:
+    """A dry run runs nothing, also not the ssh config's `Match exec` commands: say which blocks it skipped."""
+    path = ssh_config_path(config.ssh.ssh_config)
+    try:
+        blocks = match_exec_blocks(path.read_text()) if path.is_file() else []
+    except (OSError, UnicodeDecodeError):
+        return None
+    where = ", ".join(f"{path}:{first}" for first, _ in blocks)
+    return (f"# ssh config: Match exec at {where} not run (a dry run runs nothing); the hosts it would configure "
+            "may differ at launch") if blocks else None
+
+
+def up(config: UpConfig, console: Console) -> int:
+    timings, hangup = Timings(), Hangup()
+    try:
+        with hangup.handled():
+            return _up(config, console, timings, hangup)
+    finally:
+        if config.mode.timings and not (config.mode.dry_run or config.mode.dry_run_hosts):
+            console.print(timings.render(), markup=False, highlight=False)
+
+
+def _up(config: UpConfig, console: Console, timings: Timings, hangup: Hangup) -> int:
+    hosts = load_hosts(config)
+    if config.resilience.min_nodes is not None and config.resilience.min_nodes > len(hosts):
+        raise ConfigError(f"--min-nodes {config.resilience.min_nodes} exceeds the {len(hosts)} host(s) in "
+                          f"{config.ssh.hosts_file}; give at most {len(hosts)}")
+    if config.delivery.layer_cache == "on" and not config.delivery.pull and registry_binary() is None:
+        raise ConfigError(f"--layer-cache on: {REGISTRY_BINARY} is not installed here; install it (Debian: apt-get "
+                          "install docker-registry) or use --layer-cache auto")
+    if config.mode.dry_run:
+        _print_offline(config, hosts, console)
+        return 0
+    if config.mode.dry_run_hosts:
+        _print_probed(config, hosts, console)
+        return 0
+    attempt, previous = Attempt.first(config.resilience), None
+    while True:
+        result = _attempt(config, attempt, hosts, console, timings, hangup)
+        if result.outcome.ok:
+            return 0
+        restart_or_raise(config.program, config.resilience, config.ssh, attempt.number, result, previous, hosts,
+                         console)
+        if not config.resilience.min_nodes:
+            # Without --min-nodes every host is needed: a rebooting host or a restarting daemon is waited for. Also
+            # after another node's exit: a host going down is often first seen as its peers losing contact.
+            await_hosts(hosts, config.ssh.accept_new_host_keys, console)
+        previous = result
+        attempt = Attempt(attempt.number + 1, result.outcome.cause, resume=True)
+
+
+def _print_offline(config: UpConfig, hosts: list[Host], console: Console) -> None:
+    """Offline: nothing is contacted; interfaces and GPU counts are shown as detected at launch."""
+    specs = container_specs(config.program, config.resources, config.where, Attempt.first(config.resilience), hosts,
+                            config.where.master_addr or hosts[0].hostname)
+    if config.mode.as_json:
+        _print_json(console, backend().materialize_offline(specs))
+        return
+    console.print("# the job (a job file for 'up -f'; options that differ from the defaults, secrets masked)",
+                  markup=False)
+    console.print("\n".join(f"#   {line}" for line in jobfile.of_config(config).splitlines()), markup=False,
+                  highlight=False, soft_wrap=True)
+    console.print(backend().text_offline(specs), markup=False, highlight=False, soft_wrap=True)
+    note = _match_exec_note(config)
+    if note:
+        console.print(note, markup=False, highlight=False, soft_wrap=True)
+
+
+def _print_probed(config: UpConfig, hosts: list[Host], console: Console) -> None:
+    """`--dry-run=hosts`: connect, probe read-only, print the first attempt's plan; nothing is created, sent or
+    started anywhere. With --json the plan alone goes to stdout, the preflight table to stderr."""
+    chatter = Console(stderr=True) if config.mode.as_json else console
+    attempt = Attempt.first(config.resilience)
+    ready = connect_and_preflight(config, attempt, hosts, chatter, Timings())
+    try:
+        plan, _ = plan_attempt(config, attempt, ready, chatter, Timings(), on_hosts=False)
+    finally:
+        ready.nodes.close()
+    if config.mode.as_json:
+        _print_json(console, backend().materialize(plan))
+    else:
+        console.print(backend().text(plan), markup=False, highlight=False, soft_wrap=True)
+
+
+def _print_json(console: Console, data: dict[str, Any]) -> None:
+    # soft_wrap: rich would otherwise break long strings at the console's width, and the JSON with them.
+    console.print(json.dumps(data, indent=2), markup=False, highlight=False, soft_wrap=True)
+
+
+def check(config: UpConfig, console: Console) -> int:
+    """`check`: the first-day self-test (preflight, the image where missing, then per node the GPU probe, a
+    training step and a checkpoint, and the network check); exit 1 when a part failed or a node is an outlier."""
+    attempt, timings = Attempt.first(config.resilience), Timings()
+    ready = connect_and_preflight(config, attempt, load_hosts(config), console, timings)
+    try:
+        plan = phases.images(ready, plan_attempt(config, attempt, ready, console, timings)[0], config, console)
+        return selfcheck.run(ready.nodes, plan, config.program, config.resources, config.checks,
+                             None if config.delivery.pull else ready.local_id, console)
+    finally:
+        ready.nodes.close()
+
+
+def _attempt(config: UpConfig, attempt: Attempt, hosts: list[Host], console: Console, timings: Timings,
+             hangup: Hangup) -> AttemptResult:
+    if attempt.number:
+        console.print(f"--- restart {attempt.number} of {config.resilience.max_restarts} ---", markup=False)
+    ready = connect_and_preflight(config, attempt, hosts, console, timings)
+    nodes = ready.nodes
+    try:
+        if not attempt.number:  # only a kill typed while this `up` runs stops it (jobs/stops.py)
+            stops.clear(nodes, config.program.job)
+        plan, facts = plan_attempt(config, attempt, ready, console, timings)
+        with timings.phase("image"):
+            plan = phases.images(ready, plan, config, console)
+        if not config.resources.cpu_mode:
+            with timings.phase("GPU probe"):  # a restart probes afresh: it follows a failure (XID 79 keeps the boot)
+                remembered = None if config.delivery.pull or attempt.number else ready.local_id
+                gpuprobe.require(gpuprobe.probe_all(nodes, plan.specs, [n.gpu_probe for n in plan.nodes], remembered))
+        if config.checks.check_network and not attempt.number:
+            with timings.phase("network check"):
+                checks = [n.network_check for n in plan.nodes if n.network_check is not None]
+                require_all_joined(measure(nodes, checks, Options.of(config.checks, config.resources), console),
+                                   [n.host.label for n in plan.nodes])
+        with timings.phase("data"):
+            phases.data(nodes, plan, config, console)
+        stops.restart_gate(attempt.number)
+        with timings.phase("start"):
+            submitted = phases.start(nodes, plan, facts, ready, config, console)
+            plan = submitted.plan
+        console.print(f"job {config.program.job!r} started: {len(plan.nodes)} node(s), master {plan.master}",
+                      markup=False, highlight=False)
+        if config.mode.detach:
+            console.print(f"detached; follow with 'logs -f --job {config.program.job}', stop with 'kill --job {config.program.job}'",
+                          markup=False)
+            return AttemptResult(Outcome(True, End.DETACHED))
+        return _watched(nodes, plan, submitted.handles, config, console, timings, hangup)
+    finally:
+        timings.channels = {c.host.label: c.peak_channels for c in nodes.conns if c is not None}
+        nodes.close()
+
+
+def _watched(nodes: Session, plan: JobPlan, handles: Sequence[Any], config: UpConfig, console: Console,
+             timings: Timings, hangup: Hangup) -> AttemptResult:
+    specs = plan.specs
+    resumed_from = plan.resume.checkpoint.step if plan.resume else None
+    with timings.phase("run"):
+        outcome = watch(nodes, specs, handles, config, console, hangup)
+    if outcome.ok and outcome.end is not End.DETACHED:
+        with timings.phase("summary"):
+            summary(nodes, specs, console)
+    if outcome.failed_rank is not None:  # the rank in this attempt's plan: say which host it was
+        outcome = replace(outcome, host=specs[outcome.failed_rank].host.label)
+    if outcome.ok or not outcome.end.restartable:
+        return AttemptResult(outcome, resumed_from)
+    return AttemptResult(outcome, resumed_from, newest_step(nodes, specs))

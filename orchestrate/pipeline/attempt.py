@@ -1,0 +1,85 @@
+"""The I/O that feeds an attempt's JobPlan: what the read-only probe finds (the nodes' layers and data), the resume
+checkpoint, the image's launcher; then the pure plan_job."""
+
+from __future__ import annotations
+
+import dataclasses
+
+from rich.console import Console
+
+from orchestrate.backends import backend
+from orchestrate.backends.docker_ssh import data
+from orchestrate.checks import gpuprobe, netcheck
+from orchestrate.config import UpConfig
+from orchestrate.errors import NoCheckpointError
+from orchestrate.pipeline.ready import Ready
+from orchestrate.plan import shortlived
+from orchestrate.plan.jobplan import Attempt, ContainerSpec, JobPlan, plan_job
+from orchestrate.probe.facts import local_data, node_facts
+from orchestrate.probe.imagecheck import CHECK_IMAGE, FIND_PYTHON, check_image
+from orchestrate.probe.observations import NodeFacts, ResumePoint
+from orchestrate.probe.resume import find_resume_checkpoint
+from orchestrate.timings import Timings
+from trainer.contract import ENV_RESUME
+
+
+def plan_attempt(config: UpConfig, attempt: Attempt, ready: Ready, console: Console, timings: Timings,
+                 on_hosts: bool = True) -> tuple[JobPlan, list[NodeFacts]]:
+    """The attempt's plan, from what the read-only probe finds: the nodes' layers and data, the resume checkpoint,
+    the launcher (`on_hosts` False: no check container on a host, as for a dry run); and the facts it was built
+    from (a lost GPU/port claim plans again from them: backends/docker_ssh/claim.py)."""
+    with timings.phase("plan"):
+        image = backend().local_layers(ready.local, ready.local_id)
+        facts = node_facts(backend(), ready.nodes, ready.reports, config.delivery, config.data if config.program.is_trainer else None, image)
+        resume, attempt = _resume(ready, config, attempt, console) if attempt.resume else (None, attempt)
+        archive_bytes, from_folder = local_data(config.data)
+        scripts = short_scripts()
+        check = shortlived.image_check(config.program, ready.nodes.hosts[0], scripts)
+        launcher, on = _launcher(config, ready, on_hosts, check)
+        plan = plan_job(config.program, config.resources, config.where, config.data, config.delivery, attempt,
+                        ready.nodes.hosts, ready.master, facts, image, launcher, resume, archive_bytes, from_folder,
+                        ready.port)
+        return shortlived.with_short_containers(plan, config.program, config.resources, config.data, config.checks,
+                                                scripts, check, on), facts
+
+
+def short_scripts() -> shortlived.Scripts:
+    """The programs the short containers run, as sent."""
+    return shortlived.Scripts(gpu_probe=gpuprobe.script(), network_check=netcheck.script(), fetch=data.SCRIPT,
+                              find_python=FIND_PYTHON, check_image=CHECK_IMAGE)
+
+
+def _launcher(config: UpConfig, ready: Ready, on_hosts: bool,
+              check: ContainerSpec) -> tuple[tuple[str, ...] | None, str]:
+    """How torchrun starts in the image the nodes will run, checked before anything is sent (the plan's image
+    check container): on this machine's daemon when the nodes run its image (same ID), else on node 0 where it
+    keeps its own; None when node 0 has still to pull it (then it is checked after the pull). And where the check
+    would run ("" when it does not: node 0 pulls the image first; a check remembered runs nothing)."""
+    node0, here = ready.reports[0].image_id, ready.local_id
+    memo_id = None if config.delivery.pull else here  # a pulled image may differ from a local one of the same name
+    if here is not None and (not config.delivery.pull or node0 == here):
+        return check_image(config.program, memo_id, lambda: backend().image_check(ready.nodes, check, ready.local)), "here"
+    if node0 is not None and on_hosts:
+        return (check_image(config.program, memo_id, lambda: backend().image_check(ready.nodes, check, None)),
+                ready.nodes.hosts[0].label)
+    return None, ""
+
+
+def _resume(ready: Ready, config: UpConfig, attempt: Attempt,
+            console: Console) -> tuple[ResumePoint | None, Attempt]:
+    """The checkpoint this attempt resumes from, and the attempt as it runs (a restart before the first
+    checkpoint starts over)."""
+    try:
+        return find_resume_checkpoint(ready.nodes, [r.dirs["ckpt"] for r in ready.reports], console), attempt
+    except NoCheckpointError:
+        if config.program.is_trainer and attempt.number:
+            # The failure came before the first checkpoint: nothing is lost by starting over.
+            console.print(f"restart {attempt.number}: no checkpoint was written before the failure; training "
+                          "starts again from the beginning", markup=False, highlight=False)
+            return None, dataclasses.replace(attempt, resume=False)
+        if config.program.is_trainer:
+            raise
+        # Another program that writes no manifest (docs/DESIGN.md §7) finds its own state: RESUME=1 only.
+        console.print(f"--resume: no valid checkpoint (manifest and matching .pt); the program gets {ENV_RESUME}=1 and "
+                      "finds its own state (resume by flag only)", markup=False, highlight=False)
+        return None, attempt

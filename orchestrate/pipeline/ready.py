@@ -1,0 +1,105 @@
+"""Connect and preflight: the hosts connected and past preflight, what every command that starts containers needs
+first; on a restart with --min-nodes, the hosts that do not answer or fail preflight are left out while enough
+remain."""
+
+from __future__ import annotations
+
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+
+from rich.console import Console
+
+from orchestrate.backends import backend
+from orchestrate.config import UpConfig
+from orchestrate.errors import JobError
+from orchestrate.hosts import Host
+from orchestrate.pipeline.preflight import run_preflight
+from orchestrate.plan.jobplan import Attempt
+from orchestrate.probe.daemons import Local
+from orchestrate.probe.observations import HostReport
+from orchestrate.probe.platforms import require_same
+from orchestrate.remote.session import Session
+from orchestrate.timings import Timings
+
+
+@dataclass
+class Ready:
+    """The hosts connected and past preflight: what every command that starts containers needs first."""
+
+    nodes: Session
+    reports: list[HostReport]
+    master: str
+    local: Local  # this machine's image store, as the backend holds it (None: none here)
+    local_id: str | None  # the image's ID here
+    port: int | None  # node 0's master port, given or chosen by preflight (plan/ports.py)
+
+
+def connect_and_preflight(config: UpConfig, attempt: Attempt, hosts: list[Host], console: Console,
+                          timings: Timings) -> Ready:
+    """Connect and preflight (the table; nothing starts unless it passes)."""
+    with timings.phase("connect"), ThreadPoolExecutor(1) as pool:
+        local_lookup = pool.submit(backend().local_image, config.program.image)  # the local daemon, while SSH handshakes run
+        nodes = _connect(config, attempt, hosts, console)
+        local, local_id = local_lookup.result()
+    try:
+        with timings.phase("preflight"):
+            nodes, reports, master = _preflight(nodes, config, attempt, local_id, console)
+            if not config.delivery.pull:  # what is sent must run there (a pull picks the node's platform itself)
+                _same_platform(nodes, reports, config.program.image, local)
+    except BaseException:
+        nodes.close()
+        raise
+    return Ready(nodes, reports, master, local, local_id, reports[0].port)
+
+
+def _same_platform(nodes: Session, reports: list[HostReport], image: str, local: Local) -> None:
+    """Every node's daemon can run the local image (nothing to compare where there is none)."""
+    platform = backend().local_platform(local, image)
+    if platform is not None:
+        found = backend().platforms(nodes, range(len(reports)))
+        require_same(image, platform, [(r.label, p) for r, p in zip(reports, found, strict=True)])
+
+
+def _connect(config: UpConfig, attempt: Attempt, hosts: list[Host], console: Console) -> Session:
+    """Every host, or (a restart with --min-nodes) every host that answers while enough do."""
+    if not (attempt.number and config.resilience.min_nodes):
+        return Session.connect(hosts, config.ssh.accept_new_host_keys)
+    nodes, unreachable = Session.connect_reachable(hosts, config.ssh.accept_new_host_keys)
+    for label, why in unreachable.items():
+        console.print(f"leaving out {label}: {why}", markup=False, highlight=False)
+    return _keep(nodes, nodes.reachable(), config, attempt, "reachable")
+
+
+def _keep(nodes: Session, keep: list[int], config: UpConfig, attempt: Attempt, what: str) -> Session:
+    assert config.resilience.min_nodes is not None
+    if len(keep) < config.resilience.min_nodes:
+        nodes.close()
+        raise JobError(f"restart {attempt.number}: only {len(keep)} host(s) {what}, fewer than --min-nodes "
+                       f"{config.resilience.min_nodes}; the job was stopped on all nodes; fix the hosts, then 'up --resume'")
+    if len(keep) == len(nodes.hosts):
+        return nodes
+    for i, conn in enumerate(nodes.conns):
+        if i not in keep and conn is not None:
+            conn.close()
+    return Session([nodes.hosts[i] for i in keep], [nodes.conns[i] for i in keep])
+
+
+def _preflight(nodes: Session, config: UpConfig, attempt: Attempt, local_id: str | None,
+               console: Console) -> tuple[Session, list[HostReport], str]:
+    """Preflight (all must pass), or on a restart with --min-nodes: hosts that fail are left out while enough
+    remain, then the rest is checked again (node 0 and the master may have changed). --replace is the first
+    start's only: a restart finds no job of its own running."""
+    may_fail, replace = bool(attempt.number and config.resilience.min_nodes), config.resilience.replace and not attempt.number
+    master = config.where.master_addr or nodes.conn(0).peer_address
+    reports = run_preflight(nodes, config, master, local_id, console, may_fail, replace)
+    passed = [i for i, r in enumerate(reports) if not r.problems]
+    if len(passed) == len(reports):
+        return nodes, reports, master
+    for r in reports:
+        if r.problems:
+            console.print(f"leaving out {r.label}: " + "; ".join(r.problems), markup=False, highlight=False)
+    nodes = _keep(nodes, passed, config, attempt, "passed preflight")
+    master = config.where.master_addr or nodes.conn(0).peer_address
+    reports = run_preflight(nodes, config, master, local_id, console, replace=replace)
+    return nodes, reports, master
+

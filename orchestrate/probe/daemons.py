@@ -1,0 +1,59 @@
+"""What the probe asks of the daemons (the image stores and container runtimes, here and on each node), answered in
+the probe's own plain types. The backend answers (the Backend protocol, backends/protocol.py, includes this one; the
+Docker reads are backends/docker_ssh/observe.py), so that the probe speaks no scheduler's API: it keeps the shell
+probes over SSH and the pure reading and judging of what it is told."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any, Protocol
+
+from orchestrate.probe.observations import ContainerSeen, Holdings, LocalImage
+from orchestrate.remote.session import Session
+
+# This machine's image store as the backend holds it (Docker: the local daemon's client), None where there is none;
+# only the backend reads it, the pipeline carries it from `local_image` to the other local reads.
+Local = Any
+
+
+class Daemons(Protocol):
+    def local_image(self, name: str) -> tuple[Local, str | None]:
+        """This machine's image store and the image's ID there ((None, None): no store here; ID None: no image)."""
+        ...
+
+    def local_layers(self, local: Local, image_id: str | None) -> LocalImage | None:
+        """The local image's layers, their sizes where known, and its base (None: no local image)."""
+        ...
+
+    def local_platform(self, local: Local, image: str) -> tuple[str, str] | None:
+        """(os, architecture) of the local image; None when there is no local image."""
+        ...
+
+    def daemon_version(self, nodes: Session, rank: int) -> str:
+        """The node's daemon answers: its version (SSHError naming why when it does not)."""
+        ...
+
+    def holdings(self, nodes: Session, rank: int, job: str, uid: int) -> Holdings:
+        """What the containers on the node hold (GPU sets, node 0's master port), the caller's own of `job` apart."""
+        ...
+
+    def job_containers(self, nodes: Session, rank: int, job: str, uid: int) -> list[ContainerSeen]:
+        """The caller's containers of `job` on the node (the login `uid`'s), running or not."""
+        ...
+
+    def image_id(self, nodes: Session, rank: int, image: str) -> str | None:
+        """The image's ID on the node; None when it has none of that name."""
+        ...
+
+    def platforms(self, nodes: Session, ranks: Sequence[int]) -> list[tuple[str, str]]:
+        """(os, `uname -m` machine) of each node's daemon, in `ranks` order (MultiHostError: one line per host)."""
+        ...
+
+    def chain_ids(self, nodes: Session, ranks: Sequence[int]) -> list[set[str]]:
+        """The chain IDs of every image layer each node holds, in `ranks` order."""
+        ...
+
+    def registry_reach(self, nodes: Session, ranks: Sequence[int], ref: str) -> list[str]:
+        """Whether each node's daemon gets `ref`'s manifest from its registry ("" yes, else why not), pulling
+        nothing."""
+        ...

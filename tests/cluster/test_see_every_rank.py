@@ -1,0 +1,167 @@
+"""See every rank (issue 35), on the session's three stock test hosts (sshd + dockerd + torchrun, CPU image):
+
+- nobody named before the throttle (a healthy job's noise, one preempted step on this loaded machine, is not a
+  straggler: contract.slowest); one host's container throttled (`docker update --cpus` on that host's daemon)
+  while the job runs: `up`'s progress line and `status` name that node as the slowest, and no other, within a
+  bounded time; once the throttle is lifted, nothing is named;
+- `status` shows one line per node;
+- `tensorboard --job` fetches node 0's event files, TensorBoard serves them on a local port and answers a request
+  for the scalars, and the command ends when signalled;
+- once the job has ended (`up` gone, then its containers stopped and left in place), `status` labels its last
+  progress line as the last run's, with when it ended.
+
+One job does all of it (a tiny model, CPU): a cluster test costs a job's start.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import signal
+import socket
+import subprocess
+import time
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from kit.orchestrate_kit import Data, Up, orch_env, orchestrate, spawn, start, up_args, wait_for
+
+from devcluster import Cluster
+
+pytestmark = [pytest.mark.cluster, pytest.mark.docker, pytest.mark.slow]
+
+JOB = "ranks"
+THROTTLED = 2  # the node whose container gets a small CPU share
+NAME_WITHIN_S = 180.0  # the bound on naming it (and on naming nobody once the throttle is lifted)
+STATUS_EVERY_S = 5.0  # `status` is a process with 3 SSH connections: asked more often, it slows the job it watches
+SLOWEST = re.compile(r"slowest: node (\d+) rank (\d+), ([\d.]+)x the median step")
+
+
+@pytest.fixture(scope="module")
+def target(cluster_factory, cpu_image: str) -> Iterator[Cluster]:  # type: ignore[no-untyped-def]
+    """The session's three hosts (as the network check and the self-healing tests use them)."""
+    yield cluster_factory(3, no_sftp=[2])
+
+
+def docker(cluster: Cluster, node: int, *args: str) -> str:
+    """The docker CLI on that node's own daemon."""
+    done = subprocess.run(["docker", "-H", cluster.hosts[node].docker_host, *args], capture_output=True, text=True,
+                          timeout=120)
+    assert done.returncode == 0, done.stderr
+    return done.stdout.strip()
+
+
+def container(cluster: Cluster, node: int) -> str:
+    return docker(cluster, node, "ps", "-aq", "--filter", f"label=ddp-cifar.job={JOB}")
+
+
+def cpus(cluster: Cluster, node: int, share: str) -> None:
+    """`docker update --cpus SHARE` of the job's container on that node's own daemon."""
+    docker(cluster, node, "update", "--cpus", share, container(cluster, node))
+
+
+def status(cluster: Cluster, state: Path) -> str:
+    res = orchestrate(cluster, state, "status", "--job", JOB)
+    assert res.returncode == 0, res.stderr
+    return res.stdout
+
+
+def named(text: str) -> list[tuple[int, float]]:
+    """(node, score) of every straggler a text names."""
+    return [(int(m.group(1)), float(m.group(3))) for m in SLOWEST.finditer(text)]
+
+
+def first_named(up: Up, since: float) -> tuple[float, str] | None:
+    """When and in which line `up`'s progress line first named a straggler after `since`."""
+    return next(((t, line) for t, line in zip(up.seen_at, up.lines, strict=False)
+                 if t >= since and line.startswith("progress:") and named(line)), None)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def test_the_throttled_node_is_named_then_nobody_and_tensorboard_serves_the_events(
+        target: Cluster, work: Path, data: Data, hosts: Path) -> None:
+    state = work / "state"
+    up = Up(start(target, state, *up_args(hosts, data, JOB, trainer=("--epochs", "300"))))
+    throttled = False
+    try:
+        up.wait_for_line("progress: step", 600, "the job's first progress line")
+        wait_for(lambda: "node 2 " in status(target, state), 120, "status's line for node 2 (every rank timed)",
+                 every=STATUS_EVERY_S)
+        lines = status(target, state).splitlines()
+        assert [ln.split(":")[0] for ln in lines if re.match(r"node \d \S+: step", ln)] == \
+            [f"node {n} {target.hosts[n].name}" for n in range(3)]
+
+        assert first_named(up, 0.0) is None, up.text  # nobody before the throttle
+        cpus(target, THROTTLED, "0.1")
+        throttled, t0 = True, time.monotonic()
+        wait_for(lambda: first_named(up, t0), NAME_WITHIN_S, "the progress line naming a node", every=0.5)
+        found = first_named(up, t0)
+        assert found is not None
+        first, line = found
+        shown: list[list[tuple[int, float]]] = []  # what each status named, in order
+
+        def status_names_it() -> bool:
+            shown.append(named(status(target, state)))
+            return bool(shown[-1])
+
+        wait_for(status_names_it, NAME_WITHIN_S, "status naming a node", every=STATUS_EVERY_S)
+        print(f"throttled: named by the progress line after {first - t0:.1f} s ({line}), by status after "
+              f"{time.monotonic() - t0:.1f} s: {shown[-1]}")
+        assert [node for node, _ in shown[-1]] == [THROTTLED]  # that node, and no other
+        assert all(node == THROTTLED for t, line in zip(up.seen_at, up.lines, strict=False) if t >= t0
+                   for node, _ in named(line))  # no other node named while it is throttled
+
+        cpus(target, THROTTLED, "2")  # the whole machine: no limit left that matters
+        throttled, lifted = False, time.monotonic()
+        wait_for(lambda: not named(status(target, state)), NAME_WITHIN_S, "status naming nobody after the throttle",
+                 every=STATUS_EVERY_S)
+        wait_for(lambda: any(t >= lifted and line.startswith("progress: step") and "slowest" not in line
+                             for t, line in zip(up.seen_at, up.lines, strict=False)),
+                 NAME_WITHIN_S, "a progress line naming nobody after the throttle")
+        print(f"throttle lifted: nobody named after {time.monotonic() - lifted:.1f} s")
+
+        serve_tensorboard(target, state, work / "tb")
+
+        up.proc.send_signal(signal.SIGHUP)  # `up` lets go (as a closed terminal does); the job runs on
+        assert up.wait(60) == 0
+        stop_containers(target)  # then it ends, its containers left in place, as a job that finished
+        ended = status(target, state)
+        assert re.search(r"^last run, ended \d{4}-\d\d-\d\d \d\d:\d\d:\d\d UTC \(0h0\dm\d\ds ago\): step \d+/\d+",
+                         ended, re.M), ended
+        assert "\nprogress:" not in ended and not ended.startswith("progress:")
+    finally:
+        if throttled:
+            cpus(target, THROTTLED, "2")
+        orchestrate(target, state, "kill", "--job", JOB, "--grace", "30")
+
+
+def serve_tensorboard(cluster: Cluster, state: Path, out: Path) -> None:
+    """`tensorboard --job`: the event files fetched, TensorBoard on a local port answering for the scalars (the
+    trainer's loss among them), and the command ended by SIGTERM, TensorBoard with it."""
+    port = free_port()
+    proc = spawn(["tensorboard", "--job", JOB, "--out", str(out), "--port", str(port)], orch_env(cluster, state),
+                 merge_stderr=True)
+    board = Up(proc)
+    board.wait_for_line(f"TensorBoard at http://localhost:{port}/", 180, "TensorBoard serving")
+    assert list(out.glob("node0/tensorboard/events.out.tfevents.*"))
+    with urllib.request.urlopen(f"http://localhost:{port}/data/plugin/scalars/tags", timeout=30) as answer:
+        tags = json.loads(answer.read())
+    assert any("loss" in tag for run in tags.values() for tag in run), tags
+    proc.send_signal(signal.SIGTERM)
+    assert board.wait(60) == 0 and "TensorBoard stopped" in board.text
+    with pytest.raises(OSError):  # nothing serves there any more
+        urllib.request.urlopen(f"http://localhost:{port}/", timeout=5)
+
+
+def stop_containers(cluster: Cluster) -> None:
+    """SIGTERM to the job's containers on each host's own daemon (the trainer checkpoints and exits), the containers
+    left in place as a job's that finished are."""
+    for node in range(len(cluster.hosts)):
+        docker(cluster, node, "stop", "-t", "30", container(cluster, node))

@@ -1,0 +1,35 @@
+"""The layers of docs/orchestrate.md beyond the imports: the pure plan loads neither SSH nor Docker at run time, and a
+scheduler is named nowhere but in its folder and its registration (import-linter's contracts in .importlinter hold
+the imports between the folders; this holds what an import really loads, and the names)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+PLAN_MODULES = ("orchestrate.plan.jobplan", "orchestrate.plan.verdicts", "orchestrate.plan.gpuset",
+                "orchestrate.plan.ports", "orchestrate.plan.gpus", "orchestrate.plan.transport")
+
+
+def test_importing_the_plan_loads_no_ssh_and_no_docker() -> None:
+    code = ("import sys\n" + "".join(f"import {m}\n" for m in PLAN_MODULES)
+            + "print(' '.join(sorted(m for m in sys.modules if m.split('.')[0] in ('docker', 'paramiko')"
+              " or m.startswith('orchestrate.remote.') and m != 'orchestrate.remote.identity')))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True)
+    assert out.stdout.split() == []
+
+
+def test_a_scheduler_is_named_only_in_its_folder_and_its_registration() -> None:
+    """Slurm is one folder (backends/slurm/) and its line in SCHEDULERS: cli.py, jobs/ and every other file reach it
+    through the Scheduler protocol (the lint contract `through-the-scheduler` holds the imports; this, the names in
+    code, help texts and docstrings too)."""
+    root = Path(__file__).resolve().parents[2] / "orchestrate"
+    naming = {str(path.relative_to(root)) for path in root.rglob("*") if path.is_file()
+              and "__pycache__" not in path.parts and path.relative_to(root).parts[:2] != ("backends", "slurm")
+              and "slurm" in path.read_text(errors="replace").lower()}
+    assert naming == {"backends/__init__.py"}
+    registration = [line for line in (root / "backends" / "__init__.py").read_text().splitlines()
+                    if "slurm" in line.lower()]
+    assert registration == ["from orchestrate.backends.slurm import Slurm",
+                            "SCHEDULERS: tuple[Scheduler, ...] = (Slurm(),)"]

@@ -1,0 +1,62 @@
+"""The benchmarks' shared ending (bench/bounds.py): every figure printed beside its baseline and its bound, and
+exit 1 when one is past its bound, so that a figure quoted in the docs cannot regress silently. And each figure
+bench/recovery.py reads is found in the very line its cluster test prints (the f-string, read from the test)."""
+
+from __future__ import annotations
+
+import ast
+import importlib.util
+import re
+import sys
+from pathlib import Path
+from types import ModuleType
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def load(name: str) -> ModuleType:
+    sys.path.insert(0, str(REPO / "bench"))  # the scripts import bounds as their neighbour
+    try:
+        spec = importlib.util.spec_from_file_location(name, REPO / "bench" / f"{name}.py")
+        assert spec is not None and spec.loader is not None
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[name] = module  # its dataclasses look themselves up there
+        spec.loader.exec_module(module)
+        return module
+    finally:
+        sys.path.remove(str(REPO / "bench"))
+
+
+def test_a_figure_past_its_bound_exits_1_and_says_which(capsys: pytest.CaptureFixture[str]) -> None:
+    bounds = load("bounds")
+    faster = bounds.Figure("speed-up", 26.5, "x", "classic 3763 images/s", 10.0, True)
+    slow = bounds.Figure("training again", 130.0, "s", "109-144 s before", 109.0, False)
+    assert bounds.finish([faster]) == 0
+    assert bounds.finish([faster, slow]) == 1
+    out = capsys.readouterr().out
+    assert "speed-up: 26.5 x | baseline: classic 3763 images/s | bound: >= 10 x | ok" in out
+    assert "training again: 130 s | baseline: 109-144 s before | bound: <= 109 s | PAST THE BOUND" in out
+    assert out.rstrip().endswith("past the bound: training again")
+
+
+def printed_lines(test: str) -> list[str]:
+    """The f-strings a test's function prints, with each {expression} as 1.5 (a figure)."""
+    path, name = test.split("::")
+    tree = ast.parse((REPO / path).read_text())
+    func = next(n for n in ast.walk(tree) if isinstance(n, ast.FunctionDef) and n.name == name)
+    lines = []
+    for call in ast.walk(func):
+        if isinstance(call, ast.Call) and getattr(call.func, "id", "") == "print" and call.args:
+            parts = call.args[0].values if isinstance(call.args[0], ast.JoinedStr) else []
+            lines.append("".join(p.value if isinstance(p, ast.Constant) else "1.5" for p in parts))
+    return lines
+
+
+def test_each_figure_of_the_recovery_bench_is_in_a_line_its_test_prints() -> None:
+    recovery = load("recovery")
+    for test, measures in recovery.SCENARIOS.values():
+        lines = printed_lines(test)
+        for m in measures:
+            assert any(re.search(m.pattern, line) for line in lines), (m.name, test, lines)

@@ -1,0 +1,62 @@
+"""The test kit's own bounds (tests/kit): a wait that would hang ends with a message that says what it waited for."""
+
+from __future__ import annotations
+
+import ast
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+import tomllib
+from kit import orchestrate_kit
+from kit.lines import LineReader
+
+TESTS = Path(__file__).resolve().parent
+PYTEST_TIMEOUT_S = tomllib.loads((TESTS.parent / "pyproject.toml").read_text())["tool"]["pytest"]["ini_options"]["timeout"]
+
+
+def test_a_line_that_never_comes_ends_the_wait_with_what_was_awaited() -> None:
+    quiet = subprocess.Popen(["sh", "-c", "echo one; exec sleep 30"], stdout=subprocess.PIPE, text=True)
+    try:
+        lines = LineReader(quiet.stdout)
+        assert lines.next(10, "the first line") == "one\n"
+        with pytest.raises(AssertionError, match="^no line within 0 s while waiting for the second line$"):
+            lines.next(0.2, "the second line")
+        with pytest.raises(AssertionError, match=r"waiting for two lines; the last lines: \[\]$"):
+            lines.until(lambda seen: len(seen) == 2, 0.2, "two lines")
+    finally:
+        quiet.kill()
+        quiet.wait(timeout=10)
+    assert lines.next(10, "the end") == ""
+
+
+def test_a_wait_of_the_kit_ends_before_pytests_timeout_with_what_it_waited_for(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A test that has spent its budget but 1 s: a wait of 600 s more ends in 1 s with its own message, where
+    pytest's timeout (900 s) would have ended the test with a stack trace only."""
+    monkeypatch.setattr(orchestrate_kit, "_test_began", [time.monotonic() - orchestrate_kit.TEST_BUDGET_S + 1])
+    assert orchestrate_kit.TEST_BUDGET_S < PYTEST_TIMEOUT_S
+    began = time.monotonic()
+    with pytest.raises(AssertionError, match="^timed out after 1 s waiting for the job to finish$"):
+        orchestrate_kit.wait_for(lambda: False, orchestrate_kit.PATIENCE, "the job to finish", every=0.1)
+    assert time.monotonic() - began < 5
+
+
+def test_no_test_module_imports_another() -> None:
+    """Shared helpers live in tests/kit: a test module imported by another would run its tests' module-level
+    code there, and pytest collects it once more under another name when both are in one folder's sys.path."""
+    found = []
+    for path in sorted(TESTS.rglob("test_*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            names = [a.name for a in node.names] if isinstance(node, ast.Import) else \
+                [node.module or ""] if isinstance(node, ast.ImportFrom) and node.level == 0 else []
+            found += [f"{path.relative_to(TESTS)}: {n}" for n in names if n.split(".")[-1].startswith("test_")]
+    assert found == []
+
+
+def test_no_test_reads_a_line_without_a_bound() -> None:
+    """A bare `readline()` on a program that prints nothing waits forever: tests read lines through kit.lines."""
+    found = [f"{path.relative_to(TESTS)}:{n}" for path in sorted(TESTS.rglob("*.py")) if path.parent.name != "kit"
+             and path.name != "test_kit.py" for n, line in enumerate(path.read_text().splitlines(), 1)
+             if ".readline(" in line]
+    assert found == []

@@ -1,0 +1,66 @@
+"""The GPU tier's gates and the GPU benchmark, on a machine without a GPU: the default run never collects the tier,
+`pytest -m gpu` (make test-gpu) fails where CUDA is missing instead of passing having run nothing, and
+bench/gpu_throughput.py runs tiny on the CPU, with its peak table and goals checked on the texts a GPU gives."""
+
+from __future__ import annotations
+
+import importlib.util
+import subprocess
+import sys
+from types import ModuleType
+
+from kit.trainer_helpers import REPO, child_env
+
+
+def _pytest(*args: str) -> subprocess.CompletedProcess[str]:
+    # CUDA hidden: the same answer on a machine with a GPU.
+    env = {**child_env(), "CUDA_VISIBLE_DEVICES": ""}
+    return subprocess.run([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", *args], cwd=REPO, env=env,
+                          capture_output=True, text=True, timeout=120)
+
+
+def test_the_default_run_never_collects_the_gpu_tier_and_the_tier_fails_without_cuda() -> None:
+    listed = _pytest("--collect-only", "-q", "tests/trainer")
+    assert listed.returncode == 0 and "tests/trainer/test_gpu_tier_on_cpu.py" in listed.stdout, listed.stdout[-2000:]
+    assert "tests/trainer/gpu/" not in listed.stdout
+    tier = _pytest("-m", "gpu", "-q", "tests/trainer/gpu")
+    assert tier.returncode == 1, tier.stdout[-2000:]
+    assert "no CUDA here" in tier.stdout and " passed" not in tier.stdout and "skipped" not in tier.stdout
+
+
+def _bench() -> ModuleType:
+    spec = importlib.util.spec_from_file_location("gpu_throughput", REPO / "bench" / "gpu_throughput.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses look their module up there
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_the_peak_table_knows_the_names_torch_gives_and_a_missed_goal_fails() -> None:
+    bench = _bench()
+    names = {"NVIDIA H100 80GB HBM3": 989.4, "NVIDIA H100 PCIe": 756.5, "NVIDIA H100 NVL": 835.5, "NVIDIA H200": 989.4,
+             "NVIDIA A100-SXM4-80GB": 312.0, "NVIDIA A100 80GB PCIe": 312.0, "NVIDIA L40S": 362.05, "Tesla T4": None}
+    assert {name: bench.peak_tflops(name) for name in names} == names
+    h100 = "NVIDIA H100 80GB HBM3"
+    good = bench.report(h100, bench.Figures(45_000, 42_000, 3.33e9, 989.4), True)
+    assert not any(line.endswith("MISSED") for line in good), good
+    assert "MFU 15.1%" in good[2] and "93% of the step loop" in good[3]
+    slow = bench.report(h100, bench.Figures(30_000, 20_000, 3.33e9, 989.4), True)
+    assert [line.split(":")[0] for line in slow if line.endswith("MISSED")] == ["step loop", "wall clock"]
+    a100 = bench.report("NVIDIA A100-SXM4-80GB", bench.Figures(23_000, 22_000, 3.33e9, 312.0), True)
+    assert not any(line.endswith("MISSED") for line in a100)  # the images/s goal is an H100's
+
+
+def test_the_gpu_benchmark_runs_tiny_on_the_cpu() -> None:
+    done = subprocess.run([sys.executable, str(REPO / "bench" / "gpu_throughput.py"), "--device", "cpu",
+                           "--steps", "2", "--warmup", "1", "--batch-size", "8", "--model", "tiny",
+                           "--train-images", "256", "--epochs", "1"],
+                          cwd=REPO, env={**child_env(), "CUDA_VISIBLE_DEVICES": ""}, capture_output=True,
+                          text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    lines = done.stdout.splitlines()
+    assert lines[1] == "device: cpu" and "GFLOP" in lines[2], done.stdout
+    assert lines[3].startswith("step loop:") and lines[4].startswith("wall clock:"), done.stdout
+    assert all(float(line.split()[2]) > 0 for line in lines[3:5]), done.stdout
+    assert "airbench" in lines[5]
