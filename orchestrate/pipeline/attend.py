@@ -1,5 +1,6 @@
 """Attend a running attempt: the watcher observes (watch/), and this acts on what it returns: replicate each new
-checkpoint meanwhile, save a stall's report on node 0, stop the job on failure or on Ctrl-C."""
+checkpoint meanwhile and the final one at the end, save a stall's report on node 0, stop the job on failure or on
+Ctrl-C."""
 
 from __future__ import annotations
 
@@ -57,6 +58,8 @@ def watch(nodes: Session, specs: Sequence[ContainerSpec], handles: Sequence[Any]
     replicator.stop()
     watcher.drain_streams(STREAM_DRAIN_S)
     watcher.stop_event.set()
+    if outcome.end is End.DONE:
+        replicator.finish()
     if not outcome.ok:
         outcome, stall_report = report_failure(watcher, outcome, config.program)
         if stall_report is not None:

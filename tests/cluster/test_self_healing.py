@@ -85,8 +85,9 @@ def test_a_killed_container_is_restarted_and_the_run_ends_as_an_uninterrupted_on
     final = beat(target, 0, job)
     assert final is not None and final["state"] == "done" and final["step"] == final["total_steps"] == 320
     assert "progress: step 320/320 (100%) epoch 40/40" in up.text
-    # Each new checkpoint was copied to node 1 and verified there.
-    assert "copied to node 1 (" in up.text and manifests(job_dir(target, 1, job))
+    # Each new checkpoint was copied to node 1 and verified there, the final one too (written after the last poll).
+    assert "copied to node 1 (" in up.text and manifests(job_dir(target, 1, job))[-1]["step"] == 320
+    assert "checkpoint step 320 copied to node 1 (" in up.text
 
 
 def test_a_crash_that_repeats_without_progress_is_not_restarted_again(

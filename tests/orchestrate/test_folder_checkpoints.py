@@ -118,3 +118,24 @@ def test_replicator_mirrors_a_folder_checkpoint_that_then_counts_there(tmp_path:
     assert done is not None and done.step == 10
     again = find(mirror)
     assert again is not None and again.step == 10 and again.files == done.files
+
+
+def test_the_final_checkpoint_written_after_the_last_poll_is_replicated_when_the_job_is_done(
+        tmp_path: Path, monkeypatch: Any) -> None:
+    """The gate: the thread's next poll never comes (an hour away), as when the job writes its final checkpoint
+    and exits between two polls; `finish` copies it to node 1 (seen on the devcluster: node 1's newest replica
+    was the checkpoint before the final one)."""
+    node0, node1 = tmp_path / "node0", tmp_path / "node1"
+    make_folder(node0, 10)
+    (node0 / "metrics.jsonl").write_text("{}\n")
+    node1.mkdir()
+    monkeypatch.setattr(replicate, "REPLICATE_POLL_S", 3600.0)
+    specs = [SimpleNamespace(dirs={"ckpt": str(node0)}), SimpleNamespace(dirs={"ckpt": str(node1)})]
+    rep = replicate.Replicator(OneNode(), specs, None, Console(quiet=True))
+    assert rep.replicate_newest() is not None  # the last poll: step 10 copied
+    rep.start()
+    make_folder(node0, 20)  # the final checkpoint, then the job ends
+    rep.finish()
+    assert not rep.thread.is_alive()
+    copy = find(node1)
+    assert copy is not None and copy.step == 20

@@ -32,6 +32,7 @@ def copy_checkpoint(src: Connection, ckpt: Checkpoint, dst: Connection, folder: 
 REPLICATE_POLL_S = 5.0
 
 
+FINAL_COPY_S = 600.0  # at a job's end: the longest wait for a copy under way before the final one
 KEEP_REPLICAS = 2  # replicas made by this `up` that stay on the other node (older ones are removed)
 
 
@@ -55,6 +56,23 @@ class Replicator:
         self.stop_event.set()
         if self.thread.is_alive():
             self.thread.join(timeout=1.0)  # a copy under way is left to finish or fail on its own
+
+    def finish(self) -> None:
+        """The job is done: its final checkpoint, written after the last poll, is replicated too, once the copy
+        under way (if any) has ended. Without it node 1 held the checkpoint before the final one, and a node 0 lost
+        after the job's end lost its result."""
+        self.stop_event.set()
+        if self.thread.ident is None:
+            return  # never started: one node and no mirror
+        self.thread.join(timeout=FINAL_COPY_S)  # each SSH step of a copy has its own timeout
+        if self.thread.is_alive():
+            self._say(f"checkpoint replication: a copy still runs after {FINAL_COPY_S:.0f} s; the final checkpoint "
+                      "stays on node 0 only")
+            return
+        try:
+            self.replicate_newest()
+        except Exception as err:  # reported: the job itself succeeded
+            self._say(f"checkpoint replication failed: {' '.join(str(err).split())}")
 
     def _run(self) -> None:
         while not self.stop_event.wait(REPLICATE_POLL_S):
