@@ -64,7 +64,10 @@ class Replicator:
         self.stop_event.set()
         if self.thread.ident is None:
             return  # never started: one node and no mirror
-        self.thread.join(timeout=FINAL_COPY_S)  # each SSH step of a copy has its own timeout
+        self.thread.join(timeout=1.0)
+        if self.thread.is_alive():
+            self._say("waiting for the checkpoint copy under way, then the final checkpoint is copied")
+            self.thread.join(timeout=FINAL_COPY_S)  # each SSH step of a copy has its own timeout
         if self.thread.is_alive():
             self._say(f"checkpoint replication: a copy still runs after {FINAL_COPY_S:.0f} s; the final checkpoint "
                       "stays on node 0 only")
