@@ -5,6 +5,7 @@ real `sh`, `stat` and `sha256sum` commands; only the SSH transport is replaced."
 from __future__ import annotations
 
 import hashlib
+import io
 import json
 import subprocess
 from collections.abc import Iterator
@@ -139,3 +140,25 @@ def test_the_final_checkpoint_written_after_the_last_poll_is_replicated_when_the
     assert not rep.thread.is_alive()
     copy = find(node1)
     assert copy is not None and copy.step == 20
+
+
+def test_the_next_up_copies_no_checkpoint_that_node_1_and_the_mirror_hold_already(tmp_path: Path) -> None:
+    """`up --resume`: the newest checkpoint is the one the job resumes from, replicated by the `up` before; a
+    second copy sent the same bytes over the network again (seen in the README's demo: 'checkpoint step 62 copied'
+    right after resuming from step 62). A replica that no longer matches is copied again."""
+    node0, node1, mirror = tmp_path / "node0", tmp_path / "node1", tmp_path / "mirror"
+    make_folder(node0, 10)
+    (node0 / "metrics.jsonl").write_text("{}\n")
+    node1.mkdir()
+    specs = [SimpleNamespace(dirs={"ckpt": str(node0)}), SimpleNamespace(dirs={"ckpt": str(node1)})]
+    said = io.StringIO()
+    first = replicate.Replicator(OneNode(), specs, mirror, Console(file=said, width=200))
+    assert first.replicate_newest() is not None and said.getvalue().count("copied") == 2  # node 1, the mirror
+    said.truncate(0)
+    said.seek(0)
+    second = replicate.Replicator(OneNode(), specs, mirror, Console(file=said, width=200))
+    assert second.replicate_newest() is not None and "copied" not in said.getvalue() and second.made == []
+    (node1 / "ckpt-00000010" / "__1_0.distcp").write_bytes(b"\x09" * 1000)  # node 1's copy went bad
+    third = replicate.Replicator(OneNode(), specs, mirror, Console(file=said, width=200))
+    assert third.replicate_newest() is not None and "copied to node 1" in said.getvalue()
+    assert find(node1) is not None

@@ -102,6 +102,9 @@ class Replicator:
     def _to_node(self, ckpt: Checkpoint) -> None:
         """metrics.jsonl first, then the .pt, the manifest last: a replica that counts has its metrics."""
         src, dst, folder = self.nodes.conn(0), self.nodes.conn(1), self.specs[1].dirs["ckpt"]
+        held = validate(dst, folder, ckpt.manifest_name)
+        if held is not None and held.files == ckpt.files:
+            return  # there already: the checkpoint a resumed job started from, copied by the `up` before
         try:
             dst.write_file(posixpath.join(folder, METRICS_FILE),
                            src.stream_file(posixpath.join(ckpt.folder, METRICS_FILE)))
@@ -119,6 +122,8 @@ class Replicator:
 
     def _to_mirror(self, ckpt: Checkpoint) -> None:
         assert self.mirror is not None
+        if self._mirror_holds(ckpt):
+            return  # there already (a resumed job's checkpoint)
         src = self.nodes.conn(0)
         for name, size, sha in ckpt.files:  # write_atomically makes the step folder
             local = self.mirror / name
@@ -128,6 +133,12 @@ class Replicator:
                 raise OSError(f"the mirror copy of {name} does not match its manifest")
         write_atomically(self.mirror / ckpt.manifest_name, src.stream_file(ckpt.manifest))
         self._say(f"checkpoint step {ckpt.step} copied to {self.mirror}, sha256 verified")
+
+    def _mirror_holds(self, ckpt: Checkpoint) -> bool:
+        assert self.mirror is not None
+        return (self.mirror / ckpt.manifest_name).is_file() and all(
+            (self.mirror / name).is_file() and (self.mirror / name).stat().st_size == size
+            and _sha256(self.mirror / name) == sha for name, size, sha in ckpt.files)
 
     def _say(self, text: str) -> None:
         self.console.print(text, markup=False, highlight=False)
