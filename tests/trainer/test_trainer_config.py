@@ -51,6 +51,12 @@ def test_legacy_local_rank_is_accepted(flag: str) -> None:
     (["--dist-timeout", "inf"], "--dist-timeout must be a finite number"),
     (["--dist-timeout", "1e9"], r"--dist-timeout must be > 0 and at most"),
     (["--seed", str(2**64)], r"--seed must be between 0 and 2\*\*63-1"),
+    # the GPU defaults' settings (trainer/defaults.py)
+    (["--lr-ref-batch", "-1"], "--lr-ref-batch must be the global batch"),
+    (["--lr-ref-batch", "big"], "expected a global batch size, 'none' or 'auto'"),
+    (["--eval-every-minutes", "nan"], "--eval-every-minutes must be a finite number"),
+    (["--eval-every-minutes", "-1"], "--eval-every-minutes must be between 0"),
+    (["--ckpt-async", "maybe"], "invalid choice"),
 ])
 def test_bad_values_raise_config_error_saying_how_to_fix(args: list[str], needle: str) -> None:
     with pytest.raises(ConfigError, match=needle):

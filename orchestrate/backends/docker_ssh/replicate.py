@@ -102,9 +102,12 @@ class Replicator:
     def _to_node(self, ckpt: Checkpoint) -> None:
         """metrics.jsonl first, then the .pt, the manifest last: a replica that counts has its metrics."""
         src, dst, folder = self.nodes.conn(0), self.nodes.conn(1), self.specs[1].dirs["ckpt"]
-        held = validate(dst, folder, ckpt.manifest_name)
-        if held is not None and held.files == ckpt.files:
-            return  # there already: the checkpoint a resumed job started from, copied by the `up` before
+        # Only this `up`'s first checkpoint can be there already (the one a resumed job started from, copied by the
+        # `up` before): later ones are new, and asking node 1 would cost an SSH round trip each.
+        if self.done is None:
+            held = validate(dst, folder, ckpt.manifest_name)
+            if held is not None and held.files == ckpt.files:
+                return
         try:
             dst.write_file(posixpath.join(folder, METRICS_FILE),
                            src.stream_file(posixpath.join(ckpt.folder, METRICS_FILE)))
@@ -122,8 +125,8 @@ class Replicator:
 
     def _to_mirror(self, ckpt: Checkpoint) -> None:
         assert self.mirror is not None
-        if self._mirror_holds(ckpt):
-            return  # there already (a resumed job's checkpoint)
+        if self.done is None and self._mirror_holds(ckpt):
+            return  # there already (a resumed job's checkpoint), as on node 1
         src = self.nodes.conn(0)
         for name, size, sha in ckpt.files:  # write_atomically makes the step folder
             local = self.mirror / name
