@@ -78,7 +78,10 @@ image-cpu: cpu-base
 # (0: one test after another). A failed or timed-out cluster test leaves nothing running for the next one
 # (tests/cluster/conftest.py), and waits for a job are bounded generously (PATIENCE): docs/benchmarks.md.
 TEST_WORKERS ?= 2
-test: setup image-cpu lint
+# The image build waits on the network and the disk much of its time, so lint runs beside it (-j2; -O keeps each
+# one's output in one piece); the tests need both.
+test: setup
+	$(MAKE) --no-print-directory -j2 -O image-cpu lint
 	DDP_TEST_IMAGE=$(CPU_IMAGE) $(PY) -m pytest -n $(TEST_WORKERS) --durations=40 tests
 
 # The GPU tier: CUDA kernels, NCCL, the GPU benchmark (docs/gpu-nodes.md). Needs a CUDA build of torch in the venv

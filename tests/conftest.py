@@ -34,6 +34,7 @@ from pathlib import Path
 import docker
 import docker.errors
 import pytest
+from kit.summary import RunSummary
 from xdist.scheduler import LoadScopeScheduling
 
 # Every cluster test module, in the group of one worker: the modules of the session's 2-host cluster (and of its
@@ -63,6 +64,8 @@ def pytest_configure(config: pytest.Config) -> None:
     if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
         signal.signal(signal.SIGINT, signal.default_int_handler)
     config.pluginmanager.register(SkipsFail(), "skips-fail")
+    if not hasattr(config, "workerinput"):  # the controller (or a run without xdist) sees every worker's reports
+        config.pluginmanager.register(RunSummary(), "run-summary")
 
 
 class SkipsFail:

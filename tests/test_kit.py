@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import ast
 import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -60,3 +61,24 @@ def test_no_test_reads_a_line_without_a_bound() -> None:
              and path.name != "test_kit.py" for n, line in enumerate(path.read_text().splitlines(), 1)
              if ".readline(" in line]
     assert found == []
+
+
+
+def test_the_run_summary_counts_each_tier_and_names_the_slowest_tests(tmp_path: Path) -> None:
+    """A run of unit, trainer and Slurm tests (one Slurm test made slow), under xdist as CI runs it, ends with the
+    summary: two tests in each of those tiers, none in the others, the slow one first among the slowest."""
+    for folder, name, body in (("orchestrate", "test_o.py", "pass"), ("trainer", "test_t.py", "pass"),
+                               ("cluster", "test_slurm_x.py", "import time; time.sleep(0.5)")):
+        (tmp_path / "tests" / folder).mkdir(parents=True)
+        (tmp_path / "tests" / folder / name).write_text(f"def test_one():\n    {body}\n\ndef test_two():\n    pass\n")
+    env = {"PYTHONPATH": f"{TESTS}:{TESTS.parent}", "PATH": "/usr/bin:/bin", "OMP_NUM_THREADS": "1"}
+    run = subprocess.run([sys.executable, "-m", "pytest", "-p", "conftest", "-p", "no:cacheprovider", "-n", "2",
+                          "--rootdir", str(tmp_path), "tests"], cwd=tmp_path, env=env, capture_output=True, text=True,
+                         timeout=120)
+    assert run.returncode == 0, run.stdout + run.stderr
+    rows = {words[0]: words for words in map(str.split, run.stdout.splitlines()) if words[:1] in
+            (["unit"], ["trainer"], ["image"], ["cluster"], ["slurm"])}
+    assert {tier: int(words[1]) for tier, words in rows.items()} == {"unit": 2, "trainer": 2, "image": 0,
+                                                                      "cluster": 0, "slurm": 2}
+    slowest = run.stdout.split("slowest (seconds")[1].splitlines()[1].split()
+    assert slowest[1:] == ["slurm", "tests/cluster/test_slurm_x.py::test_one"] and float(slowest[0]) >= 0.5
