@@ -24,6 +24,7 @@ from orchestrate.pipeline import phases
 from orchestrate.pipeline.attempt import plan_attempt
 from orchestrate.pipeline.attend import watch
 from orchestrate.pipeline.ready import connect_and_preflight
+from orchestrate.plan import gpus
 from orchestrate.plan.jobplan import Attempt, JobPlan, container_specs
 from orchestrate.probe.hostboot import await_hosts
 from orchestrate.probe.resume import newest_step
@@ -38,7 +39,11 @@ from orchestrate.watch.report import summary
 def load_hosts(config: UpConfig) -> list[Host]:
     assert config.ssh.hosts_file is not None
     # The offline dry run runs nothing; --dry-run=hosts connects as `up` would, so the ssh config applies whole.
-    return parse_hosts_file(config.ssh.hosts_file, config.ssh.ssh_config, run_match_exec=not config.mode.dry_run)
+    hosts = parse_hosts_file(config.ssh.hosts_file, config.ssh.ssh_config, run_match_exec=not config.mode.dry_run)
+    mismatch = next(filter(None, (gpus.grant_mismatch(config.resources, h) for h in hosts)), None)
+    if mismatch:
+        raise ConfigError(mismatch)
+    return hosts
 
 
 def _match_exec_note(config: UpConfig) -> str | None:

@@ -93,6 +93,15 @@ CASES: list[tuple[str, list[str], str]] = [
     # break, so the error names the line an editor shows.
     *[(f"hosts file with {sep!r} in a line", ["up", "--hosts", f"@a # note{sep}more\nbad;x\n"],
        ":2: bad host name 'bad;x'") for sep in ("\f", "\v", "\x85", "\u2028", "\x1c")],
+    # gpu_ids=: ranges bounded before they are expanded (a MemoryError before), none empty (silently dropped before),
+    # and a --gpus count that disagrees with the line (N processes on the line's GPUs before).
+    ("gpu_ids huge range", ["up", "--dry-run", "--hosts", "@a gpu_ids=0-99999999999999\n"],
+     ":1: gpu_ids=0-99999999999999: index 99999999999999 is above 1023"),
+    ("gpu_ids empty range", ["up", "--dry-run", "--hosts", "@a gpu_ids=0,3-2\n"], ":1: gpu_ids=0,3-2: range 3-2 is empty"),
+    ("gpu_ids and another --gpus", ["up", "--dry-run", "--gpus", "2", "--hosts", "@gpu-a gpu_ids=0\n"],
+     ":1: gpu-a lists gpu_ids=0 (1 GPU(s)) but --gpus 2 was given; leave --gpus out"),
+    ("gpu_ids and other indices", ["up", "--dry-run", "--gpus", "4-5", "--hosts", "@a\nb gpu_ids=0,1\n"],
+     ":2: b lists gpu_ids=0,1 (2 GPU(s)) but --gpus 4,5 was given"),
     ("up memory word", ["up", "--memory", "lots"], "--memory 'lots' is not a size; write e.g. 16g"),
     ("up memory too small", ["up", "--memory", "1m"], "--memory 1m is below Docker's minimum of 6m"),
 ]
