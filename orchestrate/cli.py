@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import logging
+import os
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -66,7 +67,12 @@ class _Formatter(argparse.RawDescriptionHelpFormatter, argparse.ArgumentDefaults
 
 
 class _Parser(argparse.ArgumentParser):
-    """Bad command lines become a ConfigError: one line, exit 2, like every other expected failure."""
+    """Bad command lines become a ConfigError: one line, exit 2, like every other expected failure. No option is
+    taken by a prefix of its name: `submit --gpus 0` would otherwise be `--gpus-per-node 0`, and a new option could
+    change what an old command line means."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **{"allow_abbrev": False, **kwargs})
 
     def error(self, message: str) -> NoReturn:
         raise ConfigError(f"{message} (see {self._command()} --help)")
@@ -140,12 +146,17 @@ def _ssh_args(p: argparse.ArgumentParser, hosts_required: bool, in_allocation: b
 
 
 def _env(pairs: Sequence[str]) -> tuple[tuple[str, str], ...]:
+    """`--env NAME=VALUE`, or `--env NAME`: the value this process's environment holds (as `docker run -e NAME`), so
+    that a secret need not be on a command line (`submit` passes them so)."""
     out = []
     for number, pair in enumerate(pairs, start=1):
         name, sep, value = pair.partition("=")
-        if not sep or not name:
+        if not sep and pair in os.environ:
+            value = os.environ[pair]
+        elif not sep or not name:
             # Never echo the argument: a mistyped `--env HF_TOKEN:s3cr3t` holds a secret.
-            raise ConfigError(f"--env number {number} has no NAME=: write --env NAME=VALUE")
+            raise ConfigError(f"--env number {number} has no NAME= and names no variable set here: write --env "
+                              "NAME=VALUE, or --env NAME to pass this environment's value")
         out.append((name, value))
     return tuple(out)
 
@@ -320,11 +331,28 @@ class _CommandLine:
         return p
 
     def up_options(self, argv: Sequence[str]) -> argparse.Namespace:
-        return build_parser().parse_args(["up", *argv])
+        """up's options as `up` reads them: a job file's (-f) under the command line's; its `hosts =` aside (the
+        scheduler's allocation is the hosts), its args as `trainer_args`."""
+        from orchestrate import jobfile
+
+        parser = build_parser()
+        ns = parser.parse_args(["up", *argv])
+        if ns.trainer_args:
+            raise ConfigError(f"unexpected argument {ns.trainer_args[0]!r}; put trainer options after '--'")
+        if ns.file is None:
+            return ns
+        base = {k: v for k, v in jobfile.load(ns.file, parser.up_parser).items() if k != "hosts"}  # type: ignore[attr-defined]
+        parser.up_parser.set_defaults(**base)  # type: ignore[attr-defined]
+        return parser.parse_args(["up", *argv])
 
     def up_config(self, ns: argparse.Namespace, hosts: Path, trainer: Sequence[str]) -> UpConfig:
         ns.hosts, ns.trainer_args = hosts, list(trainer)
         return up_config(ns)
+
+    def state_dir(self) -> Path:
+        from orchestrate.jobs import memory
+
+        return memory.state_dir()
 
 
 COMMAND_LINE = _CommandLine()

@@ -69,8 +69,9 @@ def _scheduled(command: str, config: JobsConfig, console: Console) -> bool:
     name cancelled). True when one of them knows the job."""
     if command not in ("status", "kill") or config.all_jobs:
         return False
-    known = [s.describe_job(config.job, console) if command == "status" else s.cancel_job(config.job, console)
-             for s in SCHEDULERS]
+    folder = memory.state_dir()
+    known = [s.describe_job(config.job, console, folder) if command == "status"
+             else s.cancel_job(config.job, console, folder) for s in SCHEDULERS]
     return any(known)
 
 
