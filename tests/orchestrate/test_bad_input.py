@@ -105,6 +105,9 @@ CASES: list[tuple[str, list[str], str]] = [
      ":1: gpu-a lists gpu_ids=0 (1 GPU(s)) but --gpus 2 was given; leave --gpus out"),
     ("gpu_ids and other indices", ["up", "--dry-run", "--gpus", "4-5", "--hosts", "@a\nb gpu_ids=0,1\n"],
      ":2: b lists gpu_ids=0,1 (2 GPU(s)) but --gpus 4,5 was given"),
+    # no option is taken by a prefix of its name (argparse's default: a new option could change an old line)
+    ("abbreviated up option", ["up", "--dry-run", "--max-restart", "1"], "unrecognized arguments: --max-restart "),
+    ("abbreviated kill option", ["kill", "--gra", "5"], "unrecognized arguments: --gra 5"),
     # submit's own options (run() hands submit its whole command line; nothing reaches sbatch)
     ("submit stop-grace negative", ["submit", "--dry-run", "--nodes", "2", "--stop-grace", "-5", "--no-hosts"],
      "--stop-grace -5 must be a number of seconds from 0 to 3600"),
