@@ -30,6 +30,7 @@ from orchestrate.config import (
     split,
 )
 from orchestrate.errors import ConfigError, MultiHostError, OrchestrateError
+from orchestrate.terminal import console_for
 from trainer.config import PRECISIONS, STRATEGIES
 
 EXAMPLES = """\
@@ -401,14 +402,11 @@ def _with_hints(err: MultiHostError, config: UpConfig) -> MultiHostError:
 def main(argv: Sequence[str] | None = None) -> int:
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     logging.getLogger("paramiko").setLevel(logging.CRITICAL)  # its tracebacks duplicate our one-line errors
-    # Wide output when piped (logs, CI): tables and long error lines stay on one line each.
-    # emoji=False: an image tag such as ":new" before a colon would print as an emoji
-    console = Console(highlight=False, emoji=False, width=None if sys.stdout.isatty() else 200)
-    err_console = Console(stderr=True, highlight=False, emoji=False, width=None if sys.stderr.isatty() else 400)
+    console, err_console = console_for(), console_for(stderr=True)
     try:
         return run(sys.argv[1:] if argv is None else argv, console)
     except MultiHostError as err:
-        err_console.print(f"error: {err.what} failed on {len(err.failures)} host(s):", markup=False)
+        err_console.print(f"error: {err.what} failed on {len(err.failures)} host(s):", markup=False, soft_wrap=True)
         for line in err.lines():
             err_console.print(f"  {line}", markup=False, soft_wrap=True)
         return err.exit_code
@@ -417,5 +415,5 @@ def main(argv: Sequence[str] | None = None) -> int:
         return err.exit_code
     except KeyboardInterrupt:
         err_console.print("interrupted; the job's containers (if any started) are found by label: "
-                          "'kill --job NAME' stops them", markup=False)
+                          "'kill --job NAME' stops them", markup=False, soft_wrap=True)
         return 130

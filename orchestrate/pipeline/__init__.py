@@ -30,6 +30,7 @@ from orchestrate.probe.hostboot import await_hosts
 from orchestrate.probe.resume import newest_step
 from orchestrate.remote.session import Session
 from orchestrate.restart import AttemptResult, restart_or_raise
+from orchestrate.terminal import console_for
 from orchestrate.timings import Timings
 from orchestrate.watch.hangup import Hangup
 from orchestrate.watch.outcome import End, Outcome
@@ -117,7 +118,7 @@ def _print_offline(config: UpConfig, hosts: list[Host], console: Console) -> Non
 def _print_probed(config: UpConfig, hosts: list[Host], console: Console) -> None:
     """`--dry-run=hosts`: connect, probe read-only, print the first attempt's plan; nothing is created, sent or
     started anywhere. With --json the plan alone goes to stdout, the preflight table to stderr."""
-    chatter = Console(stderr=True) if config.mode.as_json else console
+    chatter = console_for(stderr=True) if config.mode.as_json else console
     attempt = Attempt.first(config.resilience)
     ready = connect_and_preflight(config, attempt, hosts, chatter, Timings())
     try:

@@ -520,3 +520,33 @@ def test_a_kill_racing_another_stop_of_the_same_job_takes_gone_or_being_removed_
     containers[0].on_remove = _error(docker.errors.APIError, 500)  # any other answer is still a failure
     with pytest.raises(docker.errors.APIError):
         jobs.kill_on_host(_Client(), "j", 1, "h", 1000)
+
+
+def test_output_to_a_file_is_what_a_100_column_terminal_shows_without_padding(capsys: pytest.CaptureFixture[str]) -> None:
+    """Slurm's batch output, nohup, a CI log: tables were padded to 200 columns, their titles centred at column 100
+    and every line ending in blanks. Now a table is as wide as its content and at most 100 columns, no line ends in
+    a blank, and a line of text stays whole."""
+    from rich.table import Table
+
+    from orchestrate.terminal import console_for
+
+    def table(cell: str) -> Table:
+        made = Table(title="preflight")
+        for col in ("host", "gpus", "disk"):
+            made.add_column(col, overflow="fold")
+        made.add_row("gpu-a", cell, "ok")
+        return made
+
+    out, err = console_for(), console_for(stderr=True)  # capsys: neither stream is a terminal
+    out.print(table("GPU 0,1 of 8; others: " + "job-x " * 40))
+    out.print(table("GPU 0"))
+    text_line = "[node 0] " + "epoch 3 step 120 " * 12
+    out.print(text_line, markup=False)
+    err.print(table("GPU 0"))
+    captured = capsys.readouterr()
+    lines = captured.out.splitlines()
+    assert max(map(len, lines[:-1])) == 100 and lines[0] == " " * 45 + "preflight"  # centred in the wide table's 100
+    narrow = lines[lines.index(next(line for line in lines[1:] if "preflight" in line)) + 1]
+    assert len(narrow) == 24 and lines[-1] == text_line.rstrip()  # as wide as its content; text never broken
+    assert not [line for line in lines + captured.err.splitlines() if line.endswith(" ")]
+    assert captured.err.splitlines()[0] == " " * 7 + "preflight"  # the narrow table on stderr alike
