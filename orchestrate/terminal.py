@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import re
 import sys
-from typing import Any, TextIO
+from typing import Any, TextIO, cast
 
 from rich.console import Console
 from rich.text import Text
@@ -21,7 +21,8 @@ def console_for(stderr: bool = False) -> Console:
     stream = sys.stderr if stderr else sys.stdout
     if stream.isatty():
         return Console(stderr=stderr, highlight=False, emoji=False)
-    return _FileConsole(file=_NoTrailingBlanks(stream), width=FILE_WIDTH, highlight=False, emoji=False)
+    # cast: rich takes any object with write and flush, its hint says IO[str]
+    return _FileConsole(file=cast(TextIO, _NoTrailingBlanks(stream)), width=FILE_WIDTH, highlight=False, emoji=False)
 
 
 class _FileConsole(Console):
