@@ -147,7 +147,7 @@ def option(default: Any, flag: str | None = None, help: str = "", *, check: dict
 
 # docker stop's timeout also becomes docker-py's socket timeout: `--grace 1e12` overflowed it, the stop failed and
 # the container kept running. torchrun SIGKILLs its workers 30 s after its own SIGTERM whatever the grace, so an
-# hour is more than any stop needs; Slurm's --signal lead (stop grace + 60 s) stays within its 65535 s too.
+# hour is more than any stop needs (and a scheduler's stop signal lead, grace + 60 s, stays within 65535 s).
 MAX_GRACE_S = 3600
 
 

@@ -1,4 +1,4 @@
-"""The one place the command line's rich Consoles are made: a terminal gets its own width; a file (Slurm's batch
+"""The one place the command line's rich Consoles are made: a terminal gets its own width; a file (a batch job's
 output, nohup, a CI log, a pipe) gets what a 100-column terminal shows, without the blanks that pad a terminal's
 lines."""
 
