@@ -6,7 +6,7 @@ import argparse
 import logging
 import sys
 import time
-from typing import NoReturn
+from typing import Any, NoReturn
 
 from .bench import bench
 from .cluster import Cluster
@@ -73,6 +73,9 @@ def cmd_bench(args: argparse.Namespace) -> int:
 
 class _Parser(argparse.ArgumentParser):
     """A bad command line is one `error:` line and exit 2, like every other CLI of the project."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **{"allow_abbrev": False, **kwargs})  # no option taken by a prefix of its name
 
     def error(self, message: str) -> NoReturn:
         raise DevclusterError(f"{message} (see {self.prog} --help)")

@@ -20,6 +20,7 @@ from typing import Any
 from rich.console import Console
 
 from orchestrate.config import JobsConfig, SSHOptions, UpConfig, split
+from orchestrate.terminal import console_for
 
 
 def Job(hosts: str | Path, *, ssh_config: str | Path | None = None, accept_new_host_keys: bool = False,  # noqa: N802
@@ -37,14 +38,14 @@ def Job(hosts: str | Path, *, ssh_config: str | Path | None = None, accept_new_h
 def up(job: UpConfig, console: Console | None = None) -> int:
     from orchestrate.pipeline import up as run_up
 
-    return run_up(job, console or Console(emoji=False))
+    return run_up(job, console or console_for())
 
 
 def check(job: UpConfig, console: Console | None = None) -> int:
     """The network check with the job's settings (`check`); 1 when a node is an outlier."""
     from orchestrate.pipeline import check as run_check
 
-    return run_check(job, console or Console(emoji=False))
+    return run_check(job, console or console_for())
 
 
 def kill(name: str, hosts: str | Path | None = None, grace: float = 60.0, console: Console | None = None) -> int:
@@ -77,4 +78,4 @@ def jobs(command: str, config: JobsConfig, console: Console | None = None) -> in
 def _jobs(command: str, config: JobsConfig, console: Console | None) -> int:
     from orchestrate.jobs.commands import run_jobs_command
 
-    return run_jobs_command(command, config, console or Console(emoji=False))
+    return run_jobs_command(command, config, console or console_for())

@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import logging
+import os
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -29,6 +30,7 @@ from orchestrate.config import (
     split,
 )
 from orchestrate.errors import ConfigError, MultiHostError, OrchestrateError
+from orchestrate.terminal import console_for
 from trainer.config import PRECISIONS, STRATEGIES
 
 EXAMPLES = """\
@@ -66,7 +68,12 @@ class _Formatter(argparse.RawDescriptionHelpFormatter, argparse.ArgumentDefaults
 
 
 class _Parser(argparse.ArgumentParser):
-    """Bad command lines become a ConfigError: one line, exit 2, like every other expected failure."""
+    """Bad command lines become a ConfigError: one line, exit 2, like every other expected failure. No option is
+    taken by a prefix of its name: `submit --gpus 0` would otherwise be `--gpus-per-node 0`, and a new option could
+    change what an old command line means."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **{"allow_abbrev": False, **kwargs})
 
     def error(self, message: str) -> NoReturn:
         raise ConfigError(f"{message} (see {self._command()} --help)")
@@ -140,12 +147,17 @@ def _ssh_args(p: argparse.ArgumentParser, hosts_required: bool, in_allocation: b
 
 
 def _env(pairs: Sequence[str]) -> tuple[tuple[str, str], ...]:
+    """`--env NAME=VALUE`, or `--env NAME`: the value this process's environment holds (as `docker run -e NAME`), so
+    that a secret need not be on a command line (`submit` passes them so)."""
     out = []
     for number, pair in enumerate(pairs, start=1):
         name, sep, value = pair.partition("=")
-        if not sep or not name:
+        if not sep and pair in os.environ:
+            value = os.environ[pair]
+        elif not sep or not name:
             # Never echo the argument: a mistyped `--env HF_TOKEN:s3cr3t` holds a secret.
-            raise ConfigError(f"--env number {number} has no NAME=: write --env NAME=VALUE")
+            raise ConfigError(f"--env number {number} has no NAME= and names no variable set here: write --env "
+                              "NAME=VALUE, or --env NAME to pass this environment's value")
         out.append((name, value))
     return tuple(out)
 
@@ -320,11 +332,28 @@ class _CommandLine:
         return p
 
     def up_options(self, argv: Sequence[str]) -> argparse.Namespace:
-        return build_parser().parse_args(["up", *argv])
+        """up's options as `up` reads them: a job file's (-f) under the command line's; its `hosts =` aside (the
+        scheduler's allocation is the hosts), its args as `trainer_args`."""
+        from orchestrate import jobfile
+
+        parser = build_parser()
+        ns = parser.parse_args(["up", *argv])
+        if ns.trainer_args:
+            raise ConfigError(f"unexpected argument {ns.trainer_args[0]!r}; put trainer options after '--'")
+        if ns.file is None:
+            return ns
+        base = {k: v for k, v in jobfile.load(ns.file, parser.up_parser).items() if k != "hosts"}  # type: ignore[attr-defined]
+        parser.up_parser.set_defaults(**base)  # type: ignore[attr-defined]
+        return parser.parse_args(["up", *argv])
 
     def up_config(self, ns: argparse.Namespace, hosts: Path, trainer: Sequence[str]) -> UpConfig:
         ns.hosts, ns.trainer_args = hosts, list(trainer)
         return up_config(ns)
+
+    def state_dir(self) -> Path:
+        from orchestrate.jobs import memory
+
+        return memory.state_dir()
 
 
 COMMAND_LINE = _CommandLine()
@@ -373,14 +402,11 @@ def _with_hints(err: MultiHostError, config: UpConfig) -> MultiHostError:
 def main(argv: Sequence[str] | None = None) -> int:
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     logging.getLogger("paramiko").setLevel(logging.CRITICAL)  # its tracebacks duplicate our one-line errors
-    # Wide output when piped (logs, CI): tables and long error lines stay on one line each.
-    # emoji=False: an image tag such as ":new" before a colon would print as an emoji
-    console = Console(highlight=False, emoji=False, width=None if sys.stdout.isatty() else 200)
-    err_console = Console(stderr=True, highlight=False, emoji=False, width=None if sys.stderr.isatty() else 400)
+    console, err_console = console_for(), console_for(stderr=True)
     try:
         return run(sys.argv[1:] if argv is None else argv, console)
     except MultiHostError as err:
-        err_console.print(f"error: {err.what} failed on {len(err.failures)} host(s):", markup=False)
+        err_console.print(f"error: {err.what} failed on {len(err.failures)} host(s):", markup=False, soft_wrap=True)
         for line in err.lines():
             err_console.print(f"  {line}", markup=False, soft_wrap=True)
         return err.exit_code
@@ -389,5 +415,5 @@ def main(argv: Sequence[str] | None = None) -> int:
         return err.exit_code
     except KeyboardInterrupt:
         err_console.print("interrupted; the job's containers (if any started) are found by label: "
-                          "'kill --job NAME' stops them", markup=False)
+                          "'kill --job NAME' stops them", markup=False, soft_wrap=True)
         return 130

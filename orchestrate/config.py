@@ -145,6 +145,23 @@ def option(default: Any, flag: str | None = None, help: str = "", *, check: dict
                                             "cli": cli})
 
 
+# docker stop's timeout also becomes docker-py's socket timeout: `--grace 1e12` overflowed it, the stop failed and
+# the container kept running. torchrun SIGKILLs its workers 30 s after its own SIGTERM whatever the grace, so an
+# hour is more than any stop needs (and a scheduler's stop signal lead, grace + 60 s, stays within 65535 s).
+MAX_GRACE_S = 3600
+
+
+def grace_option(**commands: Any) -> Any:
+    """--grace, declared once for up and kill (and bounded once, by check_grace)."""
+    return option(60.0, "--grace", f"seconds between SIGTERM and SIGKILL (0 to {MAX_GRACE_S})", type=float,
+                  **commands)
+
+
+def check_grace(seconds: float, flag: str = "--grace") -> None:
+    if not (math.isfinite(seconds) and 0 <= seconds <= MAX_GRACE_S):
+        raise ConfigError(f"{flag} {seconds} must be a number of seconds from 0 to {MAX_GRACE_S}")
+
+
 def _one_of(value: str, choices: tuple[str, ...], flag: str) -> None:
     if value not in choices:
         raise ConfigError(f"{flag} {value!r}: choose one of {', '.join(choices)}")
@@ -313,7 +330,7 @@ class Resilience:
     replace: bool = option(False, "--replace", "stop a running job of the same name first", action="store_true")
     stop_on_interrupt: bool = option(False, "--stop-on-interrupt", "Ctrl-C stops the job without asking",
                                      action="store_true")
-    grace: float = option(60.0, "--grace", "seconds between SIGTERM and SIGKILL", type=float)
+    grace: float = grace_option()
     # automatic restarts from the newest checkpoint after a failure (0: none)
     max_restarts: int = option(0, "--max-restarts", "after a failure (a node exits non-zero, is OOM-killed, stops "
                                "answering or stalls), stop everywhere and start again from the newest valid "
@@ -328,8 +345,7 @@ class Resilience:
                                       "machine (it is always copied to node 1 too, when there is one)", type=Path)
 
     def __post_init__(self) -> None:
-        if not math.isfinite(self.grace) or self.grace < 0:
-            raise ConfigError(f"--grace {self.grace} must be a number of seconds, 0 or more")
+        check_grace(self.grace)
         if self.resume and self.replace:
             raise ConfigError("--resume and --replace together: kill the job first, then 'up --resume'")
         if not 0 <= self.max_restarts <= MAX_RESTARTS:
@@ -464,7 +480,7 @@ class JobsConfig:
 
     ssh: SSHOptions
     job: str = option(DEFAULT_JOB, "--job", "job name", commands=tuple(JOB_COMMANDS))
-    grace: float = option(60.0, "--grace", "seconds between SIGTERM and SIGKILL", type=float, commands=("kill",))
+    grace: float = grace_option(commands=("kill",))
     follow: bool = option(False, "--follow", "keep following until the job ends", short="-f", action="store_true",
                           commands=("logs",))
     node: int | None = option(None, "--node", "only this node rank", type=int, commands=("logs",))
@@ -481,8 +497,7 @@ class JobsConfig:
 
     def __post_init__(self) -> None:
         check_job(self.job)
-        if not math.isfinite(self.grace) or self.grace < 0:
-            raise ConfigError(f"--grace {self.grace} must be a number of seconds, 0 or more")
+        check_grace(self.grace)
         if self.node is not None and self.node < 0:
             raise ConfigError(f"--node {self.node} must be a node rank (0 or more)")
         if self.tail < 0:

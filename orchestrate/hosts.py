@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from orchestrate.config import MAX_SLOTS, host_dir_problem
+from orchestrate.config import MAX_GPU_INDEX, MAX_SLOTS, host_dir_problem
 from orchestrate.errors import HostsFileError
 from trainer.errors import shown
 
@@ -210,19 +210,28 @@ def _int(text: str, what: str, where: str) -> int:
 
 
 def indices(text: str) -> list[int]:
-    """Device indices as written: `0-1,3` → [0, 1, 3]."""
+    """Device indices as written: `0-1,3` → [0, 1, 3]. ValueError for a range that is empty (`3-2`) or reaches
+    above MAX_GPU_INDEX: expanding `0-99999999999999` would exhaust the memory before any check saw it."""
     out: list[int] = []
     for part in filter(None, text.split(",")):
         first, _, last = part.partition("-")
-        out.extend(range(int(first), int(last or first) + 1))
+        low, high = int(first), int(last or first)
+        if high < low:
+            raise ValueError(f"range {part} is empty; write it low-high")
+        if high > MAX_GPU_INDEX:
+            raise ValueError(f"index {high} is above {MAX_GPU_INDEX}")
+        out.extend(range(low, high + 1))
     return out
 
 
 def _gpu_ids(text: str | None, where: str) -> tuple[int, ...]:
-    ids = indices(_checked(text, _INDICES_RE, "gpu_ids", where, "give device indices, e.g. gpu_ids=0,1 or 4-7") or "")
-    if text and (not ids or len(set(ids)) != len(ids)):
-        raise HostsFileError(f"{where}: gpu_ids={text}: a range is empty or an index repeats; give each index once, "
-                             "ranges low to high (e.g. gpu_ids=4-7)")
+    checked = _checked(text, _INDICES_RE, "gpu_ids", where, "give device indices, e.g. gpu_ids=0,1 or 4-7") or ""
+    try:
+        ids = indices(checked)
+    except ValueError as err:
+        raise HostsFileError(f"{where}: gpu_ids={text}: {err} (e.g. gpu_ids=4-7)") from None
+    if len(set(ids)) != len(ids):
+        raise HostsFileError(f"{where}: gpu_ids={text}: an index repeats; give each index once (e.g. gpu_ids=4-7)")
     return tuple(ids)
 
 

@@ -240,7 +240,7 @@ def _fork_all(ns: argparse.Namespace, procs: list[int], node: int) -> int:
 
 
 def main() -> int:
-    p = argparse.ArgumentParser(prog="bandwidth")
+    p = argparse.ArgumentParser(prog="bandwidth", allow_abbrev=False)
     p.add_argument("--procs", default="1", help="processes of every node, comma-separated (node 0's first)")
     p.add_argument("--device", choices=("cuda", "cpu"), default="cpu")
     p.add_argument("--max-mb", type=int, default=256)

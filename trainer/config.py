@@ -203,7 +203,11 @@ def _choice(option: str, value: str, choices: tuple[str, ...]) -> None:
 
 class OneLineParser(argparse.ArgumentParser):
     """argparse that reports a bad command line as a ConfigError: each of the trainer's CLIs prints it as one
-    ``error: ...`` line (exit 2), the orchestrator names it as a trainer option of the job."""
+    ``error: ...`` line (exit 2), the orchestrator names it as a trainer option of the job. No option is taken by
+    a prefix of its name (`--data` is not `--data-dir`)."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **{"allow_abbrev": False, **kwargs})
 
     def error(self, message: str) -> NoReturn:
         raise ConfigError(f"{message} (see {self.prog} --help)")
@@ -228,7 +232,7 @@ class _Formatter(argparse.RawDescriptionHelpFormatter, argparse.ArgumentDefaults
 def build_parser() -> argparse.ArgumentParser:
     # No abbreviations: `--data` must not pass as --data-dir (the orchestrator reserves that one), and a
     # typo such as `--epoch` is refused instead of guessed.
-    p = OneLineParser(prog="python -m trainer", formatter_class=_Formatter, epilog=_EXAMPLES, allow_abbrev=False,
+    p = OneLineParser(prog="python -m trainer", formatter_class=_Formatter, epilog=_EXAMPLES,
                        description="DDP CIFAR-10 trainer: one process with python, N with torchrun "
                                    "(gloo on CPU, NCCL with one process per GPU).")
     d = Config.__dataclass_fields__

@@ -258,6 +258,10 @@ class CommandLine(Protocol):
         """Those options on `hosts`, with the trainer's, checked as `up` checks them."""
         ...
 
+    def state_dir(self) -> Path:
+        """The folder of this machine's job records (the jobs' memory, the schedulers' records)."""
+        ...
+
 
 # A scheduler's subcommand: (its arguments before '--', the trainer's after it, the command line's parsers, the
 # console) → the exit status.
@@ -288,14 +292,14 @@ class Scheduler(Protocol):
         `folder`; None for any other value (a hosts file)."""
         ...
 
-    def describe_job(self, job: str, console: Console) -> bool:
+    def describe_job(self, job: str, console: Console, folder: Path) -> bool:
         """`status --job`: print its state of the caller's job; True when it knows the job (a job it still queues
-        has no hosts nor containers)."""
+        has no hosts nor containers). It asks only about a job its own subcommand queued and recorded in `folder`."""
         ...
 
-    def cancel_job(self, job: str, console: Console) -> bool:
+    def cancel_job(self, job: str, console: Console, folder: Path) -> bool:
         """`kill --job`: cancel the caller's jobs of that name it queues or runs, one line each; True when it
-        knows the job."""
+        knows the job. It asks only about a job its own subcommand queued and recorded in `folder`."""
         ...
 
     def hint(self, err: MultiHostError, hosts_file: Path | None, folder: Path) -> MultiHostError:

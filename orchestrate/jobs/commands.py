@@ -47,12 +47,10 @@ def run_jobs_command(command: str, config: JobsConfig, console: Console) -> int:
             if not ok:
                 raise MultiHostError("status", unreachable)
             return 0
-        if command == "plot":
-            return plot(scheduler, nodes, config, console)
-        if command == "tensorboard":
-            return tensorboard.run(scheduler, nodes, config, console)
         if not nodes.reachable():  # "no container found" would hide that no host answered at all
-            raise MultiHostError("logs", unreachable)
+            raise MultiHostError(command, unreachable)
+        if command in ("plot", "tensorboard"):
+            return _from_node0(command, scheduler, nodes, config, console, unreachable)
         if config.rank is not None:
             print_rank_logs(scheduler, nodes, config, console, config.rank)
         else:
@@ -64,13 +62,26 @@ def run_jobs_command(command: str, config: JobsConfig, console: Console) -> int:
         nodes.close()
 
 
+def _from_node0(command: str, scheduler: Backend, nodes: Session, config: JobsConfig, console: Console,
+                unreachable: Mapping[str, str]) -> int:
+    """plot and tensorboard, which read node 0's folder: where it was not found, the hosts that did not answer are
+    named (node 0 may be on one of them)."""
+    try:
+        return (plot if command == "plot" else tensorboard.run)(scheduler, nodes, config, console)
+    except JobError as err:
+        if not unreachable:
+            raise
+        raise JobError(f"{err}; no answer from {', '.join(sorted(unreachable))}") from None
+
+
 def _scheduled(command: str, config: JobsConfig, console: Console) -> bool:
     """status and kill of one job: each scheduler's side first (its state printed; its queued or running jobs of the
     name cancelled). True when one of them knows the job."""
     if command not in ("status", "kill") or config.all_jobs:
         return False
-    known = [s.describe_job(config.job, console) if command == "status" else s.cancel_job(config.job, console)
-             for s in SCHEDULERS]
+    folder = memory.state_dir()
+    known = [s.describe_job(config.job, console, folder) if command == "status"
+             else s.cancel_job(config.job, console, folder) for s in SCHEDULERS]
     return any(known)
 
 

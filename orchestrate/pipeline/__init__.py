@@ -24,11 +24,13 @@ from orchestrate.pipeline import phases
 from orchestrate.pipeline.attempt import plan_attempt
 from orchestrate.pipeline.attend import watch
 from orchestrate.pipeline.ready import connect_and_preflight
+from orchestrate.plan import gpus
 from orchestrate.plan.jobplan import Attempt, JobPlan, container_specs
 from orchestrate.probe.hostboot import await_hosts
 from orchestrate.probe.resume import newest_step
 from orchestrate.remote.session import Session
 from orchestrate.restart import AttemptResult, restart_or_raise
+from orchestrate.terminal import console_for
 from orchestrate.timings import Timings
 from orchestrate.watch.hangup import Hangup
 from orchestrate.watch.outcome import End, Outcome
@@ -38,7 +40,11 @@ from orchestrate.watch.report import summary
 def load_hosts(config: UpConfig) -> list[Host]:
     assert config.ssh.hosts_file is not None
     # The offline dry run runs nothing; --dry-run=hosts connects as `up` would, so the ssh config applies whole.
-    return parse_hosts_file(config.ssh.hosts_file, config.ssh.ssh_config, run_match_exec=not config.mode.dry_run)
+    hosts = parse_hosts_file(config.ssh.hosts_file, config.ssh.ssh_config, run_match_exec=not config.mode.dry_run)
+    mismatch = next(filter(None, (gpus.grant_mismatch(config.resources, h) for h in hosts)), None)
+    if mismatch:
+        raise ConfigError(mismatch)
+    return hosts
 
 
 def _match_exec_note(config: UpConfig) -> str | None:
@@ -112,7 +118,7 @@ def _print_offline(config: UpConfig, hosts: list[Host], console: Console) -> Non
 def _print_probed(config: UpConfig, hosts: list[Host], console: Console) -> None:
     """`--dry-run=hosts`: connect, probe read-only, print the first attempt's plan; nothing is created, sent or
     started anywhere. With --json the plan alone goes to stdout, the preflight table to stderr."""
-    chatter = Console(stderr=True) if config.mode.as_json else console
+    chatter = console_for(stderr=True) if config.mode.as_json else console
     attempt = Attempt.first(config.resilience)
     ready = connect_and_preflight(config, attempt, hosts, chatter, Timings())
     try:

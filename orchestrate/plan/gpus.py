@@ -23,6 +23,23 @@ def granted_here(resources: Resources, host: Host) -> Resources:
     return replace(resources, gpus=len(host.gpu_ids), gpu_ids=host.gpu_ids)
 
 
+def grant_mismatch(resources: Resources, host: Host) -> str | None:
+    """Why `--gpus` contradicts the host's own `gpu_ids=` (None: it does not). The grant stands for `--gpus` on its
+    node, so a count given by hand other than the grant's (or other indices) would start as many processes as
+    `--gpus` says on the GPUs the line lists: two on one GPU, or one where two were asked."""
+    if not host.gpu_ids or resources.gpus in (0, GPUS_ALL):
+        return None
+    listed = ",".join(map(str, host.gpu_ids))
+    if resources.gpu_ids and set(resources.gpu_ids) != set(host.gpu_ids):
+        asked = f"--gpus {gpus_text(resources.gpu_ids)}"
+    elif resources.gpus != len(host.gpu_ids):
+        asked = f"--gpus {resources.gpus}"
+    else:
+        return None
+    return (f"{host.source}: {host.label} lists gpu_ids={listed} ({len(host.gpu_ids)} GPU(s)) but {asked} was "
+            f"given; leave --gpus out to use the listed GPUs, or make the line and --gpus agree")
+
+
 def gpus_text(ids: Sequence[int]) -> str:
     """The indices as `--gpus` takes them back (a job file's `gpus = "4,5,6,7"`)."""
     return ",".join(map(str, ids))

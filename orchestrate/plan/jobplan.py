@@ -131,6 +131,8 @@ def nproc_for(resources: Resources, host: Host, facts: NodeFacts) -> int | str:
         return len(facts.gpu_set)
     if resources.cpu_mode:
         return host.slots or 1
+    if host.gpu_ids:  # the line's own grant is what preflight will grant (the offline dry run has no facts)
+        return len(host.gpu_ids)
     if resources.gpus > 0:
         return min(resources.gpus, host.slots) if host.slots else resources.gpus
     if facts.gpus is not None:

@@ -243,3 +243,13 @@ def test_the_network_check_runs_on_the_jobs_transport() -> None:
         checks = network_check(specs, False, 8, script())
         assert [c.devices for c in checks] == [expect] * 2
         assert all(("NCCL_IB_DISABLE" in c.env) is (not ib) for c in checks)
+
+
+def test_a_hosts_files_gpu_ids_set_the_processes_the_offline_dry_run_shows(tmp_path: Path) -> None:
+    """`slots=2 gpu_ids=0` with --gpus left out: preflight grants GPU 0 alone, so one process, not two."""
+    from orchestrate.hosts import Host
+
+    host = Host("gpu-a", "gpu-a", 22, None, slots=2, gpu_ids=(0,))
+    (spec,) = job_specs(config(), [host], "10.0.0.11")
+    assert (spec.env["NPROC_PER_NODE"], spec.gpu_ids) == ("1", (0,))
+    assert '--gpus="device=0"' in docker_run_argv(spec)

@@ -11,9 +11,9 @@ import pytest
 from kit.units import SSH, job_specs
 
 from orchestrate import cli
-from orchestrate.backends.slurm import records, script
+from orchestrate.backends.slurm import commands, records, script
 from orchestrate.config import UpConfig
-from orchestrate.errors import PreflightError
+from orchestrate.errors import ConfigError, PreflightError
 from orchestrate.hosts import parse_hosts_file
 from orchestrate.plan.gpus import granted_here
 from orchestrate.plan.regrant import regrant
@@ -140,9 +140,9 @@ def test_submit_dry_run_prints_the_script_and_submits_nothing(tmp_path: Path, mo
     out = capsys.readouterr().out
     # up's options reach the batch script's `up` as given: --max-restarts and --min-nodes work inside the
     # allocation as on a hosts file (a restart stays on the allocation's nodes)
-    assert (f"sbatch --parsable --job-name=r18 --nodes=2 --no-requeue --signal=B:TERM@80 --gpus-per-node=1 "
-            f"--time=10 {script.BATCH_SCRIPT} /usr/bin/python3 r18 20 {script.LEASE_S} \"$(cat {script.GUARD_SCRIPT})\" --job r18 "
-            "--max-restarts 3 --min-nodes 1 -- --epochs 3\n") in out
+    assert (f"sbatch --parsable --job-name=r18 --nodes=2 --no-requeue --export=ALL --signal=B:TERM@80 "
+            f"--gpus-per-node=1 --time=10 {script.BATCH_SCRIPT} /usr/bin/python3 r18 20 {script.LEASE_S} "
+            f"\"$(cat {script.GUARD_SCRIPT})\" 0 --job r18 --max-restarts 3 --min-nodes 1 -- --epochs 3\n") in out
     assert script.BATCH_SCRIPT.read_text() in out and out.endswith(script.GUARD_SCRIPT.read_text())
     assert not (tmp_path / "sbatch-args").exists()
     assert cli.main(["submit", "--nodes", "2", "--dry-run", "--", "--epochs", "x"]) == 2  # checked as up checks
@@ -169,11 +169,16 @@ def test_a_time_limit_within_the_stop_signals_lead_is_refused(tmp_path: Path, mo
                                        "its limit, so it would stop as it starts; give more than 80 s (--time 2)\n")
     assert cli.main(["submit", "--nodes", "2", "--time", "1:05", "--stop-grace", "5"]) == 2  # min:sec, lead 65 s
     assert "--time 1:05: " in capsys.readouterr().err and not (tmp_path / "sbatch-args").exists()
-    # Slurm's forms, in seconds; what is not one of them is left for Slurm to refuse
+    # Slurm's forms, in seconds, and its words for no limit (None): 0 is no limit, not a limit too short
     forms = {"2": 120, "1:21": 81, "1:00:00": 3600, "1-2": 93600, "1-0:2": 86520, "0-0:1:30": 90, "UNLIMITED": None,
-             "1:2:3:4": None, "-5": None, "1:": None}
+             "infinite": None, "-1": None, "0": None, "0:00": None}
     assert {t: script.limit_seconds(t) for t in forms} == forms
-    assert cli.main(["submit", "--nodes", "2", "--time", "1:21", "--dry-run"]) == 0
+    for time in ("1:2:3:4", "-5", "1:", "2h", "1-2-3", ""):  # none of Slurm's forms: refused now, naming --time
+        with pytest.raises(ConfigError, match=f"^--time '{time}' is not a Slurm time limit; write minutes"):
+            script.limit_seconds(time)
+    for time in ("1:21", "0", "UNLIMITED", "1-0"):
+        assert cli.main(["submit", "--nodes", "2", "--time", time, "--dry-run"]) == 0
+        assert f" --time={time} " in capsys.readouterr().out
 
 
 def test_slurms_refusal_names_the_option_and_a_queued_name_is_refused(
@@ -200,6 +205,8 @@ def test_status_shows_slurms_state_and_kill_cancels_all_but_its_own_allocation(
     monkeypatch.setattr("getpass.getuser", lambda: "root")
     (tmp_path / "bin" / "scancel").write_text(f'#!/bin/sh\necho "$@" >> {tmp_path}/scancel-args\n')
     (tmp_path / "bin" / "scancel").chmod(0o755)
+    for job in ("beta", "r18"):  # as `submit` leaves them
+        commands.record_submitted(tmp_path / "state" / "ddp-cifar" / "jobs", job, "2")
     assert cli.main(["status", "--job", "beta"]) == 0
     assert capsys.readouterr().out == "slurm: job 2 CANCELLED\n"  # cancelled while pending: exit 0:0
     running = recorded("job-running-gpu-per-node.txt").replace("JobName=yy", "JobName=r18")
@@ -248,3 +255,109 @@ def test_a_lost_gpu_claim_is_planned_again_within_each_nodes_slurm_grant(tmp_pat
     assert [f.gpu_set for f in new] == [(1,), (3,)]  # not the lowest free ones, 0 and 2
     with pytest.raises(PreflightError, match=r"dc-slm-h1: --gpus 3: held by bob/other"):
         regrant(config.resources, config.where, hosts, facts, present, set(), [Holdings(), Holdings([bob(3)])])
+
+
+def test_status_and_kill_ask_slurm_only_about_a_job_submit_sent(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                                 capsys: pytest.CaptureFixture[str]) -> None:
+    """A job run on a hosts file never went through Slurm: on a login node its status and kill must not wait on the
+    controller (scontrol here records that it was asked)."""
+    fake_slurm(tmp_path, monkeypatch)
+    monkeypatch.delenv("SLURM_JOB_ID")
+    (tmp_path / "bin" / "scontrol").write_text(f'#!/bin/sh\necho "$@" >> {tmp_path}/scontrol-asked\n')
+    for command in ("status", "kill"):
+        assert cli.main([command, "--job", "plain"]) == 2  # no record here: give --hosts
+        assert "no record of job 'plain'" in capsys.readouterr().err
+    assert not (tmp_path / "scontrol-asked").exists()
+
+
+def submitted(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, *argv: str) -> tuple[list[str], str]:
+    """`submit` on a stand-in sbatch that answers job 7 and records its arguments (one a line) and its HF_TOKEN."""
+    fake_slurm(tmp_path, monkeypatch)
+    (tmp_path / "bin" / "sbatch").write_text(f'#!/bin/sh\nprintf "%s\\0" "$@" > {tmp_path}/sbatch-args\n'
+                                             f'printf "%s" "${{HF_TOKEN:-unset}}" > {tmp_path}/sbatch-token\necho 7\n')
+    assert cli.main(["submit", "--nodes", "2", *argv]) == 0
+    return (tmp_path / "sbatch-args").read_text().split("\0")[:-1], (tmp_path / "sbatch-token").read_text()
+
+
+def up_args(sbatch_argv: list[str]) -> list[str]:
+    """The batch script's arguments after the guard's text and the options for `kill`, up to `--`."""
+    count = sbatch_argv.index(script.GUARD_SCRIPT.read_text()) + 1
+    start = count + 1 + int(sbatch_argv[count])
+    return sbatch_argv[start:sbatch_argv.index("--", start)]
+
+
+def test_a_secret_reaches_the_batch_job_in_sbatchs_environment_never_its_command_line(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    """`ps` and `scontrol show job` show sbatch's command line to every user; the batch script's `up --env HF_TOKEN`
+    reads the value from the environment sbatch passes on (--export=ALL)."""
+    secret = "hf_s3cr3t-value"
+    argv, token = submitted(tmp_path, monkeypatch, "--job", "j", "--env", f"HF_TOKEN={secret}", "--env=MODE=fast",
+                            "--", "--epochs", "1")
+    assert token == secret and not [a for a in argv if secret in a]
+    assert "--export=ALL" in argv and up_args(argv) == ["--job", "j", "--env", "HF_TOKEN", "--env=MODE=fast"]
+    assert (tmp_path / "state" / "ddp-cifar" / "jobs" / "j.slurm").read_text() == "7\n"  # status/kill may ask Slurm
+    assert capsys.readouterr().out == "7\n"
+    assert cli.main(["submit", "--nodes", "2", "--job", "j", "--env", f"HF_TOKEN={secret}", "--entry", "/app/t.py",
+                     "--dry-run", "--", "--note", secret]) == 0
+    out = capsys.readouterr().out
+    assert secret not in out and "--env HF_TOKEN --entry /app/t.py --" in out and "-- --note ****\n" in out
+    assert "# in sbatch's environment, not its command line: HF_TOKEN\n" in out
+    monkeypatch.setenv("HF_TOKEN", secret)  # the batch script's `up`, in the environment sbatch passed on
+    _, config = cli.parse_args(["up", "--hosts", str(tmp_path / "hosts"), "--env", "HF_TOKEN", "--env", "A=1"])
+    assert isinstance(config, UpConfig) and config.program.env == (("HF_TOKEN", secret), ("A", "1"))
+
+
+def test_submit_takes_no_abbreviation_and_passes_ups_options_whole(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                                  capsys: pytest.CaptureFixture[str]) -> None:
+    """`--gpus` was read as an abbreviation of --gpus-per-node: both values vanished."""
+    argv, _ = submitted(tmp_path, monkeypatch, "--gpus-per-node", "8", "--gpus", "0")
+    assert "--gpus-per-node=8" in argv and up_args(argv) == ["--gpus", "0"]
+    (tmp_path / "all").mkdir()
+    argv, _ = submitted(tmp_path / "all", monkeypatch, "--gpus", "all")
+    assert up_args(argv) == ["--gpus", "all"] and not [a for a in argv if a.startswith("--gpus-per-node")]
+    assert cli.main(["submit", "--nodes", "2", "--gpus-per", "8", "--dry-run"]) == 2
+    assert "error: unrecognized arguments: --gpus-per " in capsys.readouterr().err
+
+
+def test_the_batch_scripts_stop_reaches_the_nodes_as_its_up_did(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """batch.sh run for real (bash) with stand-in srun, squeue and Python: at Slurm's SIGTERM its `kill` gets the
+    ssh config and host-key option `up` got (without them, with a home that is not shared, the stop could not reach
+    the nodes and the guards SIGKILLed the containers with no checkpoint), and `up` reads the secret from the
+    environment sbatch passed on."""
+    import signal
+    import subprocess
+    import time
+
+    from orchestrate.backends.slurm import submit
+
+    bin_dir, log = tmp_path / "bin", tmp_path / "log"
+    bin_dir.mkdir()
+    log.mkdir()
+    (bin_dir / "srun").write_text("#!/bin/sh\nexit 0\n")
+    (bin_dir / "squeue").write_text('#!/bin/sh\necho "$SLURM_JOB_ID.0"\n')
+    python = bin_dir / "python"  # logs its arguments and HF_TOKEN by subcommand; `up` runs until signalled
+    python.write_text(f'#!/bin/bash\nprintf "%s\\0" "$@" > {log}/$3.part && mv {log}/$3.part {log}/$3\n'
+                      f'printf "%s" "${{HF_TOKEN:-unset}}" > {log}/$3.token\n[ "$3" = up ] && exec sleep 60\nexit 0\n')
+    for tool in bin_dir.iterdir():
+        tool.chmod(0o755)
+    (tmp_path / "ssh_config").write_text("")
+    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "state"))
+    sub = submit.submission(["--nodes", "2", "--job", "j", "--python", str(python), "--ssh-config",
+                             str(tmp_path / "ssh_config"), "--accept-new-host-keys", "--env", "HF_TOKEN=s3cr3t"],
+                            ["--epochs", "1"], cli.COMMAND_LINE)
+    argv = script.sbatch_argv(sub)
+    env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", "SLURM_JOB_ID": "9", **dict(sub.secret_env)}
+    batch = subprocess.Popen(["bash", *argv[argv.index(str(script.BATCH_SCRIPT)):]], env=env,
+                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + 30
+    while not (log / "up").exists() and batch.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.05)
+    batch.send_signal(signal.SIGTERM)  # Slurm's, at scancel or ahead of the time limit
+    assert batch.wait(timeout=30) == 143
+    connect = ["--ssh-config", str(tmp_path / "ssh_config"), "--accept-new-host-keys"]
+    assert (log / "kill").read_text().split("\0")[:-1] == ["-m", "orchestrate", "kill", "--hosts", "slurm", "--job", "j",
+                                                           "--grace", "20", *connect]
+    up = (log / "up").read_text().split("\0")[:-1]
+    assert up[:4] == ["-m", "orchestrate", "up", "--hosts"] and up[-3:] == ["--", "--epochs", "1"]
+    assert all(arg in up for arg in connect) and "HF_TOKEN" in up and "s3cr3t" not in "".join(up)
+    assert (log / "up.token").read_text() == "s3cr3t"

@@ -96,8 +96,11 @@ def test_cli_does_not_import_torch() -> None:
     assert subprocess.run([sys.executable, "-c", code], timeout=60).returncode == 0
 
 
-def test_logs_with_every_host_unreachable_names_the_hosts(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """Not "no container found": with no host answering, that says nothing about the job."""
+@pytest.mark.parametrize("command", ["logs", "tensorboard", "plot"])
+def test_logs_with_every_host_unreachable_names_the_hosts(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                          command: str) -> None:
+    """Not "no container found" (nor tensorboard's and plot's "no container of job 'j' on node 0 and no record of
+    its folders"): with no host answering, that says nothing about the job."""
     from rich.console import Console
 
     from orchestrate.config import JobsConfig, SSHOptions
@@ -110,8 +113,36 @@ def test_logs_with_every_host_unreachable_names_the_hosts(tmp_path: Path, monkey
         lambda cls, hosts, accept: (cls(hosts, [None]), {"gpu-a": "connection to gpu-a refused"})))
     config = JobsConfig(ssh=SSHOptions(hosts_file, None, False), job="j")
     with pytest.raises(MultiHostError) as err:
-        commands.run_jobs_command("logs", config, Console(file=open(tmp_path / "out", "w")))  # noqa: SIM115
-    assert err.value.lines() == ["gpu-a: connection to gpu-a refused"]
+        commands.run_jobs_command(command, config, Console(file=open(tmp_path / "out", "w")))  # noqa: SIM115
+    assert err.value.lines() == ["gpu-a: connection to gpu-a refused"] and err.value.what == command
+
+
+@pytest.mark.parametrize("command", ["tensorboard", "plot"])
+def test_node0s_folder_not_found_with_a_host_silent_names_that_host(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                                   command: str) -> None:
+    """Node 0 may run on the host that did not answer: its folder not found says so."""
+    from types import SimpleNamespace
+
+    from rich.console import Console
+
+    from orchestrate.config import JobsConfig, SSHOptions
+    from orchestrate.errors import JobError
+    from orchestrate.jobs import commands
+    from orchestrate.remote.session import Session
+
+    def not_found(*_: object) -> None:
+        raise JobError("no container of job 'j' on node 0 and no record of its folders")
+
+    hosts_file = tmp_path / "hosts.txt"
+    hosts_file.write_text("gpu-a\ngpu-b\n")
+    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "state"))
+    monkeypatch.setattr(Session, "connect_reachable", classmethod(
+        lambda cls, hosts, accept: (cls(hosts, [None, object()]), {"gpu-a": "connection to gpu-a refused"})))
+    monkeypatch.setattr(commands, "backend", lambda: SimpleNamespace(node_dirs=lambda *a: {}, node0_dir=not_found))
+    monkeypatch.setattr(Session, "close", lambda self: None)
+    config = JobsConfig(ssh=SSHOptions(hosts_file, None, False), job="j")
+    with pytest.raises(JobError, match=r"of its folders; no answer from gpu-a$"):
+        commands.run_jobs_command(command, config, Console(file=open(tmp_path / "out", "w")))  # noqa: SIM115
 
 
 def test_write_and_read_files_through_exec_channels(tmp_path: Path) -> None:
@@ -489,3 +520,33 @@ def test_a_kill_racing_another_stop_of_the_same_job_takes_gone_or_being_removed_
     containers[0].on_remove = _error(docker.errors.APIError, 500)  # any other answer is still a failure
     with pytest.raises(docker.errors.APIError):
         jobs.kill_on_host(_Client(), "j", 1, "h", 1000)
+
+
+def test_output_to_a_file_is_what_a_100_column_terminal_shows_without_padding(capsys: pytest.CaptureFixture[str]) -> None:
+    """Slurm's batch output, nohup, a CI log: tables were padded to 200 columns, their titles centred at column 100
+    and every line ending in blanks. Now a table is as wide as its content and at most 100 columns, no line ends in
+    a blank, and a line of text stays whole."""
+    from rich.table import Table
+
+    from orchestrate.terminal import console_for
+
+    def table(cell: str) -> Table:
+        made = Table(title="preflight")
+        for col in ("host", "gpus", "disk"):
+            made.add_column(col, overflow="fold")
+        made.add_row("gpu-a", cell, "ok")
+        return made
+
+    out, err = console_for(), console_for(stderr=True)  # capsys: neither stream is a terminal
+    out.print(table("GPU 0,1 of 8; others: " + "job-x " * 40))
+    out.print(table("GPU 0"))
+    text_line = "[node 0] " + "epoch 3 step 120 " * 12
+    out.print(text_line, markup=False)
+    err.print(table("GPU 0"))
+    captured = capsys.readouterr()
+    lines = captured.out.splitlines()
+    assert max(map(len, lines[:-1])) == 100 and lines[0] == " " * 45 + "preflight"  # centred in the wide table's 100
+    narrow = lines[lines.index(next(line for line in lines[1:] if "preflight" in line)) + 1]
+    assert len(narrow) == 24 and lines[-1] == text_line.rstrip()  # as wide as its content; text never broken
+    assert not [line for line in lines + captured.err.splitlines() if line.endswith(" ")]
+    assert captured.err.splitlines()[0] == " " * 7 + "preflight"  # the narrow table on stderr alike

@@ -42,11 +42,11 @@ class Slurm:
         path, per_node = allocation_hosts_file(folder)
         return Allocation(path, per_node, "Slurm", "--gpus-per-node")
 
-    def describe_job(self, job: str, console: Console) -> bool:
-        return control.describe(job, console)
+    def describe_job(self, job: str, console: Console, folder: Path) -> bool:
+        return control.describe(job, console, folder)
 
-    def cancel_job(self, job: str, console: Console) -> bool:
-        return control.cancel(job, console)
+    def cancel_job(self, job: str, console: Console, folder: Path) -> bool:
+        return control.cancel(job, console, folder)
 
     def hint(self, err: MultiHostError, hosts_file: Path | None, folder: Path) -> MultiHostError:
         """SSH refused by nodes of the allocation this runs in: each host's line says what the site must allow."""

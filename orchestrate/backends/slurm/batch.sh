@@ -9,15 +9,19 @@
 # job FAILED or NODE_FAIL, and `submit --resume` continues it from its last checkpoint. A guard Slurm SIGKILLs
 # without its SIGTERM cannot: so each container holds a lease that its node's guard renews while it lives, and
 # stops itself (SIGTERM to its command: a checkpoint) once the lease lapses (LEASE seconds; docker/entrypoint.sh).
-# Arguments: PYTHON JOB GRACE LEASE GUARD, then up's options and `-- trainer options`. GUARD is guard.sh's text, not its
-# path: it travels with the job as this script does, so no node needs to see the submitting machine's files.
+# Arguments: PYTHON JOB GRACE LEASE GUARD N, N options of up's that `kill` takes too (--ssh-config FILE,
+# --accept-new-host-keys: the stop reaches the nodes as `up` did), then up's options and `-- trainer options`. GUARD
+# is guard.sh's text, not its path: it travels with the job as this script does, so no node needs to see the
+# submitting machine's files. A secret of up's --env comes as `--env NAME`, its value in this script's environment
+# (sbatch's, never a command line).
 set -u
 python=$1
 job=$2
 grace=$3
 lease=$4
 guard=$5
-shift 5
+connect=("${@:7:$6}")
+shift $((6 + $6))
 
 stop() {
     trap '' TERM
@@ -26,7 +30,7 @@ stop() {
     # the containers, found by their labels, wherever `up` had got to.
     kill -TERM "$up" 2>/dev/null
     wait "$up"
-    "$python" -m orchestrate kill --hosts slurm --job "$job" --grace "$grace"
+    "$python" -m orchestrate kill --hosts slurm --job "$job" --grace "$grace" "${connect[@]}"
     exit 143
 }
 

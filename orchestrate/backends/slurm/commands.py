@@ -14,10 +14,12 @@ from orchestrate.localfs import write_atomically
 TIMEOUT_S = 60  # a controller that does not answer in a minute is down; Slurm's own clients retry inside it
 
 
-def run(argv: list[str], stdin: str | None = None) -> str:
-    """A Slurm client's stdout; missing client or a refusal → ConfigError with Slurm's own line."""
+def run(argv: list[str], env: dict[str, str] | None = None) -> str:
+    """A Slurm client's stdout (`env`: variables added to this process's environment for it); missing client or a
+    refusal → ConfigError with Slurm's own line."""
     try:
-        res = subprocess.run(argv, input=stdin, capture_output=True, text=True, timeout=TIMEOUT_S, check=False)
+        res = subprocess.run(argv, capture_output=True, text=True, timeout=TIMEOUT_S, check=False,
+                             env={**os.environ, **env} if env else None)
     except FileNotFoundError:
         raise ConfigError(f"{argv[0]} not found: Slurm's clients are not installed here; run this where they are "
                           "(a login or compute node of the Slurm cluster)") from None
@@ -55,6 +57,21 @@ def allocation_file(folder: Path, job_id: str) -> Path:
     return folder / f"slurm-{job_id}.hosts"
 
 
+def record_submitted(folder: Path, job: str, job_id: str) -> None:
+    """What `submit` leaves here: this job name went to Slurm (as job `job_id`, the newest)."""
+    write_atomically(submitted_file(folder, job), [f"{job_id}\n".encode()])
+
+
+def submitted_file(folder: Path, job: str) -> Path:
+    return folder / f"{job}.slurm"
+
+
+def find_submitted(name: str, user: str, folder: Path) -> list[records.JobRecord]:
+    """find_jobs for a job name that `submit` sent from here; [] without asking Slurm for any other (status and
+    kill of a job run on a hosts file must not wait on a controller, wherever Slurm's clients are installed)."""
+    return find_jobs(name, user) if submitted_file(folder, name).is_file() else []
+
+
 def find_jobs(name: str, user: str) -> list[records.JobRecord]:
     """Every job of this name and user that the controller still knows (pending, running, or ended within
     MinJobAge), newest last; [] where Slurm is not installed."""
@@ -77,9 +94,9 @@ def queued(name: str, user: str) -> list[records.JobRecord]:
     return [r for r in find_jobs(name, user) if r.state in records.ACTIVE]
 
 
-def sbatch(argv: list[str]) -> str:
+def sbatch(argv: list[str], env: dict[str, str]) -> str:
     """sbatch → Slurm's job id."""
-    return run(argv).strip().split(";", 1)[0]
+    return run(argv, env).strip().split(";", 1)[0]
 
 
 def cancel(job_ids: list[str]) -> None:
@@ -97,4 +114,4 @@ def submit_job(s: script.Submission, user: str) -> str:
         raise ConfigError(f"job {s.job!r} is already queued or running under Slurm (job "
                           f"{', '.join(r.job_id for r in clash)}, {clash[-1].describe()}); 'kill --job {s.job}' "
                           "first, or choose another --job")
-    return sbatch(script.sbatch_argv(s))
+    return sbatch(script.sbatch_argv(s), dict(s.secret_env))

@@ -8,7 +8,8 @@ import sys
 from dataclasses import MISSING, dataclass
 from pathlib import Path
 
-from orchestrate.config import option
+from orchestrate.config import MAX_SLOTS, check_grace, mask_text, option
+from orchestrate.errors import ConfigError
 
 BATCH_SCRIPT = Path(__file__).with_name("batch.sh")
 # Run by batch.sh on every node; its text travels as an argument of the job (as batch.sh's does in sbatch), so the
@@ -36,12 +37,13 @@ class Submission:
     from them), and the `up` the batch script runs."""
 
     job: str
-    up_args: tuple[str, ...]  # up's options, as given
+    up_args: tuple[str, ...]  # up's options, as given (a secret's --env without its value: `secret_env` holds it)
     trainer_args: tuple[str, ...]
     nodes: int = option(MISSING, "--nodes", "nodes to ask Slurm for", type=int, required=True)
     gpus_per_node: int | None = option(None, "--gpus-per-node", "GPUs to ask Slurm for on each node", type=int)
     partition: str | None = option(None, "--partition", "Slurm partition (default: Slurm's default)")
-    time: str | None = option(None, "--time", "Slurm time limit, e.g. 2:00:00; the job is stopped with a checkpoint "
+    time: str | None = option(None, "--time", "Slurm time limit in its forms: minutes, MM:SS, HH:MM:SS, D-HH, "
+                              "D-HH:MM, D-HH:MM:SS; 0 or UNLIMITED: none; the job is stopped with a checkpoint "
                               "before it")
     output: str | None = option(None, "--output", "the batch job's output file, on the first node (sbatch -o; "
                                 "default: Slurm's slurm-%%j.out in this folder)")
@@ -51,26 +53,49 @@ class Submission:
                              "the time limit; keep it below Slurm's KillWait (scontrol show config)", type=int)
     dry_run: bool = option(False, "--dry-run", "print the sbatch command and the script; submit nothing",
                            action="store_true")
+    # Passed to sbatch in its environment, never on its command line (`ps` and `scontrol show job` show that to
+    # every user): the secrets of up's --env, which the batch script's `up --env NAME` reads from its own.
+    secret_env: tuple[tuple[str, str], ...] = ()
+    # up's options that `kill` takes too (the ssh config, host keys): the batch script's stop reaches the nodes
+    # as its `up` did.
+    connect_args: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        if self.nodes < 1:
+            raise ConfigError(f"--nodes {self.nodes}: ask for at least 1")
+        if self.gpus_per_node is not None and not 0 <= self.gpus_per_node <= MAX_SLOTS:
+            raise ConfigError(f"--gpus-per-node {self.gpus_per_node} must be between 0 and {MAX_SLOTS}")
+        if not self.python.strip():
+            raise ConfigError("--python is empty; give the Python that runs the orchestrator on the first node "
+                              f"(default: {sys.executable})")
+        check_grace(self.stop_grace, "--stop-grace")
+        if self.time is not None:
+            limit_seconds(self.time)  # a form Slurm would not take is refused now, naming --time
+        too_short = time_problem(self.time, self.stop_grace)
+        if too_short:
+            raise ConfigError(too_short)
 
 
 def sbatch_argv(s: Submission) -> list[str]:
     """The sbatch command line: Slurm's options, then the batch script and its arguments."""
     # --no-requeue: a job whose node died ends NODE_FAIL (its guards stop the rest) rather than run batch.sh
     # again from scratch over the old job's files; `submit --resume` continues it (Slurm's default requeues it).
-    argv = ["sbatch", "--parsable", f"--job-name={s.job}", f"--nodes={s.nodes}", "--no-requeue",
+    # --export=ALL (Slurm's default, made sure of): the batch script runs with this environment (PYTHONPATH, HOME,
+    # the secrets of secret_env).
+    argv = ["sbatch", "--parsable", f"--job-name={s.job}", f"--nodes={s.nodes}", "--no-requeue", "--export=ALL",
             f"--signal=B:TERM@{s.stop_grace + SIGNAL_SLACK_S}"]
     argv += [f"--gpus-per-node={s.gpus_per_node}"] if s.gpus_per_node else []
     argv += [f"--partition={s.partition}"] if s.partition else []
     argv += [f"--time={s.time}"] if s.time else []
     argv += [f"--output={s.output}"] if s.output else []
     return [*argv, str(BATCH_SCRIPT), s.python, s.job, str(s.stop_grace), str(LEASE_S),
-            GUARD_SCRIPT.read_text(), *s.up_args,
+            GUARD_SCRIPT.read_text(), str(len(s.connect_args)), *s.connect_args, *s.up_args,
             "--", *s.trainer_args]
 
 
 def time_problem(time: str | None, stop_grace: int) -> str | None:
-    """Why a --time would have Slurm's stop signal come at the job's start (None: it would not, or Slurm judges
-    it: no limit, or a form Slurm refuses itself, naming --time)."""
+    """Why a --time would have Slurm's stop signal come at the job's start (None: it would not, or it sets no
+    limit)."""
     seconds = limit_seconds(time) if time else None
     lead = stop_grace + SIGNAL_SLACK_S
     if seconds is None or seconds > lead:
@@ -79,16 +104,23 @@ def time_problem(time: str | None, stop_grace: int) -> str | None:
             f"so it would stop as it starts; give more than {lead} s (--time {lead // 60 + 1})")
 
 
+_NO_LIMIT = ("-1", "infinite", "unlimited")  # Slurm's words for no limit (any case), beside 0
+
+
 def limit_seconds(time: str) -> int | None:
     """Slurm's time limit in seconds: minutes, minutes:seconds, hours:minutes:seconds, days-hours,
-    days-hours:minutes or days-hours:minutes:seconds (sbatch(1)); None for anything else (UNLIMITED too)."""
-    days, dash, rest = time.rpartition("-") if "-" in time else ("0", "", time)
+    days-hours:minutes or days-hours:minutes:seconds (sbatch(1)); None for no limit (0, -1, INFINITE, UNLIMITED).
+    Any other text is refused (ConfigError naming --time), as sbatch would refuse it."""
+    if time.lower() in _NO_LIMIT:
+        return None
+    days, dash, rest = time.partition("-") if "-" in time else ("0", "", time)
     fields = rest.split(":")
     if not all(f.isdigit() for f in [days, *fields]) or len(fields) > 3:
-        return None
+        raise ConfigError(f"--time {time!r} is not a Slurm time limit; write minutes (90), MM:SS, HH:MM:SS, D-HH, "
+                          "D-HH:MM or D-HH:MM:SS, or 0 (or UNLIMITED) for none")
     # The first field is hours after a day count, and in h:m:s; minutes otherwise.
     units = (3600, 60, 1) if dash or len(fields) == 3 else (60, 1)
-    return int(days) * 86400 + sum(int(f) * u for f, u in zip(fields, units, strict=False))
+    return int(days) * 86400 + sum(int(f) * u for f, u in zip(fields, units, strict=False)) or None
 
 
 def grace_problem(stop_grace: int, kill_wait: int | None) -> str | None:
@@ -101,11 +133,14 @@ def grace_problem(stop_grace: int, kill_wait: int | None) -> str | None:
 
 def dry_run_text(s: Submission) -> str:
     """What `submit --dry-run` prints: the command (the guard's text, its 5th script argument, shown as the file it
-    is read from) and the two scripts."""
+    is read from; a secret's value masked wherever it appears) and the two scripts."""
     argv = sbatch_argv(s)
     at = argv.index(GUARD_SCRIPT.read_text())
     command = f"{shlex.join(argv[:at])} \"$(cat {GUARD_SCRIPT})\" {shlex.join(argv[at + 1:])}"
-    return (f"# submitted with:\n{command}\n# {BATCH_SCRIPT.name}:\n{BATCH_SCRIPT.read_text()}"
+    command = mask_text(command, [value for _, value in s.secret_env if value])
+    secrets = (f"# in sbatch's environment, not its command line: {' '.join(name for name, _ in s.secret_env)}\n"
+               if s.secret_env else "")
+    return (f"# submitted with:\n{command}\n{secrets}# {BATCH_SCRIPT.name}:\n{BATCH_SCRIPT.read_text()}"
             f"# {GUARD_SCRIPT.name} (run by {BATCH_SCRIPT.name} on every node):\n{GUARD_SCRIPT.read_text()}")
 
 

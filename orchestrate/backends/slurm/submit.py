@@ -13,6 +13,7 @@ from rich.console import Console
 
 from orchestrate.backends.protocol import CommandLine
 from orchestrate.backends.slurm import commands, script
+from orchestrate.config import SSHOptions, is_secret
 from orchestrate.errors import ConfigError
 
 HOSTS = Path("slurm")  # --hosts slurm: the allocation's nodes
@@ -33,13 +34,40 @@ def submission(argv: Sequence[str], trainer: Sequence[str], line: CommandLine) -
     if up_ns.detach:
         raise ConfigError("submit: --detach would end the Slurm job while its containers run on outside it; "
                           "leave it out (submit itself returns at once)")
-    if ns.nodes < 1:
-        raise ConfigError(f"--nodes {ns.nodes}: ask for at least 1")
-    too_short = script.time_problem(ns.time, ns.stop_grace)
-    if too_short:
-        raise ConfigError(too_short)
-    job = line.up_config(up_ns, HOSTS, trainer).program.job
-    return script.Submission(job=job, up_args=tuple(up_args), trainer_args=tuple(trainer), **vars(ns))
+    trainer = tuple(trainer or up_ns.trainer_args)  # none given: a job file's args (the batch script passes `--`)
+    config = line.up_config(up_ns, HOSTS, trainer)
+    kept, secrets = _secrets_apart(up_args)
+    return script.Submission(job=config.program.job, up_args=kept, trainer_args=trainer, secret_env=secrets,
+                             connect_args=_connect_args(config.ssh), **vars(ns))
+
+
+def _secrets_apart(up_args: Sequence[str]) -> tuple[tuple[str, ...], tuple[tuple[str, str], ...]]:
+    """up's options with each secret's `--env NAME=VALUE` as `--env NAME` (the batch script's `up` reads the value
+    from its environment), and those (NAME, VALUE). argparse took `--env` only whole (no abbreviations), its value
+    the next argument or after `=`."""
+    args, kept, secrets = list(up_args), [], []
+    at = 0
+    while at < len(args):
+        if args[at] == "--env" and at + 1 < len(args):
+            value, width = args[at + 1], 2
+        elif args[at].startswith("--env="):
+            value, width = args[at][len("--env="):], 1
+        else:
+            value, width = None, 1
+        name, sep, text = (value or "").partition("=")
+        if sep and is_secret(name):
+            secrets.append((name, text))
+            kept += ["--env", name]
+        else:
+            kept += args[at:at + width]
+        at += width
+    return tuple(kept), tuple(secrets)
+
+
+def _connect_args(ssh: SSHOptions) -> tuple[str, ...]:
+    """up's options that `kill` takes as well: how the nodes are reached."""
+    return ((("--ssh-config", str(ssh.ssh_config)) if ssh.ssh_config else ())
+            + (("--accept-new-host-keys",) if ssh.accept_new_host_keys else ()))
 
 
 def run(argv: Sequence[str], trainer: Sequence[str], line: CommandLine, console: Console) -> int:
@@ -47,5 +75,7 @@ def run(argv: Sequence[str], trainer: Sequence[str], line: CommandLine, console:
     if sub.dry_run:
         console.print(script.dry_run_text(sub), markup=False, end="", soft_wrap=True)
         return 0
-    console.print(commands.submit_job(sub, getpass.getuser()), markup=False)
+    job_id = commands.submit_job(sub, getpass.getuser())
+    commands.record_submitted(line.state_dir(), sub.job, job_id)
+    console.print(job_id, markup=False)
     return 0

@@ -91,6 +91,36 @@ def download(url, dest):
     return done
 
 
+class Hostile(Exception):
+    """A member the data filter would refuse: it would write outside the data folder, or is a device."""
+
+
+def _inside(path, data_dir):
+    """Whether `path` (symlinks already on disk followed) is within data_dir."""
+    root = os.path.realpath(data_dir)
+    return os.path.commonpath([root, os.path.realpath(path)]) == root
+
+
+def safe_member(member, data_dir):
+    """What tarfile's data filter checks (PEP 706), for a Python without it: no absolute name or one that leaves
+    the folder (`..`, through a symlink extracted before), no link pointing out of it, no device or pipe; and no
+    setuid, setgid, sticky or group/other write bit. Checked as each member is extracted, so that a link an
+    earlier member made is followed."""
+    name = member.name
+    if name.startswith("/") or os.path.isabs(name) or not _inside(os.path.join(data_dir, name), data_dir):
+        raise Hostile(f"member {name!r} would be written outside {data_dir}")
+    if member.ischr() or member.isblk() or member.isfifo():
+        raise Hostile(f"member {name!r} is a device or a pipe")
+    if member.issym() or member.islnk():
+        link = member.linkname
+        # a symlink's target is relative to its own folder; a hard link's to the archive's root
+        base = os.path.dirname(os.path.join(data_dir, name)) if member.issym() else data_dir
+        if os.path.isabs(link) or not _inside(os.path.join(base, link), data_dir):
+            raise Hostile(f"member {name!r} links to {link!r}, outside {data_dir}")
+    member.mode &= 0o755  # high bits and group/other write cleared, as the data filter does
+    return member
+
+
 def extract(archive, data_dir):
     """Extract after checking the files fit (with what the folder holds now); a disk filled meanwhile is NoSpace."""
     with tarfile.open(archive) as tar:
@@ -100,8 +130,9 @@ def extract(archive, data_dir):
         try:
             if hasattr(tarfile, "data_filter"):
                 tar.extractall(data_dir, filter="data")
-            else:
-                tar.extractall(data_dir)
+            else:  # a Python before the filter (3.11.4, 3.10.12...): its checks, member by member, done here
+                for member in tar:
+                    tar.extract(safe_member(member, data_dir), data_dir)
         except OSError as err:
             if err.errno == errno.ENOSPC:
                 raise NoSpace("extracting the archive", need, free) from None
