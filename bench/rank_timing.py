@@ -15,9 +15,11 @@ rounds seconds apart is rare and hits either arm first as often.
 Reported: each arm's images/s over its rounds (median and interquartile range), the pairs' with/without ratios
 (median, interquartile range, and the 95% confidence interval of the median from order statistics), and, beside
 them, the timer's own work per step measured alone (timeit, no model). The script exits 1 when the median ratio
-is below 1 - bound (--bound, default 5% of images/s) or the timer's own work exceeds the bound of a step. 5%:
-on the shared 2-core machine (load 10-18) the median's 95% interval spanned 6-14 points with 40 pairs, and the
-median itself fell 1.6-3% from 1; a tighter bound needs more pairs or a quieter machine.
+is below 1 - bound (--bound, default 5% of images/s): the figure of the whole training that the timing can slow.
+5%: on the shared 2-core machine (load 10-18) the median's 95% interval spanned 6-14 points with 40 pairs, and the
+median itself fell 1.6-3% from 1; a tighter bound needs more pairs or a quieter machine. The timer's own work is
+printed, not bounded: timed without a model it is a few microseconds (0.002% of a step) and could never come near
+any bound worth setting; a cost it missed would show in the ratio.
 """
 
 from __future__ import annotations
@@ -138,16 +140,12 @@ def median_ci(values: list[float]) -> tuple[float, float]:
 
 
 def report(args: argparse.Namespace, rounds: dict[str, list[float]], cost_s: float) -> tuple[list[str], list[Figure]]:
-    """The lines printed, and the two figures held to the bound (bench/bounds.py)."""
+    """The lines printed, and the figure held to the bound (bench/bounds.py): the interleaved images/s ratio."""
     lines = list(_lines(args, rounds, cost_s))
     speed = _speed(args, rounds)
     mid = quartiles([a / b for a, b in zip(speed["with"], speed["without"], strict=True)])[1]
-    step_s = args.batch_size * 2 / statistics.median(speed["without"])
-    return lines, [
-        Figure("images/s with the per-rank timing / without, median of the pairs", mid, "x",
-               "without the timing: 1.0x", 1 - args.bound, True),
-        Figure("the timer's own work per step", cost_s / step_s * 100, "% of a step",
-               f"a {step_s * 1e3:.0f} ms step without the timing", args.bound * 100, False)]
+    return lines, [Figure("images/s with the per-rank timing / without, median of the pairs", mid, "x",
+                          "without the timing: 1.0x", 1 - args.bound, True)]
 
 
 def _speed(args: argparse.Namespace, rounds: dict[str, list[float]]) -> dict[str, list[float]]:

@@ -28,6 +28,7 @@ from kit.orchestrate_kit import (
     bounded,
     job_containers,
     job_dir,
+    manifests,
     wait_for,
 )
 from kit.slurm_kit import (
@@ -110,10 +111,47 @@ def test_submit_queues_trains_to_the_end_and_leaves_nothing(target: Cluster, dat
         assert container.attrs["State"]["ExitCode"] == 0  # type: ignore[attr-defined]
 
 
-def stopped_with_a_checkpoint(c: Cluster, job_id: str, state: str, within: float = 60) -> int:
+# Every rank's stop line in its own log (trainer/loop.py: a warning, which every rank logs, with its global rank)
+STOP = re.compile(r"\[rank (\d+)\] WARNING stopped by SIGTERM at step (\d+)")
+
+
+def run_folders(c: Cluster, job: str) -> set[Path]:
+    """Every node's torchrun run folders of the job so far (<log dir>/<run id>_<random>/, one per start)."""
+    return {run for node in range(len(c.hosts)) if (logs := job_dir(c, node, job, "logs")).is_dir()
+            for run in logs.iterdir() if run.is_dir()}
+
+
+def stop_steps(c: Cluster, job: str, earlier: set[Path]) -> dict[int, list[int]]:
+    """Global rank -> the steps at which it logged its stop, read from the run folders not in `earlier`: this
+    run's own, not an earlier run's of the same job name."""
+    found: dict[int, list[int]] = {}
+    for run in run_folders(c, job) - earlier:
+        for log in run.rglob("stderr.log"):
+            for rank, step in STOP.findall(log.read_text(errors="replace")):
+                found.setdefault(int(rank), []).append(int(step))
+    return found
+
+
+def every_rank_stopped_at_the_newest_checkpoint(c: Cluster, job: str, earlier: set[Path], after: int = -1) -> int:
+    """Each of the 2 ranks of this run (the run folders not in `earlier`) logged one stop, all at the same step
+    (after step `after`), and the newest checkpoint on node 0 (rank 0 writes them) is of that step: the stop's own,
+    not an earlier epoch's. Returns that step. Exit codes are no evidence: a crash when a peer dies gives them too."""
+    stops = stop_steps(c, job, earlier)
+    steps = {step for each in stops.values() for step in each}
+    newest = max((int(str(m["step"])) for m in manifests(job_dir(c, 0, job))), default=None)
+    every_rank_once = sorted(stops) == [0, 1] and all(len(each) == 1 for each in stops.values())
+    one_step = len(steps) == 1 and min(steps) > after
+    # one assertion, so that a failure shows every part that is false
+    assert (every_rank_once, one_step, newest in steps) == (True, True, True), \
+        f"stop lines per rank {stops}; newest checkpoint step {newest}"
+    return steps.pop()
+
+
+def stopped_with_a_checkpoint(c: Cluster, job_id: str, state: str, earlier: set[Path], within: float = 60,
+                              after: int = -1) -> int:
     """After Slurm's SIGTERM (which comes within `within` s): the batch script stopped the job everywhere, no
-    container runs, rank 0 saved a checkpoint at the step it names; Slurm's final state is `state`. Returns that
-    step."""
+    container runs, every rank of this run (its run folders: not in `earlier`) logged its stop at one step after
+    `after`, whose checkpoint is the newest; Slurm's final state is `state`. Returns that step."""
     output = c.dir / f"slurm-{job_id}.out"
     stop_line = f"slurm job {job_id}: SIGTERM; stopping job long on every node"
     wait_for(lambda: stop_line in output.read_text() and job_containers(c, "long") == [], within,
@@ -121,11 +159,7 @@ def stopped_with_a_checkpoint(c: Cluster, job_id: str, state: str, within: float
     wait_for_end(c, job_id)
     out = output.read_text()
     assert slurm_state(c, job_id)[0] == state, out
-    # The newest stop is the highest step: each attempt resumes where the last one stopped.
-    steps = [int(m) for log in job_dir(c, 0, "long", "logs").rglob("*.log")
-             for m in re.findall(r"stopped by SIGTERM at step (\d+)", log.read_text(errors="replace"))]
-    assert steps and any(job_dir(c, 0, "long").iterdir()), out
-    return max(steps)
+    return every_rank_stopped_at_the_newest_checkpoint(c, "long", earlier, after)
 
 
 def test_slurms_sigterm_stops_every_container_with_a_checkpoint_and_submit_resume_continues(
@@ -134,26 +168,29 @@ def test_slurms_sigterm_stops_every_container_with_a_checkpoint_and_submit_resum
     `--signal=B:TERM@75`, which Slurm sends the batch shell 45 to 105 s into the job (its timers fire up to 60 s
     early, never late: with `--time 2` it came before the first step on a loaded machine, and a 5 s grace was too
     short there for the checkpoint); nothing else signals it. Then a `scancel` by hand. Each time the batch script stops every container
-    and each rank saves a checkpoint; `submit --resume` continues from it. While it runs, `status` shows Slurm's
+    and every rank logs its stop at one step, whose checkpoint is the newest (the stop's own); `submit --resume`
+    continues from it. Only each run's own run folders are read: the resumed run keeps the job's name. While it runs, `status` shows Slurm's
     state beside ours."""
     c = target
     # 1000 epochs (minutes of training): the limit's signal ends it, however fast the machine is
+    earlier = run_folders(c, "long")  # none: the job name is this test's alone
     job_id = submit(c, data, "long", "--time", "3", "--stop-grace", "15", epochs=1000)
     first_step(c, job_id)
     status = orchestrate(c, "status", "--job", "long")  # Slurm's state above our table of the ranks
     assert f"slurm: job {job_id} RUNNING on dc-{c.name}-h[0-1]\n" in status.stdout, status.stdout
     assert "long-node1-ddp" in status.stdout, status.stdout
     # The signal comes by 105 s; the stop then takes the grace and the removal, long before the limit (180 s).
-    step = stopped_with_a_checkpoint(c, job_id, "FAILED", within=160)
+    step = stopped_with_a_checkpoint(c, job_id, "FAILED", earlier, within=160)
     # The script's exit 143 (stopped by SIGTERM), not TIMEOUT: the job ended before its limit.
     assert slurm_state(c, job_id) == ("FAILED", "143:0")
     record = subprocess.run(["scontrol", "show", "job", job_id], capture_output=True, text=True, timeout=30,
                             env=c.client_env(), cwd="/", check=True).stdout
     print(re.findall(r"(?:RunTime|TimeLimit)=\S+", record))  # how long before the limit it stopped
+    earlier = run_folders(c, "long")  # the first run's logs and checkpoints stay: only what the resumed run adds
     job_id = submit(c, data, "long", "--resume", epochs=1000)
     assert int(first_step(c, job_id, r"epoch \d+ step (\d+) ").group(1)) == step + 1
     subprocess.run(["scancel", job_id], env=c.client_env(), cwd="/", check=True, timeout=30)
-    stopped_with_a_checkpoint(c, job_id, "CANCELLED")
+    stopped_with_a_checkpoint(c, job_id, "CANCELLED", earlier, after=step)
 
 
 def test_up_inside_salloc_takes_the_allocation_and_each_nodes_own_gpu(target: Cluster, data: Data) -> None:
@@ -250,9 +287,12 @@ def test_node_0_lost_and_its_guards_sigkilled_the_containers_stop_themselves_whe
         target: Cluster, data: Data) -> None:
     """Node 0 lost outright (its batch script, `up` and the guards' srun killed) and every guard SIGKILLed, so no
     trap runs (Slurm did that to the guards in about 1 run of 4 without the SIGKILLs): no one stops the containers,
-    but each stops itself once its lease lapses (DDP_LEASE_S, 15 s here) with SIGTERM and a checkpoint, every rank
-    at the same step (`stopped by SIGTERM at step N`), within the lease, a renewal and the stop. None runs on."""
+    but each stops itself once its lease lapses (DDP_LEASE_S, 15 s here) with SIGTERM and a checkpoint, within the
+    lease, a renewal and the stop. None runs on. The evidence of the clean stop is each rank's own stop line (read
+    from every node's logs of this run), all at one step, and that step's checkpoint the newest: exit codes are not,
+    since a container that crashed on its peer's death exits 1 too."""
     c, job, lease_s = target, "lost", 15
+    earlier = run_folders(c, job)  # none: the job name is this test's alone
     job_id = submit(c, data, job, "--env", f"DDP_LEASE_S={lease_s}", epochs=1000)  # ended by its lease only
     first_step(c, job_id)
     guards, tree = guard_processes(job), batch_process_tree(job_id)
@@ -277,6 +317,7 @@ def test_node_0_lost_and_its_guards_sigkilled_the_containers_stop_themselves_whe
         assert ct.attrs["State"]["ExitCode"] in (1, 143), f"{name}: {ct.attrs['State']}\n{logs[-3000:]}"  # type: ignore[attr-defined]
     # Each stops itself; a container whose peer's lease lapsed first may have stopped with it (the ranks agree).
     assert lapsed, said
-    steps = {int(m) for log in job_dir(c, 0, job, "logs").rglob("*.log")
-             for m in re.findall(r"stopped by SIGTERM at step (\d+)", log.read_text(errors="replace"))}
-    assert len(steps) == 1 and any(job_dir(c, 0, job).iterdir()), f"stop lines at steps {steps}"
+    # The evidence of a clean stop (a container that crashed on its peer's death exits 1 too): every rank's stop
+    # line, at one step, and that step's checkpoint the newest (the per-epoch ones are older).
+    step = every_rank_stopped_at_the_newest_checkpoint(c, job, earlier)
+    print(f"every rank stopped at step {step}, its checkpoint the newest")

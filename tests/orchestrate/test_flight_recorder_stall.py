@@ -6,19 +6,29 @@ recorder (TORCH_FR_BUFFER_SIZE; `torch._C._distributed_c10d._dump_fr_trace()` re
 "gloo:all_reduce", their state stays "scheduled"), but nothing writes a dump file on a timeout: the file dump
 (TORCH_FR_DUMP_TEMP_FILE + rank) is NCCL's watchdog's (TORCH_NCCL_DUMP_ON_TIMEOUT). So here each rank asks torch
 for its dump itself, and the test pins that no file appears on its own; that is why `up` looks for dumps only in
-GPU jobs (orchestrate/watch/report.py), and why the dump written by the watchdog is the GPU tier's to test.
+GPU jobs (orchestrate/watch/report.py). The watchdog's own file needs NCCL with 2 ranks (2 GPUs), which no test
+tier has: what `up` does around it is tested here on a crafted dump (torch's format, plain data): the prefix a GPU
+job's containers get (TORCH_FR_DUMP_TEMP_FILE), where a dump written there lands on the node, and the stall
+report reading each rank's dump from its own node's log dir.
 """
 
 from __future__ import annotations
 
 import os
+import pickle
 import subprocess
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 from kit.net import free_port
+from kit.units import SSH, job_specs
 
-from orchestrate.watch.health import flight_recorder_lines
+from orchestrate.config import GPUS_ALL, UpConfig
+from orchestrate.hosts import Host
+from orchestrate.probe.observations import NodeFacts
+from orchestrate.watch.health import RankStack, flight_recorder_lines
+from orchestrate.watch.report import FR_ENV, _fr_dumps
 
 # One rank of the stall. Rank 0 enters collective #2 alone and gives up after gloo's 3 s timeout; rank 1 (stuck
 # elsewhere) takes its dump once rank 0's is written, so both show the state of the stall.
@@ -64,3 +74,60 @@ def test_a_real_gloo_stall_names_the_rank_that_never_entered_the_collective(tmp_
     assert flight_recorder_lines(dumps) == ["flight recorder of rank 0: last collective #2 gloo:all_reduce scheduled",
                                             "flight recorder of rank 1: last collective #1 gloo:all_reduce scheduled",
                                             "flight recorder: rank(s) 1 never reached collective #2"]
+
+
+def crafted_dump(newest: int) -> bytes:
+    """A dump as NCCL's watchdog writes it (torch's format: a pickle of plain data), collectives 1..newest."""
+    return pickle.dumps({"version": "2.4", "pg_config": {"0": {"name": "0", "desc": "default_pg", "ranks": "[0, 1]"}},
+                         "entries": [{"record_id": seq - 1, "collective_seq_id": seq, "p2p_seq_id": 0,
+                                      "profiling_name": "nccl:all_reduce", "state": "scheduled", "is_p2p": False}
+                                     for seq in range(1, newest + 1)]})
+
+
+class NodeFiles:
+    """One node's files as its SSH connection reads them (Connection.read_file): FileNotFoundError when absent."""
+
+    def __init__(self, files: dict[str, bytes]) -> None:
+        self.files = files
+
+    def read_file(self, path: str, timeout: float = 60.0) -> bytes:
+        if path not in self.files:
+            raise FileNotFoundError(path)
+        return self.files[path]
+
+
+def test_a_gpu_jobs_dump_is_written_to_the_nodes_log_dir_and_read_from_there_by_the_stall_report() -> None:
+    """2 GPU nodes of 2 ranks: torch writes rank r's dump to TORCH_FR_DUMP_TEMP_FILE + str(r) in the container; that
+    path is in the mount of the node's log dir, where the report reads each rank's dump through its own node's
+    connection. Ranks 0 and 2 dumped (rank 2 behind), rank 1 did not (no dump yet: left out), rank 3's node is
+    unreachable. A CPU job gets no prefix: the report looks for no dump."""
+    hosts = [Host(name=f"gpu{n}", hostname=f"10.0.0.1{n}", port=22, user="u", slots=None) for n in (1, 2)]
+    config = UpConfig.of(ssh=SSH, job="exp1", image="ddp-cifar:latest", gpus=GPUS_ALL)  # type: ignore[arg-type]
+    specs = job_specs(config, hosts, "10.0.0.11", [NodeFacts(iface="eth0", gpus=2)] * 2)
+    cpu = job_specs(UpConfig.of(ssh=SSH, job="exp1", image="ddp-cifar:latest", gpus=0),  # type: ignore[arg-type]
+                    hosts, "10.0.0.11", [NodeFacts("eth0")] * 2)
+    assert [FR_ENV in spec.env for spec in cpu] == [False, False]
+
+    def on_node(node: int, rank: int) -> str:
+        """Where the dump torch writes for `rank` in node `node`'s container is on that node."""
+        spec = specs[node]
+        written = spec.env[FR_ENV] + str(rank)
+        mount = next(m for m in spec.mounts if written.startswith(m.target.rstrip("/") + "/"))
+        assert mount.source == spec.dirs["log"] and not mount.read_only
+        return spec.dirs["log"] + written[len(mount.target):]
+
+    nodes = {0: NodeFiles({on_node(0, 0): crafted_dump(3)}), 1: NodeFiles({on_node(1, 2): crafted_dump(2)})}
+
+    def conn(node: int) -> NodeFiles:
+        if node not in nodes:
+            raise OSError("unreachable")
+        return nodes[node]
+
+    specs.append(specs[1])  # a third node, unreachable: the others' dumps are still read
+    watcher = SimpleNamespace(specs=specs, nodes=SimpleNamespace(conn=conn))
+    stacks = [RankStack(node, rank, "") for node, rank in ((0, 0), (0, 1), (1, 2), (2, 3))]
+    dumps = _fr_dumps(watcher, stacks)  # type: ignore[arg-type]
+    assert sorted(dumps) == [0, 2]
+    assert flight_recorder_lines(dumps) == ["flight recorder of rank 0: last collective #3 nccl:all_reduce scheduled",
+                                            "flight recorder of rank 2: last collective #2 nccl:all_reduce scheduled",
+                                            "flight recorder: rank(s) 2 never reached collective #3"]

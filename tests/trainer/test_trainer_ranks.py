@@ -72,6 +72,16 @@ def test_a_throttled_rank_is_named_within_three_windows_and_cleared_in_the_first
     assert named == [None] * 4 + [(1, 3)] * 3 + [None] * 3
 
 
+def test_the_first_healthy_window_clears_the_streak(tmp_path: Path) -> None:
+    """Throttled x4, healthy, throttled: named in windows 3 and 4, then nobody, and the throttled window after
+    the healthy one counts from 1 again (docs: "The first window it is not clearly slower clears it"), so it names
+    nobody either. A streak that a healthy window only lowered would name node 1 again in the last window."""
+    throttled = [0.01, 0.011, 0.04, 0.045, 0.01, 0.012]
+    healthy = [0.01, 0.011, 0.012, 0.01, 0.01, 0.012]
+    named = _named_after(tmp_path, [throttled] * 4 + [healthy, throttled])
+    assert named == [None, None, (1, 3), (1, 3), None, None]
+
+
 def test_a_straggler_that_moves_between_ranks_each_window_is_noise(tmp_path: Path) -> None:
     windows = [[0.05 if r == i % 6 else 0.01 for r in range(6)] for i in range(6)]
     assert _named_after(tmp_path, windows) == [None] * 6
