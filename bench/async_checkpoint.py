@@ -28,7 +28,7 @@ sys.path.insert(0, str(REPO))
 
 from bounds import Figure, finish  # noqa: E402
 
-from trainer import checkpoint, defaults, dist, loop, metrics, state  # noqa: E402
+from trainer import checkpoint, defaults, dist, loop, metrics, state, strategies  # noqa: E402
 from trainer.config import Config  # noqa: E402
 
 torch.set_num_threads(1)
@@ -58,7 +58,7 @@ def _measure(ns: argparse.Namespace, folder: Path, asynchronous: bool) -> dict[s
     x, y = torch.randn(ns.batch, 3, 32, 32, device=ctx.device), torch.randint(0, 10, (ns.batch,), device=ctx.device)
     # The settings as for this device, except the mode under test (fp32 on a GPU too: the same state as on CPU).
     pace = loop.Pace(metrics.Heartbeat(folder, False, 0, 1, ns.batch),
-                     defaults.resolve(cfg, ctx.device.type, False, ns.batch))
+                     defaults.resolve(cfg, ctx.device.type, False, ns.batch), strategies.for_config(cfg))
     out: dict[str, list[float]] = {"pause": [], "write": [], "step_alone": [], "step_during_write": []}
     _step(st, x, y)  # the optimizer's momentum exists after the first step: the state a run saves
     for _ in range(ns.saves):

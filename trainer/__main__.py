@@ -22,8 +22,8 @@ from . import (
     models,
     parallel,
     precision,
-    snapshot,
     state,
+    strategies,
 )
 from .config import Config, parse
 from .contract import ENV_LOG_DIR, EXIT_DIVERGED, stack_file_name
@@ -68,11 +68,13 @@ def _train(cfg: Config, ctx: DistContext) -> int:
     _agreed(ctx, lambda: checkpoint.check_writable(cfg.ckpt_dir) if ctx.is_main else None)
     # The run's first line once its inputs are known good (a run refused before prints its error line alone).
     settings = _settings(cfg, ctx, cfg.batch_size * ctx.world_size)
-    st = state.build(cfg, ctx)
-    saved_batch = _agreed(ctx, lambda: snapshot.restore(cfg, ctx, st)) if cfg.resume else 0
-    state.wrap(cfg, ctx, st)
+    strategy = strategies.for_config(cfg)
+    st = strategy.build(cfg, ctx)
+    saved_batch = _agreed(ctx, lambda: strategy.restore(cfg, ctx, st)) if cfg.resume else 0
+    strategy.wrap(cfg, ctx, st)
     per_rank, micro = _batch_split(cfg, ctx, saved_batch)
-    loader = data.TrainLoader(train, per_rank, ctx.rank, ctx.world_size, cfg.seed)
+    share, shares = strategy.data_share(ctx)  # the stages of one pipeline read the same images
+    loader = data.TrainLoader(train, per_rank * ctx.world_size // shares, share, shares, cfg.seed)
     if (cfg.resume or is_restart()) and ctx.is_main:
         record_resume(cfg.ckpt_dir, st.pos.step, st.pos.epoch, ctx.world_size, loader.global_batch)
     if loader.global_batch != settings.global_batch:  # --keep-global-batch: the lr of the checkpoint's batch
@@ -89,11 +91,11 @@ def _train(cfg: Config, ctx: DistContext) -> int:
     speed = hardware.measure(cfg.model, ctx.device, settings.precision, ctx.world_size) if ctx.is_main else None
     beat = Heartbeat(cfg.ckpt_dir, ctx.is_main, _total_steps(cfg, st.pos, loader), cfg.epochs, loader.global_batch,
                      speed)
-    group = dist.checkpoint_group(ctx, cfg.dist_timeout) if settings.ckpt_async and cfg.strategy == "fsdp" else None
+    group = dist.checkpoint_group(ctx, cfg.dist_timeout) if settings.ckpt_async and strategy.sharded_checkpoints else None
     steps = StepLog(cfg.ckpt_dir, loader.global_batch, speed, open_tensorboard(
         cfg.ckpt_dir, st.pos.step if cfg.resume or is_restart() else None)) if ctx.is_main else None
     timer = RankTimer(ctx.device, ctx.world_size) if enabled_by_env() else None
-    pace = loop.Pace(beat, settings, micro=micro, ckpt_group=group, timer=timer, steps=steps)
+    pace = loop.Pace(beat, settings, strategy, micro=micro, ckpt_group=group, timer=timer, steps=steps)
     try:
         return loop.run(cfg, ctx, st, loader, test, stop, pace)
     finally:

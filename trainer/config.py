@@ -32,6 +32,11 @@ STRATEGIES = ("ddp", "fsdp")
 FSDP_SHARD = ("node", "all")
 # The trainer's own models (trainer/models.py builds them); any other name must be a torchvision model's.
 MODEL_NAMES = ("resnet18", "resnet18-gn", "resnet20", "resnet20-gn", "tiny", "vit-cifar")
+# The models --pp splits, and their blocks (a test keeps this equal to trainer/models.py): torch-free, so that the
+# orchestrator refuses a split the model cannot take before anything starts. BatchNorm models are not here.
+PP_MODEL_BLOCKS = {"resnet18-gn": 8, "resnet20-gn": 9, "vit-cifar": 8}
+PP_SCHEDULES = ("1f1b", "gpipe", "interleaved")
+PP_SPLITS = ("auto", "uniform")
 TORCHVISION_NAME_RE = re.compile(r"[a-z][a-z0-9_]*")
 
 
@@ -93,6 +98,14 @@ class Config:
     device: str = "auto"
     log_every: int = 50
     eval_batch_size: int = 500
+    pp: int = 1
+    """Pipeline stages: the processes form a (pp x dp) mesh, pp outermost; 1: no pipelining."""
+    pp_schedule: str = "1f1b"
+    """1f1b, gpipe, or interleaved (interleaved 1F1B with 2 stages per process)."""
+    pp_microbatches: int | None = None
+    """Micro-batches per step and data-parallel replica. None: 4 x pp."""
+    pp_split: str = "auto"
+    """auto: balanced by each block's measured time; uniform: equal block counts; or block counts per stage."""
 
     def __post_init__(self) -> None:
         _positive("--epochs", self.epochs, "the number of passes over the training set")
@@ -146,6 +159,7 @@ class Config:
         if self.model not in MODEL_NAMES and not TORCHVISION_NAME_RE.fullmatch(self.model):
             raise ConfigError(f"--model {self.model!r} is not a model: choose one of {', '.join(MODEL_NAMES)} "
                               "or a torchvision classification model (e.g. resnet50)")
+        _check_pipeline(self)
 
     def to_dict(self) -> dict[str, Any]:
         """Plain types only, so a checkpoint loads with ``torch.load(weights_only=True)``."""
@@ -176,6 +190,81 @@ FSDP_REFUSES: tuple[tuple[str, Callable[[Config], bool], str], ...] = (
     ("--optimizer apex-fused-sgd", lambda c: c.optimizer == "apex-fused-sgd",
      "apex's multi-tensor kernels take plain CUDA tensors, not FSDP's sharded DTensor parameters; use --optimizer sgd"),
 )
+
+
+# Options --pp cannot honour: (the option as written, whether this config uses it, why and what to do).
+PP_REFUSES: tuple[tuple[str, Callable[[Config], bool], str], ...] = (
+    ("--sync-bn", lambda c: c.sync_bn,
+     "a pipeline's micro-batches are normalised one by one, so SyncBatchNorm cannot see the batch; use a -gn model"),
+    ("--grad-compression", lambda c: c.grad_compression != "none",
+     "DDP's communication hooks do not run inside a pipeline stage's backward; drop --grad-compression"),
+    ("--optimizer apex-fused-sgd", lambda c: c.optimizer == "apex-fused-sgd",
+     "apex is not tested with the pipeline's stages; use --optimizer sgd"),
+    ("--precision fp16", lambda c: c.precision == "fp16",
+     "the pipeline's schedule runs backward itself, without the gradient scaler; use --precision bf16 or fp32"),
+    ("--keep-global-batch", lambda c: c.keep_global_batch,
+     "gradient accumulation on top of the pipeline's micro-batches is not built; resume with --pp and the "
+     "processes that divide the checkpoint's global batch, without --keep-global-batch"),
+)
+
+
+def pp_microbatches(cfg: Config) -> int:
+    """--pp-microbatches, or its default (4 x pp: a bubble of (p-1)/(5p-1), under 20%)."""
+    return cfg.pp_microbatches if cfg.pp_microbatches is not None else 4 * cfg.pp
+
+
+def pp_stages(cfg: Config) -> int:
+    """Stages of the whole pipeline: 2 per process with the interleaved schedule."""
+    return cfg.pp * (2 if cfg.pp_schedule == "interleaved" else 1)
+
+
+def pp_split_counts(cfg: Config) -> list[int] | None:
+    """An explicit --pp-split (block counts per stage), or None for auto and uniform."""
+    if cfg.pp_split in PP_SPLITS:
+        return None
+    try:
+        return [int(n) for n in cfg.pp_split.split(",")]
+    except ValueError:
+        raise ConfigError(f"--pp-split must be auto, uniform or block counts per stage such as 3,5; "
+                          f"got {cfg.pp_split!r}") from None
+
+
+def _check_pipeline(cfg: Config) -> None:
+    """--pp's refusals, every one decidable from the command line alone (the world size is checked at start)."""
+    _positive("--pp", cfg.pp, "pipeline stages; 1: no pipelining")
+    _positive("--pp-microbatches", cfg.pp_microbatches, "micro-batches per step")
+    _choice("--pp-schedule", cfg.pp_schedule, PP_SCHEDULES)
+    counts = pp_split_counts(cfg)
+    if cfg.pp == 1:
+        return
+    for option, used, why in PP_REFUSES:
+        if used(cfg):
+            raise ConfigError(f"--pp cannot honour {option}: {why}")
+    blocks = PP_MODEL_BLOCKS.get(cfg.model)
+    if blocks is None:
+        why = ("it has BatchNorm, and each micro-batch would be normalised with its own statistics, not the "
+               "batch's" if cfg.model in ("resnet18", "resnet20") else "it is not split into blocks here")
+        raise ConfigError(f"--pp cannot split --model {cfg.model}: {why}; use one of {', '.join(PP_MODEL_BLOCKS)}")
+    stages, micro = pp_stages(cfg), pp_microbatches(cfg)
+    if cfg.pp > blocks:
+        raise ConfigError(f"--pp {cfg.pp} exceeds the {blocks} blocks of {cfg.model}: each stage needs at least one")
+    if stages > blocks:
+        raise ConfigError(f"--pp-schedule interleaved puts 2 stages on each process: {stages} stages need at least "
+                          f"{stages} blocks, {cfg.model} has {blocks}; lower --pp or use 1f1b")
+    if cfg.pp_schedule != "gpipe" and micro < cfg.pp:
+        raise ConfigError(f"--pp-schedule {cfg.pp_schedule} needs at least as many micro-batches as stages: "
+                          f"--pp-microbatches {micro} < --pp {cfg.pp}; raise it or use gpipe")
+    if cfg.pp_schedule == "interleaved" and micro % max(1, micro // cfg.pp):
+        raise ConfigError(f"--pp-schedule interleaved needs --pp-microbatches a multiple of its rounds "
+                          f"({micro // cfg.pp}); use a multiple of --pp")
+    replica = cfg.batch_size * cfg.pp  # the global batch (batch x world) over dp = world / pp replicas
+    if replica % micro:
+        raise ConfigError(f"--pp: the global batch must divide by dp x micro-batches: each replica takes "
+                          f"--batch-size {cfg.batch_size} x --pp {cfg.pp} = {replica} images, not divisible by "
+                          f"--pp-microbatches {micro}")
+    if counts is not None and (len(counts) != stages or sum(counts) != blocks or min(counts) < 1):
+        raise ConfigError(f"--pp-split {cfg.pp_split}: give {stages} positive block counts that add up to the "
+                          f"{blocks} blocks of {cfg.model}")
 
 
 def fsdp_refuses(cfg: Config) -> list[tuple[str, str]]:
@@ -295,6 +384,16 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--log-every", type=int, default=d["log_every"].default, help="steps")
     p.add_argument("--eval-batch-size", type=int, default=d["eval_batch_size"].default,
                    help="images per evaluation batch")
+    p.add_argument("--pp", type=int, default=d["pp"].default,
+                   help="pipeline stages (a pp x dp mesh, pp outermost); inside a stage --strategy ddp or fsdp; "
+                        "models: " + ", ".join(PP_MODEL_BLOCKS))
+    p.add_argument("--pp-schedule", default=d["pp_schedule"].default, choices=PP_SCHEDULES,
+                   help="torch.distributed.pipelining's schedule; interleaved: 2 stages per process")
+    p.add_argument("--pp-microbatches", type=int, default=d["pp_microbatches"].default,
+                   help="micro-batches per step and replica; auto (None): 4 x --pp")
+    p.add_argument("--pp-split", default=d["pp_split"].default, metavar="auto|uniform|N,N,...",
+                   help="auto: blocks balanced by their measured time (an exact dynamic program); uniform: equal "
+                        "counts; or block counts per stage")
     # torch.distributed.launch (legacy) passes this; torchrun's LOCAL_RANK environment variable wins.
     p.add_argument("--local_rank", "--local-rank", dest="local_rank", type=int, default=None, help=argparse.SUPPRESS)
     return p

@@ -33,6 +33,7 @@ from .precision import autocast
 from .ranktime import RankTimer
 from .snapshot import off_device, save_sharded, start_sharded, to_checkpoint
 from .state import Position, TrainState
+from .strategy import Strategy
 
 log = logging.getLogger(__name__)
 
@@ -155,12 +156,13 @@ class Pace:
 
     heartbeat: metrics.Heartbeat
     settings: RunSettings
+    strategy: Strategy  # how the model is spread: its step, evaluation and checkpoint format (trainer/strategies/)
     micro: int = 0  # micro-batch size for gradient accumulation (0: none)
     last_save: float = field(default_factory=lambda: time.monotonic())
     last_eval: float = field(default_factory=lambda: time.monotonic())
     writer: checkpoint.BackgroundWriter = field(default_factory=checkpoint.BackgroundWriter)  # DDP's
-    ckpt_group: tdist.ProcessGroup | None = None  # FSDP's background saves (dist.checkpoint_group)
-    shards: PendingShards | None = None  # FSDP's save in flight (the same on every rank)
+    ckpt_group: tdist.ProcessGroup | None = None  # sharded background saves (dist.checkpoint_group)
+    shards: PendingShards | None = None  # a sharded save in flight (the same on every rank)
     crash_at: int = field(default_factory=lambda: int(os.environ.get(CRASH_AT_STEP_ENV, "0") or 0))
     timer: RankTimer | None = None  # this rank's step timings (None: not timed)
     steps: metrics.StepLog | None = None  # global rank 0's step records and TensorBoard (None on the others)
@@ -207,9 +209,9 @@ def save(cfg: Config, ctx: DistContext, st: TrainState, loader: TrainLoader, pac
     _refuse_nonfinite_weights(ctx, st, pace.settings.precision)
     pace.heartbeat.mark("checkpointing", step=st.pos.step)
     path = None
-    if cfg.strategy == "fsdp" and background:
+    if pace.strategy.sharded_checkpoints and background:
         pace.shards = start_sharded(cfg, ctx, st, loader.global_batch, pace.ckpt_group)
-    elif cfg.strategy == "fsdp":  # every rank writes its own shards; a failure raises on every rank alike
+    elif pace.strategy.sharded_checkpoints:  # every rank writes its own shards; a failure raises on every rank alike
         path = save_sharded(cfg, ctx, st, loader.global_batch)
     elif background and ctx.is_main:
         _save_in_background(cfg, ctx, st, loader, pace)
@@ -258,7 +260,7 @@ def finish_pending_save(cfg: Config, ctx: DistContext, pace: Pace, fail: bool = 
     if not pace.settings.ckpt_async:
         return
     try:
-        if cfg.strategy == "fsdp":
+        if pace.strategy.sharded_checkpoints:
             _finish_sharded(cfg, ctx, pace)
         else:
             _finish_full(cfg, ctx, pace)
@@ -319,8 +321,8 @@ def _train_epoch(cfg: Config, ctx: DistContext, st: TrainState, loader: TrainLoa
     batches = loader.batches(st.pos.epoch, st.pos.sample)
     for x, y in pace.timer.batches(batches) if pace.timer else batches:
         lr = lr_at(run, st.pos.epoch + (st.pos.sample + loader.global_batch) / n)
-        loss = train_step(st, x, y, lr, run.precision, pace.micro,
-                          pace.timer.forward if pace.timer else contextlib.nullcontext)
+        loss = pace.strategy.train_step(st, x, y, lr, run.precision, pace.micro,
+                                        pace.timer.forward if pace.timer else contextlib.nullcontext)
         total[0] += loss.double() * len(y)
         total[1] += len(y)
         st.pos.step += 1
@@ -404,7 +406,7 @@ def _every(epoch: int, every: int) -> bool:
 
 def _evaluate(cfg: Config, ctx: DistContext, st: TrainState, test: Split, pace: Pace) -> float:
     pace.heartbeat.mark("evaluating", step=st.pos.step)
-    acc = evaluate(st.model, test, ctx, pace.settings.precision, cfg.eval_batch_size)
+    acc = pace.strategy.evaluate(st, test, ctx, pace.settings.precision, cfg.eval_batch_size)
     pace.last_eval = time.monotonic()
     return acc
 

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
 
 import torch
 from torch import nn
@@ -63,8 +65,17 @@ class CifarResNet(nn.Module):
         self.fc = nn.Linear(cin, num_classes)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x = self.layers(self.stem(x))
-        return self.fc(torch.flatten(nn.functional.adaptive_avg_pool2d(x, 1), 1))
+        return _resnet_head(self, self.layers(_resnet_stem(self, x)))
+
+
+# What runs before the first block and after the last, on any module that holds the model's attributes under their
+# names: the model itself, or a pipeline stage cut from it (trainer/pipeline.py). getattr: a stage is no CifarResNet.
+def _resnet_stem(m: nn.Module, x: torch.Tensor) -> Any:
+    return getattr(m, "stem")(x)  # noqa: B009
+
+
+def _resnet_head(m: nn.Module, x: torch.Tensor) -> Any:
+    return getattr(m, "fc")(torch.flatten(nn.functional.adaptive_avg_pool2d(x, 1), 1))  # noqa: B009
 
 
 class TinyCNN(nn.Module):
@@ -114,8 +125,33 @@ class CifarViT(nn.Module):
         self.head = nn.Linear(dim, num_classes)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        tokens = self.patch(x).flatten(2).transpose(1, 2) + self.pos
-        return self.head(self.norm(self.blocks(tokens)).mean(dim=1))
+        return _vit_head(self, self.blocks(_vit_stem(self, x)))
+
+
+def _vit_stem(m: nn.Module, x: torch.Tensor) -> Any:
+    return getattr(m, "patch")(x).flatten(2).transpose(1, 2) + getattr(m, "pos")  # noqa: B009
+
+
+def _vit_head(m: nn.Module, x: torch.Tensor) -> Any:
+    return getattr(m, "head")(getattr(m, "norm")(x).mean(dim=1))  # noqa: B009
+
+
+@dataclass(frozen=True)
+class Pipelined:
+    """How --pp cuts a model: the attributes before its blocks (with the first stage), the nn.Sequential of blocks
+    (split between the stages), the attributes after them (with the last), and what runs at either end."""
+
+    stem: tuple[str, ...]
+    blocks: str
+    head: tuple[str, ...]
+    run_stem: Callable[[nn.Module, torch.Tensor], Any]
+    run_head: Callable[[nn.Module, torch.Tensor], Any]
+
+
+PIPELINED: dict[type[nn.Module], Pipelined] = {
+    CifarResNet: Pipelined(("stem",), "layers", ("fc",), _resnet_stem, _resnet_head),
+    CifarViT: Pipelined(("patch", "pos"), "blocks", ("norm", "head"), _vit_stem, _vit_head),
+}
 
 
 # The residual blocks FSDP shards one by one (trainer/parallel.py).

@@ -11,6 +11,7 @@ when every part passed, 1 when one failed (the line's `error` says which and why
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import os
@@ -24,11 +25,11 @@ from typing import Any
 import torch
 from torch.distributed.tensor import DTensor
 
-from . import checkpoint, config, dcp_checkpoint, dist, precision, state
+from . import checkpoint, config, dcp_checkpoint, dist, precision, state, strategies
 from .contract import SELFTEST_FIELDS, SELFTEST_MARK
 from .device import check_device
-from .loop import train_step
 from .snapshot import save_sharded, to_checkpoint
+from .strategy import Strategy
 
 STEPS = 3
 BATCH = 16  # small: the self-test checks that a step runs, its speed is bench/'s business
@@ -47,15 +48,21 @@ def _sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-def train_steps(cfg: config.Config, st: state.TrainState, device: torch.device) -> tuple[float, float]:
+def train_steps(cfg: config.Config, ctx: dist.DistContext, st: state.TrainState,
+                strategy: Strategy) -> tuple[float, float]:
     """(the last step's loss, seconds per step after the first, which pays for warm-up and cuDNN's choice)."""
-    x, y = synthetic_batch(device, cfg.batch_size)
-    dtype = precision.resolve(cfg.precision, device)  # "auto" (the trainer's default) as the job resolves it
-    loss = train_step(st, x, y, cfg.lr, dtype)
-    _sync(device)
+    _, shares = strategy.data_share(ctx)  # a pipeline's stages all take their replica's images
+    x, y = synthetic_batch(ctx.device, cfg.batch_size * ctx.world_size // shares)
+    dtype = precision.resolve(cfg.precision, ctx.device)  # "auto" (the trainer's default) as the job resolves it
+
+    def step() -> torch.Tensor:
+        return strategy.train_step(st, x, y, cfg.lr, dtype, 0, contextlib.nullcontext)
+
+    loss = step()
+    _sync(ctx.device)
     start = time.perf_counter()
     for _ in range(STEPS - 1):
-        loss = train_step(st, x, y, cfg.lr, dtype)
+        loss = step()
     value = float(loss.item())  # one host sync, after the timed steps
     st.pos.step = STEPS
     return value, (time.perf_counter() - start) / (STEPS - 1)
@@ -108,14 +115,15 @@ def run(argv: list[str], folder: Path) -> dict[str, Any]:
                    strategy=cfg.strategy)
         check_device(cfg, ctx)
         dist.init(ctx, cfg.dist_timeout)
-        st = state.build(cfg, ctx)
-        state.wrap(cfg, ctx, st)  # DDP's wrapper, as the trainer builds it after a restore; FSDP is sharded already
+        strategy = strategies.for_config(cfg)
+        st = strategy.build(cfg, ctx)
+        strategy.wrap(cfg, ctx, st)  # DDP's wrapper, as the trainer builds it after a restore; FSDP is sharded already
         out["scaler"] = st.scaler.is_enabled()
-        out["loss"], out["step_s"] = train_steps(cfg, st, ctx.device)
+        out["loss"], out["step_s"] = train_steps(cfg, ctx, st, strategy)
         out["steps"] = STEPS
         if not math.isfinite(out["loss"]):
             raise ValueError(f"the loss is {out['loss']} after {STEPS} steps")
-        roundtrip = sharded_roundtrip if cfg.strategy == "fsdp" else checkpoint_roundtrip
+        roundtrip = sharded_roundtrip if strategy.sharded_checkpoints else checkpoint_roundtrip
         out["ckpt_bytes"], out["ckpt_ok"] = roundtrip(cfg, ctx, st)
         if not out["ckpt_ok"]:
             raise ValueError("the checkpoint restored differs from the model that was saved")

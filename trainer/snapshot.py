@@ -151,6 +151,15 @@ def restore(cfg: Config, ctx: DistContext, st: TrainState) -> int:
     """Load the newest valid checkpoint, continue from its position. Returns the global batch the checkpoint
     was trained with."""
     state = _restore_sharded(cfg, ctx, st) if cfg.strategy == "fsdp" else _restore_full(cfg, ctx, st)
+    return _continue(ctx, st, state)
+
+
+def resume_sharded(cfg: Config, ctx: DistContext, st: TrainState) -> int:
+    """restore() from a DCP folder whatever --strategy is (pipelining's checkpoints are folders under DDP too)."""
+    return _continue(ctx, st, _restore_sharded(cfg, ctx, st))
+
+
+def _continue(ctx: DistContext, st: TrainState, state: dict[str, Any]) -> int:
     st.pos = Position(int(state["epoch"]), int(state["samples_in_epoch"]), int(state["step"]))
     if state["world_size"] != ctx.world_size:
         log.warning("checkpoint was written with world size %d, continuing with %d at sample %d of epoch %d",

@@ -57,6 +57,24 @@ def test_legacy_local_rank_is_accepted(flag: str) -> None:
     (["--eval-every-minutes", "nan"], "--eval-every-minutes must be a finite number"),
     (["--eval-every-minutes", "-1"], "--eval-every-minutes must be between 0"),
     (["--ckpt-async", "maybe"], "invalid choice"),
+    # --pp (tests/trainer/test_trainer_pipeline.py runs what passes)
+    (["--pp", "0"], "--pp must be a positive integer"),
+    (["--pp", "2", "--model", "resnet18"], "--pp cannot split --model resnet18: it has BatchNorm, and each "
+                                           "micro-batch would be normalised with its own statistics"),
+    (["--pp", "2", "--model", "tiny"], "--pp cannot split --model tiny"),
+    (["--pp", "2", "--model", "resnet20-gn", "--sync-bn"], "--pp cannot honour --sync-bn"),
+    (["--pp", "2", "--model", "resnet20-gn", "--optimizer", "apex-fused-sgd"], "--pp cannot honour --optimizer apex"),
+    (["--pp", "2", "--model", "resnet20-gn", "--grad-compression", "fp16"], "--pp cannot honour --grad-compression"),
+    (["--pp", "2", "--model", "resnet20-gn", "--precision", "fp16"], "--pp cannot honour --precision fp16"),
+    (["--pp", "2", "--model", "resnet20-gn", "--pp-microbatches", "1"],
+     "--pp-schedule 1f1b needs at least as many micro-batches as stages"),
+    (["--pp", "2", "--model", "resnet20-gn", "--batch-size", "3"], "the global batch must divide by dp x micro"),
+    (["--pp", "10", "--model", "resnet20-gn", "--batch-size", "40"], "--pp 10 exceeds the 9 blocks of resnet20-gn"),
+    (["--pp", "5", "--model", "resnet20-gn", "--pp-schedule", "interleaved", "--batch-size", "20"],
+     "10 stages need at least 10 blocks"),
+    (["--pp", "2", "--model", "resnet20-gn", "--pp-split", "4,4"], "--pp-split 4,4: give 2 positive block counts"),
+    (["--pp", "2", "--model", "resnet20-gn", "--pp-split", "best"], "--pp-split must be auto, uniform or block"),
+    (["--pp", "2", "--model", "resnet20-gn", "--pp-schedule", "zb"], "invalid choice"),
 ])
 def test_bad_values_raise_config_error_saying_how_to_fix(args: list[str], needle: str) -> None:
     with pytest.raises(ConfigError, match=needle):

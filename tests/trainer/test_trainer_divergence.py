@@ -14,7 +14,7 @@ import torch
 from kit.net import free_port
 from kit.trainer_helpers import REPO, base_args, child_env
 
-from trainer import checkpoint, defaults, loop, metrics, state
+from trainer import checkpoint, defaults, loop, metrics, state, strategies
 from trainer.__main__ import main
 from trainer.config import Config
 from trainer.contract import DIVERGED_LINE, EXIT_DIVERGED
@@ -66,7 +66,8 @@ def test_nonfinite_weights_are_never_saved(tmp_path: Path) -> None:
     checkpoint.check_writable(cfg.ckpt_dir)
     with torch.no_grad():
         next(st.model.parameters())[0] = math.inf
-    pace = loop.Pace(metrics.Heartbeat(cfg.ckpt_dir, True, 10, 1, 8), defaults.resolve(cfg, "cpu", False, 8))
+    pace = loop.Pace(metrics.Heartbeat(cfg.ckpt_dir, True, 10, 1, 8), defaults.resolve(cfg, "cpu", False, 8),
+                     strategies.for_config(cfg))
     loader = type("L", (), {"global_batch": 8})()
     with pytest.raises(DivergedError, match=f"{DIVERGED_LINE} at step 0: weights not finite, lr 0.1; "):
         loop.save(cfg, ctx, st, loader, pace)  # type: ignore[arg-type]

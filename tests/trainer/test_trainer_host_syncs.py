@@ -22,7 +22,7 @@ from kit.trainer_helpers import base_args
 from torch.overrides import TorchFunctionMode
 
 from orchestrate.watch.health import RankStack
-from trainer import data, defaults, dist, loop, metrics, state
+from trainer import data, defaults, dist, loop, metrics, state, strategies
 from trainer.__main__ import main
 from trainer.config import Config
 from trainer.contract import PEER_WAIT_FUNCTION
@@ -171,7 +171,7 @@ def test_only_global_rank_0_reads_the_loss_for_its_log_line(rank: int, reads: in
     loader = data.TrainLoader(train, 32, rank, 2, cfg.seed)  # 8 steps of global batch 64
     steps = metrics.StepLog(tmp_path, 64, None, None) if ctx.is_main else None  # as trainer/__main__.py has it
     pace = loop.Pace(metrics.Heartbeat(tmp_path, ctx.is_main, 8, 1, 64), defaults.resolve(cfg, "cpu", False, 64),
-                     steps=steps)
+                     strategies.for_config(cfg), steps=steps)
     st = state.build(cfg, ctx)
     with SyncCounter() as c:
         loop._train_epoch(cfg, ctx, st, loader, loop.StopRequest(), pace)

@@ -1,0 +1,138 @@
+"""Run under torchrun (gloo, CPU, fp32): for each pipeline layout this world allows and each schedule, one step of
+the trainer's PipelineStrategy against the unpipelined model on the same global batch. Each rank appends one JSON
+line per case to ARGV1.RANK: the loss and gradient errors, the accuracies, this stage's parameter names."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import sys
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict
+
+from trainer import loop, models, strategies
+from trainer.__main__ import exit_without_finalizing
+from trainer.config import Config
+from trainer.data import Split, normalize
+from trainer.dist import DistContext
+from trainer.snapshot import save_sharded
+from trainer.state import Position, TrainState
+from trainer.strategies.pp import PipelineStrategy
+
+BATCH = 2  # per process: each replica takes BATCH x pp images, 2 x pp micro-batches of 1 image
+N_TEST = 23  # uneven over the replicas and over the evaluation batches: the padding is exercised
+
+
+def cases(world: int) -> list[tuple[int, str, str]]:
+    """(pp, schedule, --strategy inside the stage)."""
+    out = [(2, s, "ddp") for s in ("1f1b", "gpipe", "interleaved")]
+    if world == 4:  # pp=4 with one schedule: the others' code is the same, at 3-4 s a case on 2 cores
+        out += [(4, "1f1b", "ddp"), (2, "1f1b", "fsdp")]
+    return out
+
+
+def full_grads(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    return {n: p.grad.full_tensor() if hasattr(p.grad, "full_tensor") else p.grad  # type: ignore[union-attr]
+            for n, p in model.named_parameters()}
+
+
+def one_case(ctx: DistContext, pp: int, schedule: str, inside: str, test: Split) -> dict[str, object]:
+    cfg = Config(data_dir=Path("/unused"), ckpt_dir=Path("/unused"), model="resnet20-gn", precision="fp32",
+                 batch_size=BATCH, pp=pp, pp_schedule=schedule, pp_microbatches=2 * pp, pp_split="uniform",
+                 strategy=inside, momentum=0.0, weight_decay=0.0)
+    gen = torch.Generator().manual_seed(25)
+    x = torch.randn(BATCH * ctx.world_size, 3, 32, 32, generator=gen)
+    y = torch.randint(0, 10, (BATCH * ctx.world_size,), generator=gen)
+    reference = models.for_run(cfg)
+    # Micro-batches of the pipeline's size (1 image), averaged: the same gradient as the whole batch's, with the
+    # same conv shapes, so no ReLU input within float error of 0 flips between the two (the whole batch at once
+    # did flip one, for a gradient error of 1.6e-3 at seed 25).
+    ref_loss = torch.stack([F.cross_entropy(reference(xs), ys) for xs, ys in zip(x.split(1), y.split(1),
+                                                                                   strict=True)]).mean()
+    ref_loss.backward()
+    strategy = PipelineStrategy(cfg)
+    st = strategy.build(cfg, ctx)
+    share, shares = strategy.data_share(ctx)
+    rows = slice(share * BATCH * pp, (share + 1) * BATCH * pp)  # TrainLoader's part of the global batch
+    loss = strategy.train_step(st, x[rows], y[rows], 0.0, "fp32", 0, contextlib.nullcontext)
+    ref = dict(reference.named_parameters())
+    grads = full_grads(st.model)
+    err = max(float((g - ref[n].grad).abs().max()) for n, g in grads.items())  # type: ignore[operator]
+    close = all(torch.allclose(g, ref[n].grad, rtol=1e-5, atol=4e-5) for n, g in grads.items())  # type: ignore[arg-type]
+    acc = strategy.evaluate(st, test, ctx, "fp32", 500)
+    ref_acc = loop.evaluate(reference, test, DistContext(0, 0, 1, ctx.device), "fp32", 500)
+    return {"case": f"pp{pp}-{schedule}-{inside}", "loss": float(loss), "ref_loss": float(ref_loss.detach()),
+            "grad_err": err, "grads_close": close, "acc": acc, "ref_acc": ref_acc,
+            "names": sorted(grads), "full_names": sorted(ref), "pp_rank": strategy.pp_rank}
+
+
+def full_state(st: TrainState, gather: bool) -> dict[str, torch.Tensor]:
+    """Every parameter and its momentum by full name (gathered from every stage with `gather`)."""
+    model_sd, optim_sd = get_state_dict(st.model, st.optimizer,
+                                        options=StateDictOptions(full_state_dict=True, cpu_offload=False))
+    mine = {**{f"w:{k}": v for k, v in model_sd.items()},
+            **{f"m:{k}": v["momentum_buffer"] for k, v in optim_sd["state"].items()}}
+    if not gather:
+        return mine
+    every: list[dict[str, torch.Tensor]] = [{} for _ in range(dist.get_world_size())]
+    dist.all_gather_object(every, mine)
+    return {k: v for part in every for k, v in part.items()}
+
+
+def checkpoint_case(ctx: DistContext, folder: Path, save_pp: int, load_pp: int) -> dict[str, object]:
+    """One step at save_pp, a sharded save, a resume at load_pp: weights and momentum bitwise equal."""
+    def cfg(pp: int) -> Config:
+        return Config(data_dir=Path("/unused"), ckpt_dir=folder, model="resnet20-gn", precision="fp32",
+                      batch_size=BATCH, pp=pp, pp_microbatches=2 * pp, pp_split="uniform",
+                      strategy="ddp" if pp > 1 else "fsdp")
+    before_cfg, after_cfg = cfg(save_pp), cfg(load_pp)
+    saver = strategies.for_config(before_cfg)
+    st = saver.build(before_cfg, ctx)
+    saver.wrap(before_cfg, ctx, st)
+    share, shares = saver.data_share(ctx)
+    gen = torch.Generator().manual_seed(3)
+    x = torch.randn(BATCH * ctx.world_size, 3, 32, 32, generator=gen)
+    y = torch.randint(0, 10, (BATCH * ctx.world_size,), generator=gen)
+    rows = slice(share * len(y) // shares, (share + 1) * len(y) // shares)
+    saver.train_step(st, x[rows], y[rows], 0.1, "fp32", 0, contextlib.nullcontext)
+    st.pos = Position(0, len(y), 1)
+    save_sharded(before_cfg, ctx, st, len(y))
+    saved = full_state(st, gather=save_pp > 1)
+    loader = strategies.for_config(after_cfg)
+    resumed = loader.build(after_cfg, ctx)
+    global_batch = loader.restore(after_cfg, ctx, resumed)
+    loaded = full_state(resumed, gather=load_pp > 1)
+    return {"case": f"ckpt-pp{save_pp}-to-pp{load_pp}", "same_keys": sorted(saved) == sorted(loaded),
+            "equal": all(torch.equal(saved[k], loaded[k]) for k in saved if k in loaded),
+            "position": [resumed.pos.epoch, resumed.pos.sample, resumed.pos.step, global_batch]}
+
+
+def main() -> None:
+    dist.init_process_group("gloo")
+    rank, world = dist.get_rank(), dist.get_world_size()
+    ctx = DistContext(rank, rank, world, torch.device("cpu"), world)
+    gen = torch.Generator().manual_seed(5)
+    images = torch.randint(0, 256, (N_TEST, 3, 32, 32), generator=gen, dtype=torch.uint8)
+    # Labels the initial model gets right for about half the images: an accuracy far from 0 and 1 to match.
+    with torch.no_grad():
+        predicted = models.for_run(Config(data_dir=Path("/u"), ckpt_dir=Path("/u"), model="resnet20-gn"))(
+            normalize(images)).argmax(dim=1)
+    test = Split(images, torch.where(torch.arange(N_TEST) % 2 == 0, predicted, (predicted + 1) % 10))
+    with open(f"{sys.argv[1]}.{rank}", "w") as out:
+        for pp, schedule, inside in cases(world):
+            out.write(json.dumps(one_case(ctx, pp, schedule, inside, test)) + "\n")
+            out.flush()
+        if world == 4:
+            for save_pp, load_pp in ((2, 1), (1, 2)):
+                folder = Path(f"{sys.argv[1]}-ckpt-{save_pp}-{load_pp}")
+                out.write(json.dumps(checkpoint_case(ctx, folder, save_pp, load_pp)) + "\n")
+    dist.barrier()
+    exit_without_finalizing(0)
+
+
+if __name__ == "__main__":
+    main()

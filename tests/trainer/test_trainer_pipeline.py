@@ -1,0 +1,130 @@
+"""Pipeline parallelism (--pp): the balanced split, the stages cut by name, and the numbers against the unpipelined
+model (gloo, CPU, fp32, real processes under torchrun)."""
+
+from __future__ import annotations
+
+import itertools
+import json
+import random
+import subprocess
+from pathlib import Path
+
+import pytest
+import torch
+from kit.trainer_helpers import REPO, base_args, child_env, step_lines, torchrun_cmd
+
+from trainer import dcp_checkpoint, models, pipeline
+from trainer.__main__ import main
+from trainer.config import PP_MODEL_BLOCKS
+
+
+def _brute_force(costs: list[float], stages: int) -> float:
+    """The least slowest stage over every contiguous split (every choice of stages-1 cut points)."""
+    n = len(costs)
+    best = float("inf")
+    for cuts in itertools.combinations(range(1, n), stages - 1):
+        bounds = [0, *cuts, n]
+        best = min(best, max(sum(costs[a:b]) for a, b in itertools.pairwise(bounds)))
+    return best
+
+
+def test_the_balanced_split_is_the_brute_force_optimum_and_covers_every_block_once() -> None:
+    rng = random.Random(42)
+    for _ in range(300):
+        n = rng.randint(1, 10)
+        stages = rng.randint(1, n)
+        costs = [rng.choice([rng.random(), rng.random() * 10, 1.0]) for _ in range(n)]
+        split = pipeline.balanced_split(costs, stages)
+        assert len(split) == stages and min(split) >= 1 and sum(split) == n
+        assert sorted(i for run in pipeline.stage_blocks(split) for i in run) == list(range(n))
+        assert max(pipeline.stage_cost(costs, split)) == pytest.approx(_brute_force(costs, stages), rel=1e-12)
+
+
+def test_the_measured_auto_split_of_a_resnet_beats_the_uniform_one() -> None:
+    """On this CPU a CIFAR ResNet's early blocks (32x32, 16 channels) cost far more than its late ones (8x8)."""
+    torch.manual_seed(0)
+    model = models.build("resnet20-gn")
+    costs = pipeline.block_costs(model, 8, torch.device("cpu"), warmup=1, reps=3)
+    assert len(costs) == PP_MODEL_BLOCKS["resnet20-gn"] and min(costs) > 0
+    auto = max(pipeline.stage_cost(costs, pipeline.balanced_split(costs, 2)))
+    uniform = max(pipeline.stage_cost(costs, pipeline.uniform_split(len(costs), 2)))
+    assert auto < uniform
+
+
+@pytest.mark.parametrize("name", sorted(PP_MODEL_BLOCKS))
+def test_stages_hold_the_full_models_names_disjoint_and_complete(name: str) -> None:
+    torch.manual_seed(0)
+    model = models.build(name)
+    blocks = PP_MODEL_BLOCKS[name]
+    assert len(pipeline.blocks_of(model)) == blocks  # the torch-free table the parser refuses by
+    split = pipeline.balanced_split([1.0 + (i % 3) for i in range(blocks)], 4)
+    parts = pipeline.cut(model, split, range(4))
+    names = [{n for n, _ in part.state_dict().items()} for part in parts]
+    assert all(not (a & b) for a, b in itertools.combinations(names, 2))
+    assert set().union(*names) == set(model.state_dict())
+    assert set(pipeline.merged([parts[0], parts[2]]).state_dict()) == names[0] | names[2]
+
+
+def test_the_stages_in_a_row_compute_the_full_model() -> None:
+    torch.manual_seed(0)
+    model = models.build("resnet20-gn")
+    x = torch.randn(2, 3, 32, 32)
+    out = x
+    for part in pipeline.cut(model, [2, 4, 3], range(3)):
+        out = part(out)
+    torch.testing.assert_close(out, model(x), rtol=0, atol=0)
+
+
+@pytest.mark.slow
+def test_every_schedule_gives_the_unpipelined_loss_gradients_accuracy_and_checkpoints(tmp_path: Path) -> None:
+    """4 processes: pp2 x dp2 (1f1b, gpipe, interleaved; DDP and FSDP inside the stages) and pp4 x dp1, one step
+    each against the unpipelined model on the same global batch; then a checkpoint saved at pp2 x dp2 resumed at
+    pp1 (FSDP over 4) and one saved at pp1 resumed at pp2 x dp2."""
+    worker = (str(REPO / "tests" / "trainer" / "pp_numerics_worker.py"), str(tmp_path / "rank"))
+    proc = subprocess.run(torchrun_cmd(4, [], entry=worker), cwd=REPO, env=child_env(), capture_output=True,
+                          text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    per_rank = [[json.loads(line) for line in (tmp_path / f"rank.{r}").read_text().splitlines()] for r in range(4)]
+    numeric = [[c for c in cases if not c["case"].startswith("ckpt")] for cases in per_rank]
+    assert [c["case"] for c in numeric[0]] == ["pp2-1f1b-ddp", "pp2-gpipe-ddp", "pp2-interleaved-ddp",
+                                               "pp4-1f1b-ddp", "pp2-1f1b-fsdp"]
+    for same_case in zip(*numeric, strict=True):
+        name = same_case[0]["case"]
+        # Each replica's loss is its half of the batch; their mean is the whole batch's.
+        mean_loss = sum(c["loss"] for c in same_case) / len(same_case)
+        assert mean_loss == pytest.approx(same_case[0]["ref_loss"], rel=1e-5, abs=4e-5), name
+        assert all(c["grads_close"] for c in same_case), (name, [c["grad_err"] for c in same_case])
+        assert all(c["acc"] == c["ref_acc"] for c in same_case), name
+        assert 0.2 < same_case[0]["ref_acc"] < 0.8  # labels half right: a count that can be wrong either way
+        stages: dict[int, set[str]] = {c["pp_rank"]: set(c["names"]) for c in same_case}
+        assert all(not (a & b) for a, b in itertools.combinations(stages.values(), 2)), name
+        assert set().union(*stages.values()) == set(same_case[0]["full_names"]), name
+    for cases in per_rank:
+        moved = {c["case"]: c for c in cases if c["case"].startswith("ckpt")}
+        assert sorted(moved) == ["ckpt-pp1-to-pp2", "ckpt-pp2-to-pp1"]
+        for c in moved.values():
+            assert c["same_keys"] and c["equal"], c
+            assert c["position"] == [0, 8, 1, 8]  # epoch, samples of the epoch (global), step, global batch
+
+
+@pytest.mark.slow
+def test_the_trainer_trains_at_pp2_and_its_checkpoint_resumes_at_pp1(data_dir: Path, tmp_path: Path,
+                                                                     inprocess: None) -> None:
+    """`torchrun -m trainer --pp 2` end to end (the split line, rank 0's loss from the last stage, the schedule's
+    evaluation, a sharded checkpoint), then one process resumes it under --strategy fsdp and takes a step."""
+    ckpt = tmp_path / "c"
+    args = [*base_args(data_dir, ckpt, "--max-steps", "3", "--batch-size", "8"), "--model", "resnet20-gn",
+            "--pp", "2", "--pp-split", "uniform"]
+    proc = subprocess.run(torchrun_cmd(2, args), cwd=REPO, env=child_env(), capture_output=True, text=True,
+                          timeout=240)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "pipeline: 2 stages x 1 replicas (1f1b, 8 micro-batches), split [5, 4] blocks (uniform)" in proc.stderr
+    assert "bubble 11.1%" in proc.stderr
+    losses = [r["loss"] for r in step_lines(ckpt)]
+    assert len(losses) == 3 and all(0 < v < 10 for v in losses)
+    info = dcp_checkpoint.newest_valid(ckpt)
+    assert info is not None and info.manifest.step == 3
+    resumed = [*base_args(data_dir, ckpt, "--max-steps", "4", "--batch-size", "16", "--resume"),
+               "--model", "resnet20-gn", "--strategy", "fsdp"]
+    assert main(resumed) == 0
+    assert [r["step"] for r in step_lines(ckpt)][-1] == 4

@@ -1,0 +1,16 @@
+"""The strategies, one module each (trainer/strategy.py has the interface); the config chooses one, once."""
+
+from __future__ import annotations
+
+from ..config import Config
+from ..strategy import Strategy
+from .ddp import DDPStrategy
+from .fsdp import FSDPStrategy
+from .pp import PipelineStrategy
+
+
+def for_config(cfg: Config) -> Strategy:
+    """--pp above 1: pipelining (with DDP or FSDP inside each stage, as --strategy says); else --strategy."""
+    if cfg.pp > 1:
+        return PipelineStrategy(cfg)
+    return FSDPStrategy() if cfg.strategy == "fsdp" else DDPStrategy()
