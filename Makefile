@@ -67,22 +67,17 @@ image-cpu: cpu-base
 	docker build --build-arg BASE_IMAGE=$(CPU_BASE) --build-arg VERSION=$(VERSION) -t $(CPU_IMAGE) .
 
 # pytest exits 5 when it collected nothing: that is a failure here too (make fails on any non-zero).
-# --durations: CI prints its 40 slowest tests, where its time goes (the 30-minute budget).
-# TEST_WORKERS: pytest-xdist workers. 2 (CI's): each worker runs one group of cluster test modules (tests/conftest.py,
-# CLUSTER_GROUPS), the other modules go to whichever worker is free:
-#   worker 1 (2-host cluster): staging, devcluster, examples, host faults, bad input, faults, progress, self-test
-#            check, shared hosts, shared storage, image delta, first `up`, concurrent data
-#   worker 2 (3-host cluster): network check, self-healing, stock hosts, 8 hosts, image pull, GPU sets, plan on hosts
-#   either: image, orchestrate, trainer and top-level modules
-# The whole suite took 32 min this way on an idle 2-core machine (2026-11-24, 661 tests), against about 55 serial
-# (0: one test after another). A failed or timed-out cluster test leaves nothing running for the next one
-# (tests/cluster/conftest.py), and waits for a job are bounded generously (PATIENCE): docs/benchmarks.md.
-TEST_WORKERS ?= 2
+# --durations: CI prints its 40 slowest tests; the run ends with a summary per tier (tests/kit/summary.py) and writes
+# each module's seconds to out/test-durations.json (copy it over tests/durations.json to re-balance the workers).
+# TEST_WORKERS: pytest-xdist workers. Each test module is a unit of work, handed to whichever worker is free, the
+# longest first by tests/durations.json (tests/conftest.py); every worker makes the test hosts it needs.
+TEST_WORKERS ?= 3
 # The image build waits on the network and the disk much of its time, so lint runs beside it (-j2; -O keeps each
 # one's output in one piece); the tests need both.
 test: setup
 	$(MAKE) --no-print-directory -j2 -O image-cpu lint
-	DDP_TEST_IMAGE=$(CPU_IMAGE) $(PY) -m pytest -n $(TEST_WORKERS) --durations=40 tests
+	@mkdir -p out
+	DDP_TEST_IMAGE=$(CPU_IMAGE) $(PY) -m pytest -n $(TEST_WORKERS) --durations=40 --store-durations out/test-durations.json tests
 
 # The GPU tier: CUDA kernels, NCCL, the GPU benchmark (docs/gpu-nodes.md). Needs a CUDA build of torch in the venv
 # (the dev extra pins the CPU wheel); every test fails, never skips, where CUDA is missing.

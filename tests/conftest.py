@@ -10,15 +10,16 @@
 - Ctrl-C as in a terminal: a suite started in the background of a shell without job control (``cmd &`` in a
   script) inherits SIGINT ignored, and so would every ``up`` it starts: the Ctrl-C test would see it ignored.
 
-Parallel runs (pytest-xdist, ``make test TEST_WORKERS=2``): the scheduler below gives each worker one group of
-cluster test modules (CLUSTER_GROUPS), started first; every other test module is a unit of its own, handed to the
-worker that is free. Every worker makes its own clusters (session fixtures are per process), and a cluster costs its
-start and an image load per host, so the modules that share a session cluster stay in one group; the modules that
-make fresh clusters of their own balance the two groups' lengths.
+Parallel runs (pytest-xdist, ``make test TEST_WORKERS=N``): each test module is a unit of work, handed to the worker
+that is free, longest first by CI's last measure (tests/durations.json; LongestFirstScheduling below). Every worker
+makes the session clusters it needs (seeded hosts start in about a second), so any worker can take any module.
+The run ends with a summary of where the time went (tests/kit/summary.py); ``--store-durations FILE`` also writes
+each module's seconds to FILE, the form of tests/durations.json.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import pwd
 import shutil
@@ -37,25 +38,19 @@ import pytest
 from kit.summary import RunSummary
 from xdist.scheduler import LoadScopeScheduling
 
-# Every cluster test module, in the group of one worker: the modules of the session's 2-host cluster (and of its
-# variants: the devcluster tests make the shared-folder one that test_shared_storage uses) in one, those of the 3-host
-# cluster in the other, and the modules with fresh clusters of their own (8 hosts, image pull, image delta, first
-# `up`) split so that the two serial sums are close. Seconds from CI's serial run of 2026-11-24 (the 25 slowest, the
-# others estimated): about 990 and 950; the other test modules (~300 s) go to whichever worker is free. The Makefile's
-# TEST_WORKERS comment says the same; tests/test_worker_groups.py fails on a cluster module in no group.
-CLUSTER_GROUPS: dict[str, tuple[str, ...]] = {
-    "cluster-2-hosts": ("test_data_staging", "test_devcluster", "test_examples", "test_host_faults",
-                        "test_orchestrate_bad_input", "test_orchestrate_faults", "test_progress_attempt",
-                        "test_shared_hosts", "test_shared_storage",
-                        "test_image_delta_on_hosts", "test_orchestrate_up", "test_concurrent_data",
-                        "test_slurm_restarts"),
-    "cluster-3-hosts": ("test_network_check", "test_self_healing", "test_stock_hosts",
-                        "test_eight_hosts", "test_image_pull", "test_gpu_sets", "test_plan_on_hosts",
-                        "test_devcluster_slurm", "test_slurm_backend", "test_cleanup_safety_net",
-                        "test_see_every_rank"),
-}
+# Seconds each test module took in CI (setup + call + teardown of its tests, tests/durations.json, written by
+# `pytest --store-durations tests/durations.json`): the scheduler below starts the longest modules first, so that the
+# workers end together. A module missing from the file gets the estimate of its folder's; tests/test_worker_groups.py
+# fails on a cluster module missing from it, so that a new one is measured and placed on purpose.
+DURATIONS_FILE = Path(__file__).resolve().parent / "durations.json"
+UNKNOWN_MODULE_S = {"tests/cluster/": 120.0, "tests/trainer/": 20.0, "tests/image/": 30.0}
 CPU_IMAGE = os.environ.get("DDP_TEST_IMAGE", "ddp-cifar:cpu")
 REPO_ROOT = Path(__file__).resolve().parent.parent
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption("--store-durations", metavar="FILE", type=Path,
+                     help="write each test module's seconds to FILE (JSON), as tests/durations.json holds them")
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -65,7 +60,7 @@ def pytest_configure(config: pytest.Config) -> None:
         signal.signal(signal.SIGINT, signal.default_int_handler)
     config.pluginmanager.register(SkipsFail(), "skips-fail")
     if not hasattr(config, "workerinput"):  # the controller (or a run without xdist) sees every worker's reports
-        config.pluginmanager.register(RunSummary(), "run-summary")
+        config.pluginmanager.register(RunSummary(store=config.getoption("store_durations")), "run-summary")
 
 
 class SkipsFail:
@@ -134,34 +129,49 @@ def cpu_image(docker_client: docker.DockerClient) -> str:
     return CPU_IMAGE
 
 
-def xdist_group_of(nodeid: str) -> str:
-    """The unit of work of a test: its cluster group, else its module."""
-    module = nodeid.split("::", 1)[0]
-    if not module.startswith("tests/cluster/"):
-        return module
-    stem = Path(module).stem
-    return next((group for group, stems in CLUSTER_GROUPS.items() if stem in stems), module)
+def module_of(nodeid: str) -> str:
+    """The unit of work of a test: its module (a module's tests share its fixtures and may build on each other)."""
+    return nodeid.split("::", 1)[0]
 
 
-class ClusterGroupScheduling(LoadScopeScheduling):
-    """xdist's load-by-scope scheduling, with the scopes of xdist_group_of and the cluster groups handed out first.
+def estimated_seconds(module: str, measured: dict[str, float]) -> float:
+    """What a module is expected to take: CI's last measure, else the estimate of its folder's modules."""
+    if module in measured:
+        return measured[module]
+    return next((s for folder, s in UNKNOWN_MODULE_S.items() if module.startswith(folder)), 5.0)
 
-    Not `--dist loadgroup` with xdist_group marks: pytest 9.2 ignores the node ids that mode rewrites, and the
-    tests would be spread round-robin (pytest-dev/pytest-xdist#1386)."""
+
+def longest_first(modules: list[str], measured: dict[str, float]) -> list[str]:
+    """The modules in the order the workers take them: longest expected first (a stable sort: ties keep their order)."""
+    return sorted(modules, key=lambda module: -estimated_seconds(module, measured))
+
+
+class LongestFirstScheduling(LoadScopeScheduling):
+    """xdist's load-by-module scheduling, with the work queue ordered by each module's expected length, longest
+    first: a free worker takes the longest module left, so the last to end is a short one (LPT scheduling).
+
+    Every worker makes the session clusters it needs (seeded hosts start in about a second, docs/devcluster.md), so
+    any worker can run any cluster module. Not `--dist loadgroup` with xdist_group marks: pytest 9.2 ignores the
+    node ids that mode rewrites, and the tests would be spread round-robin (pytest-dev/pytest-xdist#1386)."""
+
+    ordered = False
 
     def _split_scope(self, nodeid: str) -> str:
-        return xdist_group_of(nodeid)
+        return module_of(nodeid)
 
     def _assign_work_unit(self, node: object) -> None:
-        for group in reversed(list(CLUSTER_GROUPS)):
-            if group in self.workqueue:
-                self.workqueue.move_to_end(group, last=False)
+        if not self.ordered:
+            measured = json.loads(DURATIONS_FILE.read_text()) if DURATIONS_FILE.is_file() else {}
+            units = dict(self.workqueue)
+            self.workqueue.clear()
+            self.workqueue.update((module, units[module]) for module in longest_first(list(units), measured))
+            self.ordered = True
         super()._assign_work_unit(node)  # type: ignore[arg-type]
 
 
 @pytest.hookimpl(optionalhook=True)
-def pytest_xdist_make_scheduler(config: pytest.Config, log: object) -> ClusterGroupScheduling:
-    return ClusterGroupScheduling(config, log)  # type: ignore[arg-type]
+def pytest_xdist_make_scheduler(config: pytest.Config, log: object) -> LongestFirstScheduling:
+    return LongestFirstScheduling(config, log)  # type: ignore[arg-type]
 
 
 NOBODY = "nobody"  # an account without privileges, present on every Debian system (uid 65534)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ast
+import json
 import subprocess
 import sys
 import time
@@ -73,7 +74,7 @@ def test_the_run_summary_counts_each_tier_and_names_the_slowest_tests(tmp_path: 
         (tmp_path / "tests" / folder / name).write_text(f"def test_one():\n    {body}\n\ndef test_two():\n    pass\n")
     env = {"PYTHONPATH": f"{TESTS}:{TESTS.parent}", "PATH": "/usr/bin:/bin", "OMP_NUM_THREADS": "1"}
     run = subprocess.run([sys.executable, "-m", "pytest", "-p", "conftest", "-p", "no:cacheprovider", "-n", "2",
-                          "--rootdir", str(tmp_path), "tests"], cwd=tmp_path, env=env, capture_output=True, text=True,
+                          "--rootdir", str(tmp_path), "--store-durations", "d.json", "tests"], cwd=tmp_path, env=env, capture_output=True, text=True,
                          timeout=120)
     assert run.returncode == 0, run.stdout + run.stderr
     rows = {words[0]: words for words in map(str.split, run.stdout.splitlines()) if words[:1] in
@@ -82,3 +83,6 @@ def test_the_run_summary_counts_each_tier_and_names_the_slowest_tests(tmp_path: 
                                                                       "cluster": 0, "slurm": 2}
     slowest = run.stdout.split("slowest (seconds")[1].splitlines()[1].split()
     assert slowest[1:] == ["slurm", "tests/cluster/test_slurm_x.py::test_one"] and float(slowest[0]) >= 0.5
+    stored = json.loads((tmp_path / "d.json").read_text())  # per module, the scheduler's tests/durations.json
+    assert sorted(stored) == ["tests/cluster/test_slurm_x.py", "tests/orchestrate/test_o.py", "tests/trainer/test_t.py"]
+    assert stored["tests/cluster/test_slurm_x.py"] >= 0.5

@@ -1,10 +1,10 @@
-"""The 2-worker split of the cluster tests (tests/conftest.py, CLUSTER_GROUPS): every cluster test module is in
-exactly one worker's group, so a new module is placed on purpose, by its length, and never makes the session
-clusters a second time on the other worker."""
+"""The order in which the workers take the test modules (tests/conftest.py, LongestFirstScheduling): longest first by
+CI's last measure (tests/durations.json), so that a long module never starts last and the workers end together."""
 
 from __future__ import annotations
 
 import importlib.util
+import json
 from pathlib import Path
 from types import ModuleType
 
@@ -20,15 +20,19 @@ def root_conftest() -> ModuleType:
     return module
 
 
-def test_every_cluster_module_is_in_exactly_one_group() -> None:
-    groups = root_conftest().CLUSTER_GROUPS
-    placed = [stem for stems in groups.values() for stem in stems]
-    on_disk = sorted(p.stem for p in (TESTS / "cluster").glob("test_*.py"))
-    assert sorted(placed) == on_disk
+def test_every_cluster_module_has_a_measured_length() -> None:
+    """A new cluster module is measured (`--store-durations`) and placed by its length, not guessed."""
+    measured = json.loads((TESTS / "durations.json").read_text())
+    on_disk = sorted(f"tests/cluster/{p.name}" for p in (TESTS / "cluster").glob("test_*.py"))
+    assert [m for m in on_disk if m not in measured] == []
 
 
-def test_a_cluster_test_runs_in_its_group_and_any_other_test_in_its_module() -> None:
+def test_the_longest_module_is_handed_out_first_and_a_test_stays_with_its_module() -> None:
     conftest = root_conftest()
-    assert conftest.xdist_group_of("tests/cluster/test_eight_hosts.py::test_x") == "cluster-3-hosts"
-    assert conftest.xdist_group_of("tests/cluster/test_orchestrate_up.py::test_x[a]") == "cluster-2-hosts"
-    assert conftest.xdist_group_of("tests/trainer/test_trainer_fsdp.py::test_x") == "tests/trainer/test_trainer_fsdp.py"
+    measured = {"tests/cluster/test_long.py": 300.0, "tests/test_short.py": 1.0}
+    order = conftest.longest_first(["tests/test_kit.py", "tests/test_short.py", "tests/cluster/test_new.py",
+                                    "tests/trainer/test_new.py", "tests/cluster/test_long.py"], measured)
+    # measured first by their seconds; unmeasured ones by their folder's estimate (cluster 120, trainer 20, else 5)
+    assert order == ["tests/cluster/test_long.py", "tests/cluster/test_new.py", "tests/trainer/test_new.py",
+                     "tests/test_kit.py", "tests/test_short.py"]
+    assert conftest.module_of("tests/cluster/test_eight_hosts.py::test_x[a]") == "tests/cluster/test_eight_hosts.py"

@@ -9,9 +9,11 @@ sums add up the workers' time: more than the wall clock by about the number of w
 
 from __future__ import annotations
 
+import json
 import time
 from collections import defaultdict
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import pytest
 
@@ -35,6 +37,7 @@ def tier_of(nodeid: str) -> str:
 class RunSummary:
     """Collects each test's seconds as the reports arrive; prints the table once the run ends."""
 
+    store: Path | None = None  # where to write each module's seconds (JSON), for the scheduler's next run
     started: float = field(default_factory=time.monotonic)
     seconds: dict[str, float] = field(default_factory=lambda: defaultdict(float))
 
@@ -59,9 +62,17 @@ class RunSummary:
         return out
 
     @pytest.hookimpl(trylast=True)  # the last section, just above pytest's own closing lines
+    def per_module(self) -> dict[str, float]:
+        modules: dict[str, float] = defaultdict(float)
+        for nodeid, seconds in self.seconds.items():
+            modules[nodeid.split("::", 1)[0]] += seconds
+        return {module: round(seconds, 1) for module, seconds in sorted(modules.items())}
+
     def pytest_terminal_summary(self, terminalreporter: pytest.TerminalReporter) -> None:
         if not self.seconds:
             return
+        if self.store is not None:
+            self.store.write_text(json.dumps(self.per_module(), indent=1) + "\n")
         terminalreporter.section("where the time went (tests/kit/summary.py)")
         for line in self.lines():
             terminalreporter.write_line(line)
