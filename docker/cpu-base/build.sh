@@ -68,6 +68,21 @@ build_rootfs_tarball() {
     log "rootfs: wrote $ROOTFS_TAR ($(du -h "$ROOTFS_TAR" | cut -f1))"
 }
 
+# What the raw base is made from: debootstrap's suite, variant, packages and mirror, and the version of the
+# clean-up above (bump ROOTFS_RECIPE_VERSION when build_rootfs_tarball changes what it removes).
+readonly ROOTFS_RECIPE_VERSION=1
+rootfs_recipe() {
+    printf '%s minbase python3,python3-venv,ca-certificates %s v%s' "$SUITE" "$(debian_mirror)" "$ROOTFS_RECIPE_VERSION"
+}
+
+# A raw base made from the same recipe is reused as it is: a fresh clone (CI's) on a machine that built it once
+# skips debootstrap (about a minute) and the import, and the build below then hits Docker's cache.
+raw_base_is_current() {
+    local have
+    have="$(docker image inspect -f '{{index .Config.Labels "ddp-cifar.rootfs-recipe"}}' "$RAW_TAG" 2>/dev/null || true)"
+    [[ "$have" == "$(rootfs_recipe)" ]]
+}
+
 # Import the tarball as $RAW_TAG unless an image made from the same tarball is already there.
 import_raw_base() {
     local sum have
@@ -77,6 +92,7 @@ import_raw_base() {
     log "raw base: docker import -> $RAW_TAG"
     docker import \
         --change "LABEL ddp-cifar.rootfs-sha256=$sum" \
+        --change "LABEL ddp-cifar.rootfs-recipe=$(rootfs_recipe)" \
         --change 'ENV LANG=C.UTF-8' \
         --change 'CMD ["/bin/bash"]' \
         "$ROOTFS_TAR" "$RAW_TAG" >/dev/null
@@ -110,8 +126,12 @@ build_base() {
 
 main() {
     docker info >/dev/null 2>&1 || die "dockerd is unreachable: start it (e.g. 'dockerd &') and retry"
-    build_rootfs_tarball
-    import_raw_base
+    if [[ ! -s "$ROOTFS_TAR" ]] && raw_base_is_current; then
+        log "raw base: $RAW_TAG is current (made from the same recipe: $(rootfs_recipe))"
+    else
+        build_rootfs_tarball
+        import_raw_base
+    fi
     download_wheels
     build_base
 }
