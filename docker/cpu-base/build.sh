@@ -92,7 +92,7 @@ import_raw_base() {
     log "raw base: docker import -> $RAW_TAG"
     docker import \
         --change "LABEL ddp-cifar.rootfs-sha256=$sum" \
-        --change "LABEL ddp-cifar.rootfs-recipe=$(rootfs_recipe)" \
+        --change "LABEL ddp-cifar.rootfs-recipe=\"$(rootfs_recipe)\"" \
         --change 'ENV LANG=C.UTF-8' \
         --change 'CMD ["/bin/bash"]' \
         "$ROOTFS_TAR" "$RAW_TAG" >/dev/null
