@@ -92,7 +92,7 @@ def test_every_schedule_gives_the_unpipelined_loss_gradients_accuracy_and_checkp
         name = same_case[0]["case"]
         # Each replica's loss is its half of the batch; their mean is the whole batch's.
         mean_loss = sum(c["loss"] for c in same_case) / len(same_case)
-        assert mean_loss == pytest.approx(same_case[0]["ref_loss"], rel=1e-5, abs=4e-5), name
+        assert mean_loss == pytest.approx(same_case[0]["ref_loss"], rel=1e-5, abs=4e-5), (name, same_case)
         assert all(c["grads_close"] for c in same_case), (name, [c["grad_err"] for c in same_case])
         assert all(c["acc"] == c["ref_acc"] for c in same_case), name
         assert 0.2 < same_case[0]["ref_acc"] < 0.8  # labels half right: a count that can be wrong either way
