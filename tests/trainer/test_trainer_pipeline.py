@@ -11,11 +11,14 @@ from pathlib import Path
 
 import pytest
 import torch
-from kit.trainer_helpers import REPO, base_args, child_env, step_lines, torchrun_cmd
+from kit.trainer_helpers import REPO, base_args, child_env, step_lines, torchrun_cmd, unit_cfg
 
 from trainer import dcp_checkpoint, models, pipeline
 from trainer.__main__ import main
 from trainer.config import PP_MODEL_BLOCKS
+from trainer.dist import DistContext
+from trainer.errors import ConfigError
+from trainer.strategies.pp import PipelineStrategy
 
 
 def _brute_force(costs: list[float], stages: int) -> float:
@@ -128,3 +131,15 @@ def test_the_trainer_trains_at_pp2_and_its_checkpoint_resumes_at_pp1(data_dir: P
                "--model", "resnet20-gn", "--strategy", "fsdp"]
     assert main(resumed) == 0
     assert [r["step"] for r in step_lines(ckpt)][-1] == 4
+
+
+def test_keep_global_batch_is_refused_only_where_the_micro_batches_do_not_divide() -> None:
+    """A restart on 4 processes of a pp2 job: 2 replicas; --keep-global-batch gives each process the saved global
+    batch / 4, so a replica takes twice that, in the schedule's 8 micro-batches."""
+    strategy = PipelineStrategy(unit_cfg(model="resnet20-gn", pp=2, batch_size=8))
+    strategy.dp = 2  # as build() makes it on 4 processes
+    ctx = DistContext(0, 0, 4, torch.device("cpu"))
+    strategy.check_batch(ctx, 8)  # 16 images per replica: 8 micro-batches of 2
+    with pytest.raises(ConfigError, match="each of the 2 replicas would take 12 images per step, not divisible by "
+                                          "--pp-microbatches 8"):
+        strategy.check_batch(ctx, 6)

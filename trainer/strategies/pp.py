@@ -59,6 +59,15 @@ class PipelineStrategy(Strategy):
     def data_share(self, ctx: DistContext) -> tuple[int, int]:
         return self.dp_rank, self.dp
 
+    def check_batch(self, ctx: DistContext, per_process: int) -> None:
+        """--keep-global-batch on another world size: the replica's batch grows or shrinks and the schedule's
+        micro-batches are the accumulation (no loop of its own), so they must still divide it."""
+        replica = per_process * ctx.world_size // self.dp
+        if replica % self.microbatches:
+            raise ConfigError(f"--keep-global-batch: each of the {self.dp} replicas would take {replica} images per "
+                              f"step, not divisible by --pp-microbatches {self.microbatches}; resume with a process "
+                              "count or --pp-microbatches that divides it")
+
     def describe(self) -> str:
         costs = ("not measured" if self.costs is None else
                  " ".join(f"{c * 1000:.1f}" for c in pipeline.stage_cost(self.costs, self.split)) + " ms")
@@ -147,6 +156,7 @@ class PipelineStrategy(Strategy):
 
     def train_step(self, st: TrainState, x: torch.Tensor, y: torch.Tensor, lr: float, precision: str, micro: int,
                    forward: Callable[[], AbstractContextManager[None]]) -> torch.Tensor:
+        """`micro` (gradient accumulation) is not needed: the schedule's micro-batches already split the batch."""
         for group in st.optimizer.param_groups:
             group["lr"] = lr
         st.optimizer.zero_grad(set_to_none=True)
