@@ -142,7 +142,8 @@ class PipelineStrategy(Strategy):
         """Wrapped in build: DDP's constructor ran before the restore, which then loaded every replica alike."""
 
     def restore(self, cfg: Config, ctx: DistContext, st: TrainState) -> int:
-        return snapshot.resume_sharded(cfg, ctx, st)
+        names = [n for n, _ in models.build(cfg.model).named_parameters()]  # a DDP .pt's optimizer order
+        return snapshot.resume_any(cfg, ctx, st, names)
 
     # ---- step and evaluation ----------------------------------------------------------------------------------
 
