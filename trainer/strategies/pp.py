@@ -30,7 +30,7 @@ from ..config import Config, pp_microbatches, pp_split_counts, pp_stages
 from ..data import Split, normalize
 from ..dist import DistContext
 from ..errors import ConfigError
-from ..precision import autocast
+from ..precision import autocast, resolve
 from ..state import Position, TrainState
 from ..strategy import Strategy
 
@@ -125,10 +125,11 @@ class PipelineStrategy(Strategy):
         """DDP or FSDP2 over the stage's dp group (nothing with one replica)."""
         if self.dp == 1:
             return part
-        if cfg.strategy == "fsdp":
+        if cfg.strategy == "fsdp":  # the job's MixedPrecisionPolicy, as parallel.shard (no BatchNorm here)
+            policy = parallel.mp_policy(resolve(cfg.precision, ctx.device))
             for block in getattr(part, part.kind.blocks):
-                fully_shard(block, mesh=dp_mesh, reshard_after_forward=False)
-            fully_shard(part, mesh=dp_mesh, reshard_after_forward=False)
+                fully_shard(block, mesh=dp_mesh, mp_policy=policy, reshard_after_forward=False)
+            fully_shard(part, mesh=dp_mesh, mp_policy=policy, reshard_after_forward=False)
             return part
         return DistributedDataParallel(part, process_group=dp_mesh.get_group(), **parallel.ddp_kwargs(ctx.device))
 
