@@ -196,6 +196,16 @@ class Program:
         return self.entry == TRAINER_ENTRY
 
     @property
+    def pipeline_stages(self) -> int:
+        """The trainer's --pp (1 for another program, or without it): the world must divide by it."""
+        if not self.is_trainer:
+            return 1
+        try:
+            return trainer_config.parse(["--data-dir", "/data", "--ckpt-dir", "/ckpt", *self.trainer_args])[0].pp
+        except TrainerConfigError:  # refused with its own line by UpConfig (check_trainer_args)
+            return 1
+
+    @property
     def entry_argv(self) -> tuple[str, ...]:
         """What follows torchrun's own options: ("-m", "pkg.mod") or ("/path/script.py",)."""
         return tuple(self.entry.split(" ", 1)) if self.entry.startswith("-m ") else (self.entry,)

@@ -73,6 +73,7 @@ def _train(cfg: Config, ctx: DistContext) -> int:
     saved_batch = _agreed(ctx, lambda: strategy.restore(cfg, ctx, st)) if cfg.resume else 0
     strategy.wrap(cfg, ctx, st)
     per_rank, micro = _batch_split(cfg, ctx, saved_batch)
+    strategy.check_batch(ctx, per_rank)
     share, shares = strategy.data_share(ctx)  # the stages of one pipeline read the same images
     loader = data.TrainLoader(train, per_rank * ctx.world_size // shares, share, shares, cfg.seed)
     if (cfg.resume or is_restart()) and ctx.is_main:

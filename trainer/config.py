@@ -202,9 +202,6 @@ PP_REFUSES: tuple[tuple[str, Callable[[Config], bool], str], ...] = (
      "apex is not tested with the pipeline's stages; use --optimizer sgd"),
     ("--precision fp16", lambda c: c.precision == "fp16",
      "the pipeline's schedule runs backward itself, without the gradient scaler; use --precision bf16 or fp32"),
-    ("--keep-global-batch", lambda c: c.keep_global_batch,
-     "gradient accumulation on top of the pipeline's micro-batches is not built; resume with --pp and the "
-     "processes that divide the checkpoint's global batch, without --keep-global-batch"),
 )
 
 

@@ -14,6 +14,7 @@ from typing import Any
 
 import torch
 import torch.distributed as tdist
+from torch.distributed.checkpoint.state_dict import StateDictOptions, set_state_dict
 
 from . import checkpoint, dcp_checkpoint
 from .config import Config
@@ -84,8 +85,8 @@ def _load_on_main(cfg: Config, ctx: DistContext) -> tuple[dict[str, Any] | None,
     info = checkpoint.newest_valid(cfg.ckpt_dir)
     sharded = dcp_checkpoint.newest_valid(cfg.ckpt_dir)
     if sharded is not None and (info is None or sharded.manifest.step > info.step):
-        return None, (f"checkpoint {sharded.path} was written by --strategy fsdp (a sharded DCP folder); resume it "
-                      "with --strategy fsdp, at any number of processes")
+        return None, (f"checkpoint {sharded.path} was written by --strategy fsdp or --pp (a sharded DCP folder); "
+                      "resume it with --strategy fsdp or --pp, at any number of processes")
     if info is None:
         return None, (f"--resume: no valid checkpoint in {cfg.ckpt_dir}; run without --resume to start fresh, "
                       f"or point --ckpt-dir at the run to continue")
@@ -159,6 +160,41 @@ def resume_sharded(cfg: Config, ctx: DistContext, st: TrainState) -> int:
     return _continue(ctx, st, _restore_sharded(cfg, ctx, st))
 
 
+def resume_any(cfg: Config, ctx: DistContext, st: TrainState, names: list[str]) -> int:
+    """restore() for a model that holds part of the full one under its names (a pipeline's stages): from the newest
+    checkpoint, a DCP folder or a DDP .pt. `names`: the full model's parameter names in its parameters' order (a
+    .pt keys the optimizer's state by that index)."""
+    newest: list[Any] = [None]
+    if ctx.is_main:
+        full, sharded = checkpoint.newest_valid(cfg.ckpt_dir), dcp_checkpoint.newest_valid(cfg.ckpt_dir)
+        newest = ["full" if full is not None and (sharded is None or full.step > sharded.manifest.step) else "sharded"]
+    if ctx.distributed:
+        tdist.broadcast_object_list(newest, src=0, device=ctx.device)
+    if newest[0] == "sharded":
+        return resume_sharded(cfg, ctx, st)
+    state = _shared_full_state(cfg, ctx)
+    try:
+        _load_by_name(st, state, names)
+    except (RuntimeError, KeyError, TypeError, ValueError) as e:
+        raise CheckpointError(f"checkpoint {state.get('_path', '?')} does not fit this run's model or optimizer "
+                              f"({str(e).splitlines()[0][:200]}); point --ckpt-dir at this model's run") from None
+    _load_trainer_state(st, state, ctx)
+    return _continue(ctx, st, state)
+
+
+def _load_by_name(st: TrainState, state: dict[str, Any], names: list[str]) -> None:
+    """The .pt's parameters and their optimizer state (keyed by index in `names`' order) into `st`'s part of the
+    model, by full name; set_state_dict puts full tensors into FSDP's shards too."""
+    held = {n for n, _ in st.model.named_parameters()}
+    saved = state["optimizer"]
+    optim_state: Any = {"state": {names[i]: v for i, v in saved["state"].items() if names[i] in held},
+                   "param_groups": [{**group, "params": [names[i] for i in group["params"] if names[i] in held]}
+                                    for group in saved["param_groups"]]}
+    model_state = {k: v for k, v in state["model"].items() if k in st.model.state_dict()}
+    set_state_dict(st.model, st.optimizer, model_state_dict=model_state, optim_state_dict=optim_state,
+                   options=StateDictOptions(full_state_dict=True))
+
+
 def _continue(ctx: DistContext, st: TrainState, state: dict[str, Any]) -> int:
     st.pos = Position(int(state["epoch"]), int(state["samples_in_epoch"]), int(state["step"]))
     if state["world_size"] != ctx.world_size:
@@ -174,8 +210,8 @@ def _restore_sharded(cfg: Config, ctx: DistContext, st: TrainState) -> dict[str,
     return state
 
 
-def _restore_full(cfg: Config, ctx: DistContext, st: TrainState) -> dict[str, Any]:
-    """Rank 0 reads the .pt and shares it with every rank."""
+def _shared_full_state(cfg: Config, ctx: DistContext) -> dict[str, Any]:
+    """The newest .pt as global rank 0 reads it, on every rank (CPU tensors), or the CheckpointError it met."""
     payload: list[Any] = [None, None]
     if ctx.is_main:
         payload = list(_load_on_main(cfg, ctx))
@@ -185,6 +221,12 @@ def _restore_full(cfg: Config, ctx: DistContext, st: TrainState) -> dict[str, An
     state, err = payload
     if err is not None:
         raise CheckpointError(err)
+    return dict(state)
+
+
+def _restore_full(cfg: Config, ctx: DistContext, st: TrainState) -> dict[str, Any]:
+    """Rank 0 reads the .pt and shares it with every rank."""
+    state = _shared_full_state(cfg, ctx)
     try:
         _load_into(st, state, ctx)
     except (RuntimeError, KeyError, TypeError, ValueError) as e:  # fields of the right type, content that is not

@@ -54,6 +54,11 @@ class Strategy(ABC):
         several processes work on the same images (the stages of one pipeline)."""
         return ctx.rank, ctx.world_size
 
+    def check_batch(self, ctx: DistContext, per_process: int) -> None:
+        """Refuse (ConfigError) a batch of `per_process` images per process that this strategy cannot split; DDP
+        and FSDP split any (gradient accumulation covers --keep-global-batch)."""
+        return None
+
     def describe(self) -> str:
         """What the start-up log says about the layout (empty: nothing beyond the strategy's name)."""
         return ""

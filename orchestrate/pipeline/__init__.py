@@ -25,7 +25,7 @@ from orchestrate.pipeline.attempt import plan_attempt
 from orchestrate.pipeline.attend import watch
 from orchestrate.pipeline.ready import connect_and_preflight
 from orchestrate.plan import gpus
-from orchestrate.plan.jobplan import Attempt, JobPlan, container_specs
+from orchestrate.plan.jobplan import UNKNOWN, Attempt, JobPlan, container_specs, pipeline_layout
 from orchestrate.probe.hostboot import await_hosts
 from orchestrate.probe.resume import newest_step
 from orchestrate.remote.session import Session
@@ -102,6 +102,8 @@ def _print_offline(config: UpConfig, hosts: list[Host], console: Console) -> Non
     """Offline: nothing is contacted; interfaces and GPU counts are shown as detected at launch."""
     specs = container_specs(config.program, config.resources, config.where, Attempt.first(config.resilience), hosts,
                             config.where.master_addr or hosts[0].hostname)
+    nprocs = [int(s.env["NPROC_PER_NODE"]) if s.env["NPROC_PER_NODE"].isdigit() else UNKNOWN for s in specs]
+    layout = pipeline_layout(config.program.pipeline_stages, nprocs)  # refused here, before anything is printed
     if config.mode.as_json:
         _print_json(console, backend().materialize_offline(specs))
         return
@@ -110,6 +112,8 @@ def _print_offline(config: UpConfig, hosts: list[Host], console: Console) -> Non
     console.print("\n".join(f"#   {line}" for line in jobfile.of_config(config).splitlines()), markup=False,
                   highlight=False, soft_wrap=True)
     console.print(backend().text_offline(specs), markup=False, highlight=False, soft_wrap=True)
+    if layout:
+        console.print(layout, markup=False, highlight=False, soft_wrap=True)
     note = _match_exec_note(config)
     if note:
         console.print(note, markup=False, highlight=False, soft_wrap=True)

@@ -23,6 +23,7 @@ from orchestrate.config import (
     Where,
     url_masked,
 )
+from orchestrate.errors import ConfigError
 from orchestrate.hosts import Host
 from orchestrate.labels import (
     GPUS_LABEL,
@@ -138,6 +139,24 @@ def nproc_for(resources: Resources, host: Host, facts: NodeFacts) -> int | str:
     if facts.gpus is not None:
         return min(facts.gpus, host.slots) if host.slots else facts.gpus
     return host.slots or UNKNOWN
+
+
+def pipeline_layout(pp: int, nprocs: Sequence[int | str]) -> str:
+    """What the trainer's --pp makes of this world, in one line; a ConfigError when the processes of all nodes do not
+    divide by it (the trainer would refuse at start, on every node). Ranks fill node 0 first and the (pp x dp) mesh
+    has pp outermost, so with one replica per node's worth of processes, stage s lies on node s."""
+    if pp == 1:
+        return ""
+    counts = [n for n in nprocs if isinstance(n, int)]
+    if len(counts) < len(nprocs):
+        return f"# pipeline: --pp {pp}; the processes per node are detected at launch, and must divide by {pp}"
+    world = sum(counts)
+    if world % pp:
+        raise ConfigError(f"trainer option --pp {pp}: {len(counts)} node(s) x processes per node = {world} processes, "
+                          f"not divisible by {pp}; change --pp, the hosts or --nproc-per-node")
+    dp = world // pp
+    return (f"# pipeline: --pp {pp} over {world} processes: {pp} stages x {dp} data-parallel replicas; stage s on "
+            f"ranks s*{dp} .. s*{dp}+{dp - 1}")
 
 
 @dataclass(frozen=True)
@@ -391,6 +410,7 @@ def plan_job(program: Program, resources: Resources, where: Where, data: Data, d
     containers are added by plan/shortlived.py's `with_short_containers`."""
     specs = container_specs(program, resources, where, attempt, hosts, master_addr, facts, launcher or ("torchrun",),
                             master_port)
+    pipeline_layout(program.pipeline_stages, [nproc_for(resources, h, f) for h, f in zip(hosts, facts, strict=True)])
     nodes = tuple(NodePlan(rank, spec.host, spec.dirs, f.verdicts, image_action(delivery, local, f),
                            data_action(data, program.is_trainer, f, archive_bytes, from_folder), f.leftovers, spec)
                   for rank, (spec, f) in enumerate(zip(specs, facts, strict=True)))

@@ -166,3 +166,29 @@ def test_the_printed_command_is_rendered_from_what_launch_applies() -> None:
     assert not any(a.startswith("--volume") for a in shown)
     assert "--stop-signal=SIGTERM" in shown and "--gpus=2" in shown and "--user=1000:1000" in shown
     assert shown[-len(spec.command) - 1:] == [spec.image, *spec.command]
+
+
+@pytest.mark.parametrize(("hosts_text", "expected"), [
+    ("node-a slots=1\nnode-b slots=1\n",
+     "# pipeline: --pp 2 over 2 processes: 2 stages x 1 data-parallel replicas; stage s on ranks s*1 .. s*1+0"),
+    ("node-a slots=1\nnode-b slots=1\nnode-c slots=1\n",
+     "error: trainer option --pp 2: 3 node(s) x processes per node = 3 processes, not divisible by 2; change --pp, "
+     "the hosts or --nproc-per-node"),
+    ("node-a\nnode-b\n", "# pipeline: --pp 2; the processes per node are detected at launch, and must divide by 2"),
+])
+def test_the_dry_run_says_how_pp_lays_out_and_refuses_a_world_it_does_not_divide(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch, hosts_text: str,
+        expected: str) -> None:
+    hosts = tmp_path / "hosts"
+    hosts.write_text(hosts_text)
+    monkeypatch.setenv("HOME", str(tmp_path))
+    import orchestrate.remote.ssh as ssh
+
+    monkeypatch.setattr(ssh.Connection, "open", lambda *a, **k: pytest.fail("dry run must not connect"))
+    gpus = ["--gpus", "0"] if "slots" in hosts_text else []  # GPUs per node: known only once probed
+    code = cli.main(["up", "--dry-run", "--hosts", str(hosts), *gpus, "--image", "ddp-cifar:cpu", "--job", "j1",
+                     "--", "--model", "resnet20-gn", "--pp", "2"])
+    captured = capsys.readouterr()
+    assert code == (2 if expected.startswith("error:") else 0)
+    lines = (captured.err if code else captured.out).splitlines()
+    assert expected in lines

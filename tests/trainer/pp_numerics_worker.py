@@ -14,12 +14,12 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict
 
-from trainer import loop, models, strategies
+from trainer import checkpoint, loop, models, strategies
 from trainer.__main__ import exit_without_finalizing
 from trainer.config import Config
 from trainer.data import Split, normalize
 from trainer.dist import DistContext
-from trainer.snapshot import save_sharded
+from trainer.snapshot import save_sharded, to_checkpoint
 from trainer.state import Position, TrainState
 from trainer.strategies.pp import PipelineStrategy
 
@@ -83,12 +83,13 @@ def full_state(st: TrainState, gather: bool) -> dict[str, torch.Tensor]:
     return {k: v for part in every for k, v in part.items()}
 
 
-def checkpoint_case(ctx: DistContext, folder: Path, save_pp: int, load_pp: int) -> dict[str, object]:
-    """One step at save_pp, a sharded save, a resume at load_pp: weights and momentum bitwise equal."""
+def checkpoint_case(ctx: DistContext, folder: Path, save_pp: int, load_pp: int, inside: str) -> dict[str, object]:
+    """One step at save_pp, a save (a DCP folder, or DDP's .pt at pp1 under ddp), a resume at load_pp: weights and
+    momentum bitwise equal."""
     def cfg(pp: int) -> Config:
         return Config(data_dir=Path("/unused"), ckpt_dir=folder, model="resnet20-gn", precision="fp32",
                       batch_size=BATCH, pp=pp, pp_microbatches=2 * pp, pp_split="uniform",
-                      strategy="ddp" if pp > 1 else "fsdp")
+                      strategy=inside if pp == 1 else "ddp")
     before_cfg, after_cfg = cfg(save_pp), cfg(load_pp)
     saver = strategies.for_config(before_cfg)
     st = saver.build(before_cfg, ctx)
@@ -100,13 +101,19 @@ def checkpoint_case(ctx: DistContext, folder: Path, save_pp: int, load_pp: int) 
     rows = slice(share * len(y) // shares, (share + 1) * len(y) // shares)
     saver.train_step(st, x[rows], y[rows], 0.1, "fp32", 0, contextlib.nullcontext)
     st.pos = Position(0, len(y), 1)
-    save_sharded(before_cfg, ctx, st, len(y))
+    if saver.sharded_checkpoints:
+        save_sharded(before_cfg, ctx, st, len(y))
+    elif ctx.is_main:  # as the loop's synchronous save writes it
+        checkpoint.check_writable(folder)
+        checkpoint.save(folder, to_checkpoint(before_cfg, ctx, st, len(y)), step=1, epoch=0, epoch_complete=False,
+                        world_size=ctx.world_size, keep=1)
+    dist.barrier()
     saved = full_state(st, gather=save_pp > 1)
     loader = strategies.for_config(after_cfg)
     resumed = loader.build(after_cfg, ctx)
     global_batch = loader.restore(after_cfg, ctx, resumed)
     loaded = full_state(resumed, gather=load_pp > 1)
-    return {"case": f"ckpt-pp{save_pp}-to-pp{load_pp}", "same_keys": sorted(saved) == sorted(loaded),
+    return {"case": f"ckpt-pp{save_pp}-to-pp{load_pp}-{inside}", "same_keys": sorted(saved) == sorted(loaded),
             "equal": all(torch.equal(saved[k], loaded[k]) for k in saved if k in loaded),
             "position": [resumed.pos.epoch, resumed.pos.sample, resumed.pos.step, global_batch]}
 
@@ -127,9 +134,9 @@ def main() -> None:
             out.write(json.dumps(one_case(ctx, pp, schedule, inside, test)) + "\n")
             out.flush()
         if world == 4:
-            for save_pp, load_pp in ((2, 1), (1, 2)):
-                folder = Path(f"{sys.argv[1]}-ckpt-{save_pp}-{load_pp}")
-                out.write(json.dumps(checkpoint_case(ctx, folder, save_pp, load_pp)) + "\n")
+            for save_pp, load_pp, inside in ((2, 1, "fsdp"), (1, 2, "fsdp"), (1, 2, "ddp")):
+                folder = Path(f"{sys.argv[1]}-ckpt-{save_pp}-{load_pp}-{inside}")
+                out.write(json.dumps(checkpoint_case(ctx, folder, save_pp, load_pp, inside)) + "\n")
     dist.barrier()
     exit_without_finalizing(0)
 

@@ -72,6 +72,8 @@ def test_legacy_local_rank_is_accepted(flag: str) -> None:
     (["--pp", "10", "--model", "resnet20-gn", "--batch-size", "40"], "--pp 10 exceeds the 9 blocks of resnet20-gn"),
     (["--pp", "5", "--model", "resnet20-gn", "--pp-schedule", "interleaved", "--batch-size", "20"],
      "10 stages need at least 10 blocks"),
+    (["--pp", "4", "--model", "resnet18-gn", "--pp-schedule", "interleaved", "--pp-microbatches", "9",
+      "--batch-size", "9"], "--pp-schedule interleaved needs --pp-microbatches a multiple of its rounds"),
     (["--pp", "2", "--model", "resnet20-gn", "--pp-split", "4,4"], "--pp-split 4,4: give 2 positive block counts"),
     (["--pp", "2", "--model", "resnet20-gn", "--pp-split", "best"], "--pp-split must be auto, uniform or block"),
     (["--pp", "2", "--model", "resnet20-gn", "--pp-schedule", "zb"], "invalid choice"),

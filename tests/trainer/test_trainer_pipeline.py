@@ -11,11 +11,14 @@ from pathlib import Path
 
 import pytest
 import torch
-from kit.trainer_helpers import REPO, base_args, child_env, step_lines, torchrun_cmd
+from kit.trainer_helpers import REPO, base_args, child_env, step_lines, torchrun_cmd, unit_cfg
 
 from trainer import dcp_checkpoint, models, pipeline
 from trainer.__main__ import main
 from trainer.config import PP_MODEL_BLOCKS
+from trainer.dist import DistContext
+from trainer.errors import ConfigError
+from trainer.strategies.pp import PipelineStrategy
 
 
 def _brute_force(costs: list[float], stages: int) -> float:
@@ -79,7 +82,7 @@ def test_the_stages_in_a_row_compute_the_full_model() -> None:
 def test_every_schedule_gives_the_unpipelined_loss_gradients_accuracy_and_checkpoints(tmp_path: Path) -> None:
     """4 processes: pp2 x dp2 (1f1b, gpipe, interleaved; DDP and FSDP inside the stages) and pp4 x dp1, one step
     each against the unpipelined model on the same global batch; then a checkpoint saved at pp2 x dp2 resumed at
-    pp1 (FSDP over 4) and one saved at pp1 resumed at pp2 x dp2."""
+    pp1 (FSDP over 4), and one saved at pp1 (FSDP's folder, DDP's .pt) resumed at pp2 x dp2."""
     worker = (str(REPO / "tests" / "trainer" / "pp_numerics_worker.py"), str(tmp_path / "rank"))
     proc = subprocess.run(torchrun_cmd(4, [], entry=worker), cwd=REPO, env=child_env(), capture_output=True,
                           text=True, timeout=300)
@@ -92,7 +95,7 @@ def test_every_schedule_gives_the_unpipelined_loss_gradients_accuracy_and_checkp
         name = same_case[0]["case"]
         # Each replica's loss is its half of the batch; their mean is the whole batch's.
         mean_loss = sum(c["loss"] for c in same_case) / len(same_case)
-        assert mean_loss == pytest.approx(same_case[0]["ref_loss"], rel=1e-5, abs=4e-5), name
+        assert mean_loss == pytest.approx(same_case[0]["ref_loss"], rel=1e-5, abs=4e-5), (name, same_case)
         assert all(c["grads_close"] for c in same_case), (name, [c["grad_err"] for c in same_case])
         assert all(c["acc"] == c["ref_acc"] for c in same_case), name
         assert 0.2 < same_case[0]["ref_acc"] < 0.8  # labels half right: a count that can be wrong either way
@@ -101,7 +104,7 @@ def test_every_schedule_gives_the_unpipelined_loss_gradients_accuracy_and_checkp
         assert set().union(*stages.values()) == set(same_case[0]["full_names"]), name
     for cases in per_rank:
         moved = {c["case"]: c for c in cases if c["case"].startswith("ckpt")}
-        assert sorted(moved) == ["ckpt-pp1-to-pp2", "ckpt-pp2-to-pp1"]
+        assert sorted(moved) == ["ckpt-pp1-to-pp2-ddp", "ckpt-pp1-to-pp2-fsdp", "ckpt-pp2-to-pp1-fsdp"]
         for c in moved.values():
             assert c["same_keys"] and c["equal"], c
             assert c["position"] == [0, 8, 1, 8]  # epoch, samples of the epoch (global), step, global batch
@@ -111,7 +114,8 @@ def test_every_schedule_gives_the_unpipelined_loss_gradients_accuracy_and_checkp
 def test_the_trainer_trains_at_pp2_and_its_checkpoint_resumes_at_pp1(data_dir: Path, tmp_path: Path,
                                                                      inprocess: None) -> None:
     """`torchrun -m trainer --pp 2` end to end (the split line, rank 0's loss from the last stage, the schedule's
-    evaluation, a sharded checkpoint), then one process resumes it under --strategy fsdp and takes a step."""
+    evaluation, a sharded checkpoint), against one process on the same global batch (the same images, learning
+    rate and initial weights: the losses of 3 steps equal), then one process resumes it under --strategy fsdp."""
     ckpt = tmp_path / "c"
     args = [*base_args(data_dir, ckpt, "--max-steps", "3", "--batch-size", "8"), "--model", "resnet20-gn",
             "--pp", "2", "--pp-split", "uniform"]
@@ -121,10 +125,24 @@ def test_the_trainer_trains_at_pp2_and_its_checkpoint_resumes_at_pp1(data_dir: P
     assert "pipeline: 2 stages x 1 replicas (1f1b, 8 micro-batches), split [5, 4] blocks (uniform)" in proc.stderr
     assert "bubble 11.1%" in proc.stderr
     losses = [r["loss"] for r in step_lines(ckpt)]
-    assert len(losses) == 3 and all(0 < v < 10 for v in losses)
+    alone = tmp_path / "alone"
+    assert main([*base_args(data_dir, alone, "--max-steps", "3", "--batch-size", "16"), "--model", "resnet20-gn"]) == 0
+    assert losses == pytest.approx([r["loss"] for r in step_lines(alone)], rel=1e-4)
     info = dcp_checkpoint.newest_valid(ckpt)
     assert info is not None and info.manifest.step == 3
     resumed = [*base_args(data_dir, ckpt, "--max-steps", "4", "--batch-size", "16", "--resume"),
                "--model", "resnet20-gn", "--strategy", "fsdp"]
     assert main(resumed) == 0
     assert [r["step"] for r in step_lines(ckpt)][-1] == 4
+
+
+def test_keep_global_batch_is_refused_only_where_the_micro_batches_do_not_divide() -> None:
+    """A restart on 4 processes of a pp2 job: 2 replicas; --keep-global-batch gives each process the saved global
+    batch / 4, so a replica takes twice that, in the schedule's 8 micro-batches."""
+    strategy = PipelineStrategy(unit_cfg(model="resnet20-gn", pp=2, batch_size=8))
+    strategy.dp = 2  # as build() makes it on 4 processes
+    ctx = DistContext(0, 0, 4, torch.device("cpu"))
+    strategy.check_batch(ctx, 8)  # 16 images per replica: 8 micro-batches of 2
+    with pytest.raises(ConfigError, match="each of the 2 replicas would take 12 images per step, not divisible by "
+                                          "--pp-microbatches 8"):
+        strategy.check_batch(ctx, 6)

@@ -30,7 +30,7 @@ from ..config import Config, pp_microbatches, pp_split_counts, pp_stages
 from ..data import Split, normalize
 from ..dist import DistContext
 from ..errors import ConfigError
-from ..precision import autocast
+from ..precision import autocast, resolve
 from ..state import Position, TrainState
 from ..strategy import Strategy
 
@@ -58,6 +58,15 @@ class PipelineStrategy(Strategy):
 
     def data_share(self, ctx: DistContext) -> tuple[int, int]:
         return self.dp_rank, self.dp
+
+    def check_batch(self, ctx: DistContext, per_process: int) -> None:
+        """--keep-global-batch on another world size: the replica's batch grows or shrinks and the schedule's
+        micro-batches are the accumulation (no loop of its own), so they must still divide it."""
+        replica = per_process * ctx.world_size // self.dp
+        if replica % self.microbatches:
+            raise ConfigError(f"--keep-global-batch: each of the {self.dp} replicas would take {replica} images per "
+                              f"step, not divisible by --pp-microbatches {self.microbatches}; resume with a process "
+                              "count or --pp-microbatches that divides it")
 
     def describe(self) -> str:
         costs = ("not measured" if self.costs is None else
@@ -116,10 +125,11 @@ class PipelineStrategy(Strategy):
         """DDP or FSDP2 over the stage's dp group (nothing with one replica)."""
         if self.dp == 1:
             return part
-        if cfg.strategy == "fsdp":
+        if cfg.strategy == "fsdp":  # the job's MixedPrecisionPolicy, as parallel.shard (no BatchNorm here)
+            policy = parallel.mp_policy(resolve(cfg.precision, ctx.device))
             for block in getattr(part, part.kind.blocks):
-                fully_shard(block, mesh=dp_mesh, reshard_after_forward=False)
-            fully_shard(part, mesh=dp_mesh, reshard_after_forward=False)
+                fully_shard(block, mesh=dp_mesh, mp_policy=policy, reshard_after_forward=False)
+            fully_shard(part, mesh=dp_mesh, mp_policy=policy, reshard_after_forward=False)
             return part
         return DistributedDataParallel(part, process_group=dp_mesh.get_group(), **parallel.ddp_kwargs(ctx.device))
 
@@ -133,7 +143,8 @@ class PipelineStrategy(Strategy):
         """Wrapped in build: DDP's constructor ran before the restore, which then loaded every replica alike."""
 
     def restore(self, cfg: Config, ctx: DistContext, st: TrainState) -> int:
-        return snapshot.resume_sharded(cfg, ctx, st)
+        names = [n for n, _ in models.build(cfg.model).named_parameters()]  # a DDP .pt's optimizer order
+        return snapshot.resume_any(cfg, ctx, st, names)
 
     # ---- step and evaluation ----------------------------------------------------------------------------------
 
@@ -147,6 +158,7 @@ class PipelineStrategy(Strategy):
 
     def train_step(self, st: TrainState, x: torch.Tensor, y: torch.Tensor, lr: float, precision: str, micro: int,
                    forward: Callable[[], AbstractContextManager[None]]) -> torch.Tensor:
+        """`micro` (gradient accumulation) is not needed: the schedule's micro-batches already split the batch."""
         for group in st.optimizer.param_groups:
             group["lr"] = lr
         st.optimizer.zero_grad(set_to_none=True)
