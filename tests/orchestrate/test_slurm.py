@@ -335,9 +335,12 @@ def test_the_batch_scripts_stop_reaches_the_nodes_as_its_up_did(tmp_path: Path, 
     log.mkdir()
     (bin_dir / "srun").write_text("#!/bin/sh\nexit 0\n")
     (bin_dir / "squeue").write_text('#!/bin/sh\necho "$SLURM_JOB_ID.0"\n')
-    python = bin_dir / "python"  # logs its arguments and HF_TOKEN by subcommand; `up` runs until signalled
-    python.write_text(f'#!/bin/bash\nprintf "%s\\0" "$@" > {log}/$3.part && mv {log}/$3.part {log}/$3\n'
-                      f'printf "%s" "${{HF_TOKEN:-unset}}" > {log}/$3.token\n[ "$3" = up ] && exec sleep 60\nexit 0\n')
+    # Logs its HF_TOKEN and then its arguments by subcommand (the arguments' file, written last, is the gate the
+    # test waits on); `up` runs until signalled.
+    python = bin_dir / "python"
+    python.write_text(f'#!/bin/bash\nprintf "%s" "${{HF_TOKEN:-unset}}" > {log}/$3.token\n'
+                      f'printf "%s\\0" "$@" > {log}/$3.part && mv {log}/$3.part {log}/$3\n'
+                      '[ "$3" = up ] && exec sleep 60\nexit 0\n')
     for tool in bin_dir.iterdir():
         tool.chmod(0o755)
     (tmp_path / "ssh_config").write_text("")
