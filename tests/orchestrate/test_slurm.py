@@ -364,3 +364,18 @@ def test_the_batch_scripts_stop_reaches_the_nodes_as_its_up_did(tmp_path: Path, 
     assert up[:4] == ["-m", "orchestrate", "up", "--hosts"] and up[-3:] == ["--", "--epochs", "1"]
     assert all(arg in up for arg in connect) and "HF_TOKEN" in up and "s3cr3t" not in "".join(up)
     assert (log / "up.token").read_text() == "s3cr3t"
+
+
+def test_submit_of_a_job_file_takes_its_name_ssh_config_and_args(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                                capsys: pytest.CaptureFixture[str]) -> None:
+    """`submit -f job.toml`: the file's job name is sbatch's, its ssh config reaches the stop's `kill`, and its args
+    the batch script's `up` (which gets `--`: the file's args would otherwise be replaced by none). Its `hosts =`
+    is left to the allocation."""
+    fake_slurm(tmp_path, monkeypatch)
+    (tmp_path / "ssh_config").write_text("")
+    (tmp_path / "job.toml").write_text('job = "fromfile"\nhosts = "hosts.txt"\nssh_config = "ssh_config"\n'
+                                       'args = ["--epochs", "2"]\n')
+    assert cli.main(["submit", "--nodes", "2", "-f", str(tmp_path / "job.toml"), "--dry-run"]) == 0
+    command = capsys.readouterr().out.splitlines()[1]
+    assert "--job-name=fromfile " in command
+    assert command.endswith(f'" 2 --ssh-config {tmp_path / "ssh_config"} -f {tmp_path / "job.toml"} -- --epochs 2')
