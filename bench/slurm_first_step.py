@@ -46,7 +46,7 @@ def wait_for_text(path: Path, text: str, since: float) -> float:
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(allow_abbrev=False, description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--image", default="ddp-cifar:cpu")
     args = parser.parse_args()
