@@ -82,7 +82,7 @@ def _ms(values: list[float]) -> str:
 
 
 def main() -> int:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(allow_abbrev=False, description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model", default="resnet18")
     p.add_argument("--batch", type=int, default=32)
     p.add_argument("--saves", type=int, default=3)

@@ -50,7 +50,7 @@ def loaded(image: str) -> float:
 
 
 def main() -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
+    p = argparse.ArgumentParser(allow_abbrev=False, description=__doc__.split("\n", 1)[0])
     p.add_argument("--reps", type=int, default=3)
     p.add_argument("--image", default="ddp-cifar:cpu")
     args = p.parse_args()

@@ -110,7 +110,7 @@ def _mib(n: float) -> str:
 
 
 def main() -> int:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(allow_abbrev=False, description=__doc__.splitlines()[0])
     p.add_argument("--model", default="vit-cifar")
     p.add_argument("--batch", type=int, default=8, help="images per process and step")
     p.add_argument("--steps", type=int, default=3, help="training steps per configuration (the first is not timed)")

@@ -137,7 +137,7 @@ def report(name: str, fig: Figures, on_gpu: bool) -> list[str]:
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
+    p = argparse.ArgumentParser(allow_abbrev=False, description=__doc__.split("\n", 1)[0])
     p.add_argument("--device", choices=("cuda", "cpu"), default="cuda")
     p.add_argument("--model", default="resnet18")
     p.add_argument("--batch-size", type=int, default=256)

@@ -78,7 +78,7 @@ def row(n: int, what: str, seconds: float, sent: list, base: float) -> str:
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(allow_abbrev=False, description=__doc__.splitlines()[0])
     parser.add_argument("--image", default="ddp-cifar:cpu")
     args = parser.parse_args()
     changed = [f"{args.image}-bench-change-{k}" for k in (1, 2)]

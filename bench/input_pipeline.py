@@ -70,7 +70,7 @@ def images_per_s(batches: Iterable) -> tuple[float, int]:
 
 
 def main() -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p = argparse.ArgumentParser(allow_abbrev=False, description=__doc__.split("\n")[0])
     p.add_argument("--images", type=int, default=20000, help="training images in the synthetic set")
     p.add_argument("--batch-size", type=int, default=256)
     p.add_argument("--threads", type=int, default=1, help="torch threads for both pipelines")

@@ -72,7 +72,7 @@ def timed(argv: list[str], env: dict[str, str], cwd: Path) -> tuple[float, str]:
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(allow_abbrev=False, description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--image", default="ddp-cifar:cpu")
     args = parser.parse_args()

@@ -48,7 +48,7 @@ def orchestrate(env: dict[str, str], *args: str) -> float:
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(allow_abbrev=False, description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--sizes", type=int, nargs="+", default=[1, 2, 4, 8])
     parser.add_argument("--image", default="ddp-cifar:cpu")

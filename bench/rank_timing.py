@@ -170,7 +170,7 @@ def _lines(args: argparse.Namespace, rounds: dict[str, list[float]], cost_s: flo
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
+    p = argparse.ArgumentParser(allow_abbrev=False, description=__doc__.split("\n", 1)[0])
     p.add_argument("--model", default="resnet20")
     p.add_argument("--pairs", type=int, default=40, help="rounds with and without the timing, alternating")
     p.add_argument("--warmup", type=int, default=3, help="pairs run first and left out")

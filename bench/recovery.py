@@ -78,7 +78,7 @@ def run(test: str) -> tuple[int, str]:
 
 
 def main() -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
+    p = argparse.ArgumentParser(allow_abbrev=False, description=__doc__.split("\n", 1)[0])
     p.add_argument("--only", nargs="+", choices=sorted(SCENARIOS), default=sorted(SCENARIOS))
     args = p.parse_args()
     figures, failed = [], []

@@ -53,7 +53,7 @@ def wait_for_text(path: Path, text: str, since: float) -> float:
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(allow_abbrev=False, description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--image", default="ddp-cifar:cpu")
     parser.add_argument("--bound", type=float, default=BOUND_S,

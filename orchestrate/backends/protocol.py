@@ -251,7 +251,8 @@ class CommandLine(Protocol):
         ...
 
     def up_options(self, argv: Sequence[str]) -> argparse.Namespace:
-        """`up`'s options parsed as `up` parses them: a typo fails here, naming `up`."""
+        """`up`'s options parsed as `up` parses them: a typo fails here, naming `up`; a job file's (-f) under them,
+        its `hosts =` aside, its args as `trainer_args`."""
         ...
 
     def up_config(self, ns: argparse.Namespace, hosts: Path, trainer: Sequence[str]) -> UpConfig:

@@ -90,8 +90,12 @@ def print_status(scheduler: Backend, nodes: Session, job: str, console: Console,
     reached."""
     status = scheduler.describe(nodes, job, unreachable)
     table = Table(title=f"job {job}")
-    for col in ("node", "host", "container", "state", "exit", "uptime", "last log line", "newest checkpoint"):
-        table.add_column(col, overflow="fold")
+    # Names and figures stay whole (grep finds them); the last log line takes what width is left (100 columns in a
+    # file: orchestrate/terminal.py).
+    for col in ("node", "host", "container", "state", "exit", "uptime"):
+        table.add_column(col, no_wrap=True)
+    table.add_column("last log line", overflow="fold")
+    table.add_column("checkpoint", no_wrap=True)  # the newest
     for row in status.rows:
         cells = (row.node, row.host, row.name, row.state, row.exit, row.uptime, row.last_line, row.checkpoint)
         table.add_row(*(Text(cell) for cell in cells))  # Text: log lines like "[rank 0]" are not markup
@@ -105,7 +109,7 @@ def print_all_jobs(scheduler: Backend, nodes: Session, console: Console, unreach
     """`status --all`: every owner's jobs on the reachable hosts, one row each; False if a host was unreachable."""
     table = Table(title="jobs on these hosts (everyone's)")
     for col in ("owner", "job", "nodes", "GPUs", "age", "running"):
-        table.add_column(col, overflow="fold")
+        table.add_column(col, overflow="fold", no_wrap=col != "GPUs")  # names stay whole; a long GPU list folds
     for row in scheduler.find(nodes):
         table.add_row(*(Text(cell) for cell in (row.owner, row.job, row.nodes, row.gpus, row.age,
                                                  f"{row.running}/{row.containers}")))

@@ -7,7 +7,6 @@ is named and nothing starts. One `check` on equal hosts serves the first three t
 from __future__ import annotations
 
 import json
-import re
 import subprocess
 import sys
 import time
@@ -15,6 +14,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from kit.lines import table_rows
 from kit.orchestrate_kit import IMAGE, PATIENCE, REPO, Data, job_containers, orch_env, orchestrate, up_args
 
 from devcluster import Cluster
@@ -66,9 +66,9 @@ def test_equal_hosts_flag_nothing(target: Cluster, equal: tuple[int, str, float]
 
 def test_check_prints_one_row_per_node_with_every_part_passed(target: Cluster, equal: tuple[int, str, float]) -> None:
     rc, out, _ = equal
-    table = out[out.index("self-test"):]  # below the preflight and network tables
+    rows = table_rows(out, "self-test")  # below the preflight and network tables; a row may wrap (100 columns)
     for rank, host in enumerate(target.hosts):
-        row = next((ln for ln in table.splitlines() if re.match(rf"\W*{rank}\W+{re.escape(host.name)}\W", ln)), None)
+        row = next((" | ".join(r) for r in rows if r[0] == str(rank) and r[1].startswith(host.name)), None)
         assert row is not None, f"no row for node {rank} ({host.name}):\n{out}"
         assert "CPU mode" in row and "ddp bf16 on 2 x cpu: 3 steps" in row, row
         assert "saved, loaded, equal" in row and "within " in row and "best pair" in row, row

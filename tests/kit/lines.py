@@ -43,3 +43,20 @@ class LineReader:
                 break
             seen.append(line.rstrip("\n"))
         return seen
+
+
+def table_rows(text: str, title: str) -> list[list[str]]:
+    """The body rows of the first rich table titled `title` in `text`, each a list of its cells, a cell's lines
+    joined with a space: a table laid out in 100 columns (output to a file) wraps a long cell over several lines."""
+    lines = text[text.index(title):].splitlines()
+    start = next(i for i, line in enumerate(lines) if line.lstrip().startswith("┡")) + 1
+    rows: list[list[str]] = []
+    for line in lines[start:]:
+        if not line.lstrip().startswith("│"):
+            break
+        cells = [cell.strip() for cell in line.strip().strip("│").split("│")]
+        if cells[0] or not rows:
+            rows.append(cells)
+        else:
+            rows[-1] = [f"{have} {more}".strip() for have, more in zip(rows[-1], cells, strict=True)]
+    return rows

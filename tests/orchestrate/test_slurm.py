@@ -335,9 +335,12 @@ def test_the_batch_scripts_stop_reaches_the_nodes_as_its_up_did(tmp_path: Path, 
     log.mkdir()
     (bin_dir / "srun").write_text("#!/bin/sh\nexit 0\n")
     (bin_dir / "squeue").write_text('#!/bin/sh\necho "$SLURM_JOB_ID.0"\n')
-    python = bin_dir / "python"  # logs its arguments and HF_TOKEN by subcommand; `up` runs until signalled
-    python.write_text(f'#!/bin/bash\nprintf "%s\\0" "$@" > {log}/$3.part && mv {log}/$3.part {log}/$3\n'
-                      f'printf "%s" "${{HF_TOKEN:-unset}}" > {log}/$3.token\n[ "$3" = up ] && exec sleep 60\nexit 0\n')
+    # Logs its HF_TOKEN and then its arguments by subcommand (the arguments' file, written last, is the gate the
+    # test waits on); `up` runs until signalled.
+    python = bin_dir / "python"
+    python.write_text(f'#!/bin/bash\nprintf "%s" "${{HF_TOKEN:-unset}}" > {log}/$3.token\n'
+                      f'printf "%s\\0" "$@" > {log}/$3.part && mv {log}/$3.part {log}/$3\n'
+                      '[ "$3" = up ] && exec sleep 60\nexit 0\n')
     for tool in bin_dir.iterdir():
         tool.chmod(0o755)
     (tmp_path / "ssh_config").write_text("")
@@ -361,3 +364,18 @@ def test_the_batch_scripts_stop_reaches_the_nodes_as_its_up_did(tmp_path: Path, 
     assert up[:4] == ["-m", "orchestrate", "up", "--hosts"] and up[-3:] == ["--", "--epochs", "1"]
     assert all(arg in up for arg in connect) and "HF_TOKEN" in up and "s3cr3t" not in "".join(up)
     assert (log / "up.token").read_text() == "s3cr3t"
+
+
+def test_submit_of_a_job_file_takes_its_name_ssh_config_and_args(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                                capsys: pytest.CaptureFixture[str]) -> None:
+    """`submit -f job.toml`: the file's job name is sbatch's, its ssh config reaches the stop's `kill`, and its args
+    the batch script's `up` (which gets `--`: the file's args would otherwise be replaced by none). Its `hosts =`
+    is left to the allocation."""
+    fake_slurm(tmp_path, monkeypatch)
+    (tmp_path / "ssh_config").write_text("")
+    (tmp_path / "job.toml").write_text('job = "fromfile"\nhosts = "hosts.txt"\nssh_config = "ssh_config"\n'
+                                       'args = ["--epochs", "2"]\n')
+    assert cli.main(["submit", "--nodes", "2", "-f", str(tmp_path / "job.toml"), "--dry-run"]) == 0
+    command = capsys.readouterr().out.splitlines()[1]
+    assert "--job-name=fromfile " in command
+    assert command.endswith(f'" 2 --ssh-config {tmp_path / "ssh_config"} -f {tmp_path / "job.toml"} -- --epochs 2')

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import base64
 import http.server
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -550,3 +551,25 @@ def test_output_to_a_file_is_what_a_100_column_terminal_shows_without_padding(ca
     assert len(narrow) == 24 and lines[-1] == text_line.rstrip()  # as wide as its content; text never broken
     assert not [line for line in lines + captured.err.splitlines() if line.endswith(" ")]
     assert captured.err.splitlines()[0] == " " * 7 + "preflight"  # the narrow table on stderr alike
+
+
+def test_the_status_table_in_100_columns_keeps_names_and_checkpoints_whole(capsys: pytest.CaptureFixture[str]) -> None:
+    """What a file gets of `status`: the long last log line folds; host, container, state and the newest checkpoint
+    stay whole (tests and people grep for them)."""
+    from types import SimpleNamespace
+
+    from orchestrate.jobs import commands
+    from orchestrate.terminal import console_for
+
+    def row(node: int) -> SimpleNamespace:
+        return SimpleNamespace(node=str(node), host=f"dc-40287c-h{node}", name=f"long-node{node}-ddp", state="running",
+                               exit="-", uptime="0h00m19s", checkpoint="ckpt-00000008.pt",
+                               last_line="[default0]:00:11:56 [rank 0] INFO epoch 1 step 1 loss 2.3936 images/s 15")
+
+    backend = SimpleNamespace(describe=lambda *_: SimpleNamespace(rows=[row(0), row(1)], lines=[]))
+    commands.print_status(backend, None, "long", console_for(), {})  # type: ignore[arg-type]
+    lines = capsys.readouterr().out.splitlines()
+    assert max(map(len, lines)) <= 100 and all(line.endswith(("┓", "┃", "┩", "│", "┘")) for line in lines[1:])
+    for node in (0, 1):
+        assert re.search(rf"│ {node} +│ dc-40287c-h{node} │ long-node{node}-ddp │ running │ .* │ ckpt-00000008.pt │$",
+                         "\n".join(lines), re.MULTILINE)
