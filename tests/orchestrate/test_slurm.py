@@ -11,6 +11,7 @@ import pytest
 from kit.units import SSH, job_specs
 
 from orchestrate import cli
+from orchestrate.backends.docker_ssh import carried
 from orchestrate.backends.slurm import records, script
 from orchestrate.config import UpConfig
 from orchestrate.errors import PreflightError
@@ -97,6 +98,8 @@ def fake_slurm(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, job: str = "job-
     monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "state"))
     monkeypatch.setenv("SLURM_JOB_ID", "4")
     monkeypatch.delenv("SLURM_JOB_NODELIST", raising=False)
+    # This machine's Docker holds no image to carry (the carrying is the Slurm cluster test's subject).
+    monkeypatch.setattr(carried, "local_image_id", lambda name: None)
     return tmp_path
 
 

@@ -27,7 +27,7 @@ from typing import Any
 from rich.console import Console
 from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TransferSpeedColumn
 
-from orchestrate.backends.docker_ssh.image import DeltaLoadError, _fill, _open_cache, load_name
+from orchestrate.backends.docker_ssh.image import DeltaLoadError, fill_cache, load_name, open_cache
 from orchestrate.backends.docker_ssh.layercache import CHUNK, Blob, CachedImage, LayerCache, archive
 from orchestrate.backends.docker_ssh.observe import node_chain_ids
 from orchestrate.errors import ConfigError, OrchestrateError
@@ -101,11 +101,11 @@ def write(name: str, image_id: str, store: Path, layer_cache: str, console: Cons
     image = local.images.get(image_id)
     with ExitStack() as stack, Progress(TextColumn("{task.description}"), BarColumn(), DownloadColumn(),
                                         TransferSpeedColumn(), console=console, transient=True) as bars:
-        cache = _open_cache("on" if layer_cache == "auto" else layer_cache, name, console, stack)
+        cache = open_cache("on" if layer_cache == "auto" else layer_cache, name, console, stack)
         if cache is None:  # --layer-cache off: the blobs the store takes are the cache's
             raise ConfigError("submit: the image is carried to the nodes as the local layer cache's blobs; leave "
                               "out --layer-cache off, or pass --pull to have the nodes pull it")
-        cached = _fill(cache, local, image_id, len(image.attrs["RootFS"]["Layers"]), name, "on", console, bars)
+        cached = fill_cache(cache, local, image_id, len(image.attrs["RootFS"]["Layers"]), name, "on", console, bars)
         assert cached is not None  # mode "on": a failure raised
         written = _put_blobs(cache, cached, store)
     carried = Carried(load_name(image, name) or name, image_id, cached.layers)
@@ -127,12 +127,12 @@ def _put_blobs(cache: LayerCache, cached: CachedImage, store: Path) -> tuple[int
         path = blob_path(store, blob.digest)
         if path.exists() and path.stat().st_size == blob.size:
             continue
-        write_atomically(path, _checked(cache.blob_chunks(blob), blob))
+        write_atomically(path, checked(cache.blob_chunks(blob), blob))
         layers, bytes_written = layers + 1, bytes_written + blob.size
     return layers, bytes_written
 
 
-def _checked(chunks: Iterator[bytes], blob: Blob) -> Iterator[bytes]:
+def checked(chunks: Iterator[bytes], blob: Blob) -> Iterator[bytes]:
     """The chunks of `blob` as they come, the last one held back until the whole has the digest its name says:
     a reader (a file being written, a `docker load`) never gets the end of a corrupt blob."""
     digest, held = hashlib.sha256(), b""
@@ -159,14 +159,14 @@ def load(manifest: Path, image: str, console: Console) -> None:
         carried = Carried.from_json(manifest.read_bytes(), manifest)
     except OSError as err:
         raise CarriedError(f"--image-from {manifest}: {err.strerror}; it is written by submit on storage every "
-                           "node sees (--image-store)") from None
+                           "node sees (--layer-store)") from None
     if carried.name != image and load_name_of(image) != carried.name:
         raise ConfigError(f"--image-from {manifest} carries {carried.name}, not --image {image}")
     local = docker.from_env(timeout=3600)
     if any(img.id == carried.image_id for img in local.images.list(name=carried.name)):
         return
     store = store_of(manifest)
-    config = b"".join(_checked(_read(store, Blob(carried.image_id, -1)), Blob(carried.image_id, -1)))
+    config = b"".join(checked(_read(store, Blob(carried.image_id, -1)), Blob(carried.image_id, -1)))
     diff_ids = json.loads(config)["rootfs"]["diff_ids"]
     keep_from = held_prefix(diff_ids, node_chain_ids(local))
     cached = CachedImage(config, carried.layers)
@@ -177,7 +177,9 @@ def load(manifest: Path, image: str, console: Console) -> None:
             sent[0] += len(chunk)
             yield chunk
 
-    blobs = (lambda blob: _checked(_read(store, blob), blob))
+    def blobs(blob: Blob) -> Iterator[bytes]:
+        return checked(_read(store, blob), blob)
+
     _docker_load(local, counted(archive(cached, carried.name, keep_from, blobs)))
     if local.images.get(carried.name).id != carried.image_id:
         raise CarriedError(f"image {carried.name}: loaded from {manifest}, but it has another ID than "
@@ -209,3 +211,24 @@ def _docker_load(local: Any, chunks: Iterator[bytes]) -> None:
                 raise DeltaLoadError(f"docker load: {event['error']}")
     except DeltaLoadError as err:
         raise CarriedError(f"{err}") from None
+
+
+def dry_run_line(name: str, image_id: str | None, store: Path) -> str:
+    """What `submit` would write to the store, said without writing or compressing anything."""
+    if image_id is None:
+        return (f"# image {name}: not carried (not on this machine, or --pull): the nodes must hold it or pull it")
+    path = manifest_path(store, image_id)
+    try:
+        there = Carried.from_json(path.read_bytes(), path)
+        missing = [b for b in there.layers if not blob_path(store, b.digest).is_file()]
+    except (OSError, CarriedError):
+        missing = None
+    if missing == []:
+        return f"# image {name} ({image_id[:19]}): already in {store}; nothing written, the first node loads it"
+    import docker
+
+    image = docker.from_env(timeout=600).images.get(image_id)
+    return (f"# image {name} ({image_id[:19]}, {len(image.attrs['RootFS']['Layers'])} layers, "
+            f"{int(image.attrs.get('Size') or 0) / 1e6:.0f} MB uncompressed): before sbatch, its compressed layers "
+            f"that {store} lacks are written there (from the local layer cache); the batch job's `up` loads on the "
+            "first node the ones it lacks, and sends the other nodes theirs")

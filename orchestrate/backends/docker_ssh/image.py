@@ -403,7 +403,7 @@ def _cache_failed(err: LayerCacheError, mode: str, name: str, console: Console) 
     console.print(f"image {name}: {err}; sending from docker save instead", markup=False, highlight=False)
 
 
-def _open_cache(mode: str, name: str, console: Console, stack: ExitStack) -> LayerCache | None:
+def open_cache(mode: str, name: str, console: Console, stack: ExitStack) -> LayerCache | None:
     """The running local layer cache (`--layer-cache`), or None to use `docker save` (the reason printed).
 
     Called on the main thread: the registry is told to die with the thread that started it (layercache.py)."""
@@ -419,7 +419,7 @@ def _open_cache(mode: str, name: str, console: Console, stack: ExitStack) -> Lay
         return None
 
 
-def _fill(cache: LayerCache, local: Any, local_id: str, layers: int, name: str, mode: str, console: Console,
+def fill_cache(cache: LayerCache, local: Any, local_id: str, layers: int, name: str, mode: str, console: Console,
           bars: Progress) -> CachedImage | None:
     """Push the image into the cache; None (the reason printed) when that fails."""
     pushed = _Pushed(bars, name)
@@ -448,8 +448,8 @@ def deliver(nodes: Session, held: Mapping[int, int], local: Any, local_id: str, 
     with ExitStack() as stack, ThreadPoolExecutor(1) as pool, Progress(
             TextColumn("{task.description}"), BarColumn(), DownloadColumn(), TransferSpeedColumn(),
             console=console, transient=True) as bars:
-        cache = _open_cache(layer_cache, name, console, stack)
-        filling = pool.submit(_fill, cache, local, local_id, len(diff_ids), name, layer_cache, console,
+        cache = open_cache(layer_cache, name, console, stack)
+        filling = pool.submit(fill_cache, cache, local, local_id, len(diff_ids), name, layer_cache, console,
                               bars) if cache else None
         cached = filling.result() if filling else None
         source = (cache, cached) if cache and cached else None

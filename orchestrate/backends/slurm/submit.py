@@ -7,13 +7,17 @@ from __future__ import annotations
 import argparse
 import getpass
 from collections.abc import Sequence
+from dataclasses import replace
 from pathlib import Path
 
 from rich.console import Console
 
+from orchestrate.backends.docker_ssh import carried
 from orchestrate.backends.protocol import CommandLine
 from orchestrate.backends.slurm import commands, script
+from orchestrate.config import UpConfig
 from orchestrate.errors import ConfigError
+from orchestrate.localfs import state_root
 
 HOSTS = Path("slurm")  # --hosts slurm: the allocation's nodes
 DESCRIPTION = ("Queue the job with Slurm (sbatch) and return: the batch script runs 'up --hosts slurm' on the "
@@ -24,7 +28,7 @@ def parser(line: CommandLine) -> argparse.ArgumentParser:
     return line.parser("submit", DESCRIPTION, script.Submission)
 
 
-def submission(argv: Sequence[str], trainer: Sequence[str], line: CommandLine) -> script.Submission:
+def submission(argv: Sequence[str], trainer: Sequence[str], line: CommandLine) -> tuple[script.Submission, UpConfig]:
     """submit's own options, and up's (checked as up checks them)."""
     ns, up_args = parser(line).parse_known_args(argv)
     up_ns = line.up_options(up_args)
@@ -38,14 +42,23 @@ def submission(argv: Sequence[str], trainer: Sequence[str], line: CommandLine) -
     too_short = script.time_problem(ns.time, ns.stop_grace)
     if too_short:
         raise ConfigError(too_short)
-    job = line.up_config(up_ns, HOSTS, trainer).program.job
-    return script.Submission(job=job, up_args=tuple(up_args), trainer_args=tuple(trainer), **vars(ns))
+    up = line.up_config(up_ns, HOSTS, trainer)
+    return script.Submission(job=up.program.job, up_args=tuple(up_args), trainer_args=tuple(trainer), **vars(ns)), up
 
 
 def run(argv: Sequence[str], trainer: Sequence[str], line: CommandLine, console: Console) -> int:
-    sub = submission(argv, trainer, line)
+    sub, up = submission(argv, trainer, line)
+    image = up.program.image
+    # The image built here, unless the nodes pull it: carried to them through the shared storage (carried.py).
+    image_id = None if up.delivery.pull else carried.local_image_id(image)
+    store = sub.layer_store or state_root() / "images"
+    if image_id is not None:
+        sub = replace(sub, up_args=(*sub.up_args, "--image-from", str(carried.manifest_path(store, image_id))))
     if sub.dry_run:
+        console.print(carried.dry_run_line(image, image_id, store), markup=False, soft_wrap=True)
         console.print(script.dry_run_text(sub), markup=False, end="", soft_wrap=True)
         return 0
+    if image_id is not None:  # before sbatch: the job may start at once; its lines on stderr, the job ID alone on stdout
+        carried.write(image, image_id, store, up.delivery.layer_cache, Console(stderr=True))
     console.print(commands.submit_job(sub, getpass.getuser()), markup=False)
     return 0
