@@ -295,7 +295,7 @@ def test_submit_brings_an_image_the_nodes_lack_through_the_shared_storage(target
     image_id = build_changed_image(IMAGE, tag, line=f"submitted {uuid.uuid4().hex}")  # new to every cache
     try:
         layers = len(docker.from_env().images.get(tag).attrs["RootFS"]["Layers"])
-        job_id = submit(c, data, "carried", epochs=1, image=tag)
+        job_id = submit(c, data, "carried", epochs=1, image=tag, trainer=("--max-steps", "2"))
         wait_for(lambda: slurm_state(c, job_id)[0] not in ("PENDING", "RUNNING", "COMPLETING"), 240,
                  "the job to end")
         text = (c.dir / f"slurm-{job_id}.out").read_text()

@@ -14,10 +14,12 @@ from orchestrate.backends.docker_ssh.carried import (
     CarriedError,
     blob_path,
     checked,
+    dry_run_line,
     manifest_path,
     store_of,
 )
 from orchestrate.backends.docker_ssh.layercache import Blob
+from orchestrate.localfs import write_atomically
 
 
 def blob_of(data: bytes) -> Blob:
@@ -45,3 +47,13 @@ def test_a_blob_passes_whole_and_a_corrupt_one_never_gives_its_last_chunk() -> N
         for chunk in checked(iter([b"one", b"two", b"tampered"]), blob_of(b"".join(good))):
             got.append(chunk)
     assert got == [b"one", b"two"]  # the reader (docker load, a file) never sees the archive complete
+
+
+def test_the_dry_run_says_nothing_is_written_when_the_store_holds_every_blob(tmp_path: Path) -> None:
+    layer = b"layer"
+    carried = Carried("img:1", "sha256:" + "c" * 64, (blob_of(layer),))
+    assert "not carried" in dry_run_line("img:1", None, tmp_path)
+    write_atomically(manifest_path(tmp_path, carried.image_id), [carried.to_json()])
+    write_atomically(blob_path(tmp_path, carried.layers[0].digest), [layer])
+    assert dry_run_line("img:1", carried.image_id, tmp_path) == (
+        f"# image img:1 ({carried.image_id[:19]}): already in {tmp_path}; nothing written, the first node loads it")

@@ -189,6 +189,29 @@ def load(manifest: Path, image: str, console: Console) -> None:
                   highlight=False, soft_wrap=True)
 
 
+class Store:
+    """The store's blobs as the layers the other nodes are sent (image.py's BlobSource), each checked as read."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+
+    def blob_chunks(self, blob: Blob) -> Iterator[bytes]:
+        return checked(_read(self.root, blob), blob)
+
+
+def source(manifest: Path | None, image_id: str | None) -> tuple[Store, CachedImage] | None:
+    """The carried blobs as the source of the layers the other nodes lack, when `manifest` is of the image here:
+    nothing is compressed again on the first node."""
+    if manifest is None or image_id is None:
+        return None
+    carried = Carried.from_json(manifest.read_bytes(), manifest)
+    if carried.image_id != image_id:
+        return None
+    store = Store(store_of(manifest))
+    config = b"".join(store.blob_chunks(Blob(carried.image_id, -1)))
+    return store, CachedImage(config, carried.layers)
+
+
 def load_name_of(image: str) -> str:
     """The tag `docker load` gives a name without one (:latest)."""
     return image if "@" in image or ":" in image.rsplit("/", 1)[-1] else f"{image}:latest"
