@@ -300,7 +300,7 @@ class Delivery:
                               "only new layers are compressed), 'off' = one docker save stream (the whole image is "
                               "read every time), 'auto' = on when docker-registry is installed, else off",
                               choices=LAYER_CACHE_MODES)
-    # submit passes it to the batch job's `up` (docs/slurm.md: "The image")
+    # `submit` passes it to its batch job's `up` (the scheduler's page: "The image: submit brings it")
     image_from: Path | None = option(None, "--image-from", "first load the image into this machine's Docker (only "
                                      "the layers it lacks) from this manifest, which `submit` wrote on storage the "
                                      "nodes share; then it is sent to the nodes as always", type=Path)

@@ -16,6 +16,7 @@ from orchestrate.backends.docker_ssh.carried import (
     checked,
     dry_run_line,
     manifest_path,
+    refusal,
     store_of,
 )
 from orchestrate.backends.docker_ssh.layercache import Blob
@@ -57,3 +58,15 @@ def test_the_dry_run_says_nothing_is_written_when_the_store_holds_every_blob(tmp
     write_atomically(blob_path(tmp_path, carried.layers[0].digest), [layer])
     assert dry_run_line("img:1", carried.image_id, tmp_path) == (
         f"# image img:1 ({carried.image_id[:19]}): already in {tmp_path}; nothing written, the first node loads it")
+
+
+@pytest.mark.parametrize(("layer_cache", "registry_here", "needle"), [
+    ("off", True, "leave out --layer-cache off, or pass --pull"),
+    ("auto", False, "install it (Debian: apt-get install docker-registry), or pass --pull"),
+    ("on", False, "install it (Debian: apt-get install docker-registry), or pass --pull"),
+    ("auto", True, None),
+])
+def test_the_image_is_carried_only_through_the_layer_cache_else_submit_says_what_to_do(
+        layer_cache: str, registry_here: bool, needle: str | None) -> None:
+    said = refusal(layer_cache, registry_here)
+    assert said == needle if needle is None else (said and said.startswith("submit: ") and needle in said)

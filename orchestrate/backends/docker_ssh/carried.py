@@ -1,4 +1,4 @@
-"""An image carried to a Slurm allocation through the storage its nodes share (docs/slurm.md: "The image").
+"""An image carried to a batch scheduler's allocation through the storage its nodes share (`submit`).
 
 `submit` runs where the image was built; the batch job's `up` runs on the allocation's first node, whose Docker
 lacks it. So, before sbatch, `submit` writes the image's compressed layer blobs into a store on the shared storage
@@ -92,7 +92,18 @@ def local_image_id(name: str) -> str | None:
                           "or pass --pull to have the nodes pull it") from None
 
 
-def write(name: str, image_id: str, store: Path, layer_cache: str, console: Console) -> Path:
+def refusal(layer_cache: str, registry_here: bool) -> str | None:
+    """PURE: why the image built here cannot be carried (None: it can): its blobs are the local layer cache's."""
+    if layer_cache == "off":
+        return ("submit: the image is carried to the nodes as the local layer cache's blobs; leave out "
+                "--layer-cache off, or pass --pull to have the nodes pull it")
+    if not registry_here:
+        return ("submit: carrying the image built here to the nodes needs the local layer cache's docker-registry; "
+                "install it (Debian: apt-get install docker-registry), or pass --pull to have the nodes pull it")
+    return None
+
+
+def write(name: str, image_id: str, store: Path, console: Console) -> Path:
     """Put the image's blobs the store lacks there, then its manifest; returns the manifest's path. Lines go to
     `console` (submit prints its job ID alone on stdout)."""
     import docker
@@ -101,18 +112,18 @@ def write(name: str, image_id: str, store: Path, layer_cache: str, console: Cons
     image = local.images.get(image_id)
     with ExitStack() as stack, Progress(TextColumn("{task.description}"), BarColumn(), DownloadColumn(),
                                         TransferSpeedColumn(), console=console, transient=True) as bars:
-        cache = open_cache("on" if layer_cache == "auto" else layer_cache, name, console, stack)
-        if cache is None:  # --layer-cache off: the blobs the store takes are the cache's
-            raise ConfigError("submit: the image is carried to the nodes as the local layer cache's blobs; leave "
-                              "out --layer-cache off, or pass --pull to have the nodes pull it")
+        cache = open_cache("on", name, console, stack)  # refusal() has said why it could not be used
+        assert cache is not None  # mode "on": a failure raised
         cached = fill_cache(cache, local, image_id, len(image.attrs["RootFS"]["Layers"]), name, "on", console, bars)
-        assert cached is not None  # mode "on": a failure raised
+        assert cached is not None
         written = _put_blobs(cache, cached, store)
     carried = Carried(load_name(image, name) or name, image_id, cached.layers)
     path = manifest_path(store, image_id)
     write_atomically(path, [carried.to_json()])
+    there = len(cached.layers) - written[0]
     console.print(f"image {name}: {written[0]} of {len(cached.layers)} layers ({written[1] / 1e6:.2f} MB) written to "
-                  f"{store} for the nodes (the rest were there)", markup=False, highlight=False, soft_wrap=True)
+                  f"{store} for the nodes" + (f" ({there} already there)" if there else ""), markup=False,
+                  highlight=False, soft_wrap=True)
     return path
 
 

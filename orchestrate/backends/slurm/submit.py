@@ -13,6 +13,7 @@ from pathlib import Path
 from rich.console import Console
 
 from orchestrate.backends.docker_ssh import carried
+from orchestrate.backends.docker_ssh.layercache import registry_binary
 from orchestrate.backends.protocol import CommandLine
 from orchestrate.backends.slurm import commands, script
 from orchestrate.config import UpConfig
@@ -51,14 +52,17 @@ def run(argv: Sequence[str], trainer: Sequence[str], line: CommandLine, console:
     image = up.program.image
     # The image built here, unless the nodes pull it: carried to them through the shared storage (carried.py).
     image_id = None if up.delivery.pull else carried.local_image_id(image)
-    store = sub.layer_store or state_root() / "images"
+    store = (sub.layer_store or state_root() / "images").absolute()  # the batch job may run in another folder
     if image_id is not None:
+        refused = carried.refusal(up.delivery.layer_cache, registry_binary() is not None)
+        if refused:
+            raise ConfigError(refused)
         sub = replace(sub, up_args=(*sub.up_args, "--image-from", str(carried.manifest_path(store, image_id))))
     if sub.dry_run:
         console.print(carried.dry_run_line(image, image_id, store), markup=False, soft_wrap=True)
         console.print(script.dry_run_text(sub), markup=False, end="", soft_wrap=True)
         return 0
     if image_id is not None:  # before sbatch: the job may start at once; its lines on stderr, the job ID alone on stdout
-        carried.write(image, image_id, store, up.delivery.layer_cache, Console(stderr=True))
+        carried.write(image, image_id, store, Console(stderr=True))
     console.print(commands.submit_job(sub, getpass.getuser()), markup=False)
     return 0
