@@ -134,6 +134,15 @@ def test_no_allocation_or_no_slurm_is_one_line_and_exit_2(tmp_path: Path, monkey
     assert capsys.readouterr().err.strip().startswith("error: sbatch not found")
 
 
+def test_an_up_option_that_begins_like_one_of_submits_own_goes_to_up(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                                     capsys: pytest.CaptureFixture[str]) -> None:
+    """`--gpus 0` is up's (CPU), not an abbreviation of submit's --gpus-per-node (it was taken for one, and lost)."""
+    fake_slurm(tmp_path, monkeypatch)
+    assert cli.main(["submit", "--nodes", "2", "--job", "r18", "--gpus", "0", "--python", "/usr/bin/python3",
+                     "--dry-run"]) == 0
+    assert f"\"$(cat {script.GUARD_SCRIPT})\" --job r18 --gpus 0 --\n" in capsys.readouterr().out
+
+
 def test_submit_dry_run_prints_the_script_and_submits_nothing(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
                                                               capsys: pytest.CaptureFixture[str]) -> None:
     fake_slurm(tmp_path, monkeypatch)

@@ -421,7 +421,7 @@ def open_cache(mode: str, name: str, console: Console, stack: ExitStack) -> Laye
 
 
 def fill_cache(cache: LayerCache, local: Any, local_id: str, layers: int, name: str, mode: str, console: Console,
-          bars: Progress) -> CachedImage | None:
+               bars: Progress) -> CachedImage | None:
     """Push the image into the cache; None (the reason printed) when that fails."""
     pushed = _Pushed(bars, name)
     try:
