@@ -325,7 +325,10 @@ class _CommandLine:
     """The CommandLine of backends/protocol.py: what a scheduler's own subcommands (`submit`) borrow from here."""
 
     def parser(self, command: str, description: str, options: type[Any]) -> argparse.ArgumentParser:
-        p = _Parser(prog=f"python -m orchestrate {command}", formatter_class=_Formatter, description=description)
+        # No abbreviations: the options it does not know go on to `up`, and `--gpus` (up's) must not be taken for
+        # an abbreviation of one of its own (`--gpus-per-node`).
+        p = _Parser(prog=f"python -m orchestrate {command}", formatter_class=_Formatter, description=description,
+                    allow_abbrev=False)
         for f in dataclasses.fields(options):
             if f.metadata.get("flag"):
                 _argument(p, f, f.metadata["flag"], f.metadata["help"], {})

@@ -327,9 +327,16 @@ class Delivery:
                               "only new layers are compressed), 'off' = one docker save stream (the whole image is "
                               "read every time), 'auto' = on when docker-registry is installed, else off",
                               choices=LAYER_CACHE_MODES)
+    # `submit` passes it to its batch job's `up` (the scheduler's page: "The image: submit brings it")
+    image_from: Path | None = option(None, "--image-from", "first load the image into this machine's Docker (only "
+                                     "the layers it lacks) from this manifest, which `submit` wrote on storage the "
+                                     "nodes share; then it is sent to the nodes as always", type=Path)
 
     def __post_init__(self) -> None:
         _one_of(self.layer_cache, LAYER_CACHE_MODES, "--layer-cache")
+        if self.image_from is not None and not self.image_from.is_file():
+            raise ConfigError(f"--image-from {shown(self.image_from)}: no such file; it is the manifest `submit` "
+                              "writes into --layer-store")
 
 
 @dataclass(frozen=True)

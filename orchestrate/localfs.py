@@ -17,6 +17,11 @@ def cache_root() -> Path:
     return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "ddp-cifar"
 
 
+def state_root() -> Path:
+    """$XDG_STATE_HOME/ddp-cifar (default ~/.local/state/...): what this machine remembers of its jobs."""
+    return Path(os.environ.get("XDG_STATE_HOME") or Path.home() / ".local" / "state") / "ddp-cifar"
+
+
 def write_atomically(path: Path, chunks: Iterable[bytes]) -> None:
     """trainer.atomic's write into a folder made first; 0600: what this machine keeps is its user's alone."""
     path.parent.mkdir(parents=True, exist_ok=True)

@@ -181,6 +181,11 @@ class Backend(Daemons, Protocol):
         PreflightError when it cannot run."""
         ...
 
+    def load_carried(self, manifest: Path, image: str, console: Console) -> None:
+        """Load into this machine's image store the image `submit` carried through the shared storage (`manifest`,
+        `--image-from`): only the layers it lacks, each checked by digest; nothing when it holds the image."""
+        ...
+
     def attach(self, nodes: Session, submitted: Sequence[Any]) -> Ranks:
         """The watcher's view of the submitted handles (`Submitted.handles`)."""
         ...

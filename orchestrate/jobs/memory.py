@@ -7,18 +7,16 @@ Stored at $XDG_STATE_HOME/ddp-cifar/jobs/<job>.json (default ~/.local/state/...)
 from __future__ import annotations
 
 import json
-import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from orchestrate.config import UpConfig, url_masked
-from orchestrate.localfs import write_atomically
+from orchestrate.localfs import state_root, write_atomically
 
 
 def state_dir() -> Path:
-    base = os.environ.get("XDG_STATE_HOME") or os.path.expanduser("~/.local/state")
-    return Path(base) / "ddp-cifar" / "jobs"
+    return state_root() / "jobs"
 
 
 @dataclass(frozen=True)

@@ -8,6 +8,7 @@ from collections.abc import Sequence
 from rich.console import Console
 
 from orchestrate.backends import backend
+from orchestrate.backends.docker_ssh import carried
 from orchestrate.backends.docker_ssh.data import make_dirs, prefetch_all
 from orchestrate.backends.docker_ssh.image import ensure_images
 from orchestrate.backends.docker_ssh.staging import stage_all
@@ -28,7 +29,8 @@ from orchestrate.remote.ssh import fan_out
 
 def images(ready: Ready, plan: JobPlan, config: UpConfig, console: Console) -> JobPlan:
     """The image onto every node as planned; then, where node 0 had to pull it first, the launcher read from it."""
-    ensure_images(ready.nodes, plan, ready.local, ready.local_id, console, config.delivery.layer_cache)
+    ensure_images(ready.nodes, plan, ready.local, ready.local_id, console, config.delivery.layer_cache,
+                  carried.source(config.delivery.image_from, ready.local_id))
     if plan.launcher is not None:
         return plan
     check = plan.image_check

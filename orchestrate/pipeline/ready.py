@@ -38,7 +38,7 @@ def connect_and_preflight(config: UpConfig, attempt: Attempt, hosts: list[Host],
                           timings: Timings) -> Ready:
     """Connect and preflight (the table; nothing starts unless it passes)."""
     with timings.phase("connect"), ThreadPoolExecutor(1) as pool:
-        local_lookup = pool.submit(backend().local_image, config.program.image)  # the local daemon, while SSH handshakes run
+        local_lookup = pool.submit(_local_image, config, console)  # the local daemon, while SSH handshakes run
         nodes = _connect(config, attempt, hosts, console)
         local, local_id = local_lookup.result()
     try:
@@ -50,6 +50,14 @@ def connect_and_preflight(config: UpConfig, attempt: Attempt, hosts: list[Host],
         nodes.close()
         raise
     return Ready(nodes, reports, master, local, local_id, reports[0].port)
+
+
+def _local_image(config: UpConfig, console: Console) -> tuple[Local, str | None]:
+    """The image here, loaded first from what `submit` carried (--image-from) unless this is a dry run, which
+    changes nothing."""
+    if config.delivery.image_from is not None and not config.mode.dry_run_hosts:
+        backend().load_carried(config.delivery.image_from, config.program.image, console)
+    return backend().local_image(config.program.image)
 
 
 def _same_platform(nodes: Session, reports: list[HostReport], image: str, local: Local) -> None:

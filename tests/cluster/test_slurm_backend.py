@@ -17,10 +17,13 @@ import signal
 import subprocess
 import sys
 import time
+import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
+import docker
 import pytest
+from kit.image_kit import build_changed_image
 from kit.orchestrate_kit import (
     IMAGE,
     TRAIN,
@@ -321,3 +324,29 @@ def test_node_0_lost_and_its_guards_sigkilled_the_containers_stop_themselves_whe
     # line, at one step, and that step's checkpoint the newest (the per-epoch ones are older).
     step = every_rank_stopped_at_the_newest_checkpoint(c, job, earlier)
     print(f"every rank stopped at step {step}, its checkpoint the newest")
+
+
+def test_submit_brings_an_image_the_nodes_lack_through_the_shared_storage(target: Cluster, data: Data) -> None:
+    """README's order: build the image here, then `submit`. The nodes hold the previous build (the module's cluster
+    is seeded with it), not this one: `submit` writes the image's layers to the storage every node sees before
+    sbatch, the batch job's `up` loads on the first node only the layer it lacks, and sends node 1 its missing layer
+    as `up` does; both nodes run the new image. (Before: preflight refused, `missing here and on this machine`.)"""
+    c = target
+    tag = f"{IMAGE}-submitted"
+    image_id = build_changed_image(IMAGE, tag, line=f"submitted {uuid.uuid4().hex}")  # new to every cache
+    try:
+        layers = len(docker.from_env().images.get(tag).attrs["RootFS"]["Layers"])
+        job_id = submit(c, data, "carried", epochs=1, image=tag, trainer=("--max-steps", "2"))
+        wait_for(lambda: slurm_state(c, job_id)[0] not in ("PENDING", "RUNNING", "COMPLETING"), 240,
+                 "the job to end")
+        text = (c.dir / f"slurm-{job_id}.out").read_text()
+        assert slurm_state(c, job_id) == ("COMPLETED", "0:0"), text
+        h0, h1 = c.hosts
+        assert re.search(rf"^image {re.escape(tag)} on {h0.name}: loaded 1 of {layers} layers \([\d.]+ MB\) from ",
+                         text, re.M), text
+        assert re.search(rf"^image {re.escape(tag)} on {h1.name}: sent [\d.]+ MB \(1 of {layers} layers\)", text,
+                         re.M), text
+        ran = {name: cont.attrs["Image"] for name, cont in job_containers(c, "carried")}  # type: ignore[attr-defined]
+        assert ran == {h.name: image_id for h in c.hosts}
+    finally:
+        docker.from_env().images.remove(tag, noprune=False)

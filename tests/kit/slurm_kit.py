@@ -49,12 +49,13 @@ def orchestrate(c: Cluster, *args: str, timeout: float = 120) -> subprocess.Comp
     return res
 
 
-def submit(c: Cluster, data: Data, job: str, *extra: str, epochs: int) -> str:
+def submit(c: Cluster, data: Data, job: str, *extra: str, epochs: int, image: str = IMAGE,
+           trainer: tuple[str, ...] = ()) -> str:
     """`submit` of a short CPU training of 2 nodes with 1 granted GPU each; Slurm's job id."""
     res = orchestrate(c, "submit", "--nodes", "2", "--gpus-per-node", "1", "--python", SYSTEM_PYTHON,
-                      "--output", f"{c.dir}/slurm-%j.out", "--job", job, "--image", IMAGE, "--gpus-on-cpu",
+                      "--output", f"{c.dir}/slurm-%j.out", "--job", job, "--image", image, "--gpus-on-cpu",
                       "--data-url", data.url, "--data-md5", data.md5, *extra,
-                      "--", *TRAIN, "--epochs", str(epochs), "--log-every", "1")
+                      "--", *TRAIN, "--epochs", str(epochs), "--log-every", "1", *trainer)
     assert res.returncode == 0 and re.fullmatch(r"\d+\n", res.stdout), res.stderr
     return res.stdout.strip()
 

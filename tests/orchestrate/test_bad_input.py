@@ -66,6 +66,7 @@ CASES: list[tuple[str, list[str], str]] = [
     ("env no =", ["up", "--env", "FOO"], "write --env NAME=VALUE"),
     ("env bad name", ["up", "--env", "1X=2"], "not a valid variable name"),
     ("data-from missing", ["up", "--data-from", "{tmp}/no.tar.gz"], "no such file or folder"),
+    ("image-from missing", ["up", "--image-from", "{tmp}/no.json"], "no such file; it is the manifest `submit`"),
     ("md5", ["up", "--data-md5", "xyz"], "is not an md5"),
     ("nproc 0", ["up", "--nproc-per-node", "0"], "--nproc-per-node 0 must be between 1 and 1024"),
     ("relative data dir", ["up", "--data-dir", "data"], "must be an absolute path"),

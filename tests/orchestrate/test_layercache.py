@@ -138,9 +138,9 @@ def test_a_cache_that_cannot_start_falls_back_to_docker_save_unless_required(
     with ExitStack() as stack:
         if mode == "on":
             with pytest.raises(LayerCacheError, match="did not start"):
-                image._open_cache(mode, "img:new", console, stack)
+                image.open_cache(mode, "img:new", console, stack)
         else:
-            assert image._open_cache(mode, "img:new", console, stack) is None
+            assert image.open_cache(mode, "img:new", console, stack) is None
             assert console.export_text() == ("image img:new: layer cache: /bin/false did not start: exit code 1; "
                                              "sending from docker save instead\n")
 

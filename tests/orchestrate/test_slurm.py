@@ -11,6 +11,7 @@ import pytest
 from kit.units import SSH, job_specs
 
 from orchestrate import cli
+from orchestrate.backends.docker_ssh import carried
 from orchestrate.backends.slurm import commands, records, script
 from orchestrate.config import UpConfig
 from orchestrate.errors import ConfigError, PreflightError
@@ -97,6 +98,8 @@ def fake_slurm(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, job: str = "job-
     monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "state"))
     monkeypatch.setenv("SLURM_JOB_ID", "4")
     monkeypatch.delenv("SLURM_JOB_NODELIST", raising=False)
+    # This machine's Docker holds no image to carry (the carrying is the Slurm cluster test's subject).
+    monkeypatch.setattr(carried, "local_image_id", lambda name: None)
     return tmp_path
 
 
@@ -129,6 +132,15 @@ def test_no_allocation_or_no_slurm_is_one_line_and_exit_2(tmp_path: Path, monkey
     assert err.startswith("error: scontrol not found: Slurm's clients are not installed here") and "\n" not in err
     assert cli.main(["submit", "--nodes", "2"]) == 2
     assert capsys.readouterr().err.strip().startswith("error: sbatch not found")
+
+
+def test_an_up_option_that_begins_like_one_of_submits_own_goes_to_up(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                                     capsys: pytest.CaptureFixture[str]) -> None:
+    """`--gpus 0` is up's (CPU), not an abbreviation of submit's --gpus-per-node (it was taken for one, and lost)."""
+    fake_slurm(tmp_path, monkeypatch)
+    assert cli.main(["submit", "--nodes", "2", "--job", "r18", "--gpus", "0", "--python", "/usr/bin/python3",
+                     "--dry-run"]) == 0
+    assert f"\"$(cat {script.GUARD_SCRIPT})\" --job r18 --gpus 0 --\n" in capsys.readouterr().out
 
 
 def test_submit_dry_run_prints_the_script_and_submits_nothing(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
@@ -345,9 +357,9 @@ def test_the_batch_scripts_stop_reaches_the_nodes_as_its_up_did(tmp_path: Path, 
         tool.chmod(0o755)
     (tmp_path / "ssh_config").write_text("")
     monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "state"))
-    sub = submit.submission(["--nodes", "2", "--job", "j", "--python", str(python), "--ssh-config",
-                             str(tmp_path / "ssh_config"), "--accept-new-host-keys", "--env", "HF_TOKEN=s3cr3t"],
-                            ["--epochs", "1"], cli.COMMAND_LINE)
+    sub, _ = submit.submission(["--nodes", "2", "--job", "j", "--python", str(python), "--ssh-config",
+                                str(tmp_path / "ssh_config"), "--accept-new-host-keys", "--env", "HF_TOKEN=s3cr3t"],
+                               ["--epochs", "1"], cli.COMMAND_LINE)
     argv = script.sbatch_argv(sub)
     env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", "SLURM_JOB_ID": "9", **dict(sub.secret_env)}
     batch = subprocess.Popen(["bash", *argv[argv.index(str(script.BATCH_SCRIPT)):]], env=env,

@@ -4,11 +4,12 @@ is each container's docker-py arguments and the same as a `docker run` line (req
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
 from rich.console import Console
 
-from orchestrate.backends.docker_ssh import control, observe, owner, shortrun
+from orchestrate.backends.docker_ssh import carried, control, observe, owner, shortrun
 from orchestrate.backends.docker_ssh.claim import start_claimed
 from orchestrate.backends.docker_ssh.ranks import ContainerRanks
 from orchestrate.backends.docker_ssh.request import offline_json, plan_json, render_job_plan, render_plan
@@ -54,6 +55,9 @@ class DockerSSH:
     def run(self, nodes: Session, specs: Mapping[int, ContainerSpec], timeout: float, what: str,
             together: bool = False) -> dict[int, Ran]:
         return shortrun.run(nodes, specs, timeout, what, together)
+
+    def load_carried(self, manifest: Path, image: str, console: Console) -> None:
+        carried.load(manifest, image, console)
 
     def attach(self, nodes: Session, submitted: Sequence[Any]) -> Ranks:
         return ContainerRanks(nodes, submitted)

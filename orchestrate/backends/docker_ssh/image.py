@@ -31,13 +31,14 @@ from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import ExitStack
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 from rich.console import Console
 from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TransferSpeedColumn
 
 from orchestrate.backends.docker_ssh.layercache import (
     REGISTRY_BINARY,
+    Blob,
     CachedImage,
     LayerCache,
     LayerCacheError,
@@ -353,7 +354,7 @@ def send_layers(nodes: Session, ranks: Sequence[int], local: Any, name: str, hel
     return out
 
 
-def send_cached(nodes: Session, ranks: Sequence[int], cache: LayerCache, cached: CachedImage, name: str | None,
+def send_cached(nodes: Session, ranks: Sequence[int], cache: BlobSource, cached: CachedImage, name: str | None,
                 held: dict[int, int], bars: Progress) -> dict[int, Delivery]:
     """Each node in `ranks` loads an archive of the cached blobs of the layers it lacks, all in parallel."""
     tasks = _bars(nodes, ranks, bars)
@@ -403,7 +404,7 @@ def _cache_failed(err: LayerCacheError, mode: str, name: str, console: Console) 
     console.print(f"image {name}: {err}; sending from docker save instead", markup=False, highlight=False)
 
 
-def _open_cache(mode: str, name: str, console: Console, stack: ExitStack) -> LayerCache | None:
+def open_cache(mode: str, name: str, console: Console, stack: ExitStack) -> LayerCache | None:
     """The running local layer cache (`--layer-cache`), or None to use `docker save` (the reason printed).
 
     Called on the main thread: the registry is told to die with the thread that started it (layercache.py)."""
@@ -419,8 +420,8 @@ def _open_cache(mode: str, name: str, console: Console, stack: ExitStack) -> Lay
         return None
 
 
-def _fill(cache: LayerCache, local: Any, local_id: str, layers: int, name: str, mode: str, console: Console,
-          bars: Progress) -> CachedImage | None:
+def fill_cache(cache: LayerCache, local: Any, local_id: str, layers: int, name: str, mode: str, console: Console,
+               bars: Progress) -> CachedImage | None:
     """Push the image into the cache; None (the reason printed) when that fails."""
     pushed = _Pushed(bars, name)
     try:
@@ -433,14 +434,26 @@ def _fill(cache: LayerCache, local: Any, local_id: str, layers: int, name: str, 
     return cached
 
 
+class BlobSource(Protocol):
+    """Where cached layer blobs are read: the local layer cache, or the store `submit` wrote (carried.py)."""
+
+    def blob_chunks(self, blob: Blob) -> Iterator[bytes]:
+        ...
+
+
+Source = tuple[BlobSource, CachedImage]
+
+
 def deliver(nodes: Session, held: Mapping[int, int], local: Any, local_id: str, name: str, console: Console,
-            layer_cache: str = "off", settled: Callable[[], Mapping[int, int]] | None = None) -> dict[int, Delivery]:
+            layer_cache: str = "off", settled: Callable[[], Mapping[int, int]] | None = None,
+            blobs: Source | None = None) -> dict[int, Delivery]:
     """Send each node in `held` the layers it lacks (the plan's: how many leading layers it holds); where a delta
     does not load, send the full archive.
 
     The layers come from the local layer cache (`layer_cache` auto/on, see layercache.py) or from one filtered
-    `docker save` stream (the cache is filled first). `settled`: what each node holds once the source is ready,
-    when that may change meanwhile (the nodes pull the image's base while the cache fills).
+    `docker save` stream (the cache is filled first), or from `blobs` when given (the image's blobs already
+    compressed: what `submit` carried). `settled`: what each node holds once the source is ready, when that may
+    change meanwhile (the nodes pull the image's base while the cache fills).
     """
     image = local.images.get(name)
     diff_ids = list(image.attrs["RootFS"]["Layers"])
@@ -448,11 +461,11 @@ def deliver(nodes: Session, held: Mapping[int, int], local: Any, local_id: str, 
     with ExitStack() as stack, ThreadPoolExecutor(1) as pool, Progress(
             TextColumn("{task.description}"), BarColumn(), DownloadColumn(), TransferSpeedColumn(),
             console=console, transient=True) as bars:
-        cache = _open_cache(layer_cache, name, console, stack)
-        filling = pool.submit(_fill, cache, local, local_id, len(diff_ids), name, layer_cache, console,
+        cache = None if blobs else open_cache(layer_cache, name, console, stack)
+        filling = pool.submit(fill_cache, cache, local, local_id, len(diff_ids), name, layer_cache, console,
                               bars) if cache else None
         cached = filling.result() if filling else None
-        source = (cache, cached) if cache and cached else None
+        source: Source | None = blobs or ((cache, cached) if cache and cached else None)
         held = settled() if settled is not None else held
 
         def send(targets: Sequence[int], keep: dict[int, int]) -> dict[int, Delivery]:
@@ -517,9 +530,9 @@ def pull_bases(nodes: Session, refs: Mapping[int, str]) -> dict[int, str]:
 
 
 def ensure_images(nodes: Session, plan: JobPlan, local: Any, local_id: str | None, console: Console,
-                  layer_cache: str = "off") -> dict[str, Delivery]:
+                  layer_cache: str = "off", blobs: Source | None = None) -> dict[str, Delivery]:
     """Give every node the image as the plan says: nothing, a pull, or the layers it lacks (after its base, pulled
-    by the node itself where the plan says so)."""
+    by the node itself where the plan says so); `blobs`: the image's compressed blobs, when they are at hand."""
     image = plan.nodes[0].container.image
     ranks = list(range(len(nodes.hosts)))
     result: dict[int, Delivery] = {r: Delivery("present") for r in ranks}
@@ -532,7 +545,7 @@ def ensure_images(nodes: Session, plan: JobPlan, local: Any, local_id: str | Non
         assert local_id is not None  # the plan sends only an image this machine holds
         with ThreadPoolExecutor(1) as pool:  # the nodes pull the base while the local layer cache fills
             bases = pool.submit(_base_first, nodes, plan, image, console)
-            result.update(deliver(nodes, sends, local, local_id, image, console, layer_cache, bases.result))
+            result.update(deliver(nodes, sends, local, local_id, image, console, layer_cache, bases.result, blobs))
     need = [*pulls, *sends]
     for r in need:  # whatever happened, the node must now hold the image by name
         got = image_id(nodes.docker(r), image)

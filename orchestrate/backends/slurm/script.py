@@ -51,6 +51,9 @@ class Submission:
                          "path that node sees")
     stop_grace: int = option(20, "--stop-grace", "seconds each container gets to save its checkpoint at scancel or "
                              "the time limit; keep it below Slurm's KillWait (scontrol show config)", type=int)
+    layer_store: Path | None = option(None, "--layer-store", "a folder every node sees (shared storage) where the "
+                                      "image built here is written for the batch job's `up` (only the layers not "
+                                      "there yet); default: $XDG_STATE_HOME/ddp-cifar/images", type=Path)
     dry_run: bool = option(False, "--dry-run", "print the sbatch command and the script; submit nothing",
                            action="store_true")
     # Passed to sbatch in its environment, never on its command line (`ps` and `scontrol show job` show that to

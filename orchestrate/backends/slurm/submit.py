@@ -7,14 +7,18 @@ from __future__ import annotations
 import argparse
 import getpass
 from collections.abc import Sequence
+from dataclasses import replace
 from pathlib import Path
 
 from rich.console import Console
 
+from orchestrate.backends.docker_ssh import carried
+from orchestrate.backends.docker_ssh.layercache import registry_binary
 from orchestrate.backends.protocol import CommandLine
 from orchestrate.backends.slurm import commands, script
-from orchestrate.config import SSHOptions, is_secret
+from orchestrate.config import SSHOptions, UpConfig, is_secret
 from orchestrate.errors import ConfigError
+from orchestrate.localfs import state_root
 
 HOSTS = Path("slurm")  # --hosts slurm: the allocation's nodes
 DESCRIPTION = ("Queue the job with Slurm (sbatch) and return: the batch script runs 'up --hosts slurm' on the "
@@ -25,7 +29,7 @@ def parser(line: CommandLine) -> argparse.ArgumentParser:
     return line.parser("submit", DESCRIPTION, script.Submission)
 
 
-def submission(argv: Sequence[str], trainer: Sequence[str], line: CommandLine) -> script.Submission:
+def submission(argv: Sequence[str], trainer: Sequence[str], line: CommandLine) -> tuple[script.Submission, UpConfig]:
     """submit's own options, and up's (checked as up checks them)."""
     ns, up_args = parser(line).parse_known_args(argv)
     up_ns = line.up_options(up_args)
@@ -38,7 +42,7 @@ def submission(argv: Sequence[str], trainer: Sequence[str], line: CommandLine) -
     config = line.up_config(up_ns, HOSTS, trainer)
     kept, secrets = _secrets_apart(up_args)
     return script.Submission(job=config.program.job, up_args=kept, trainer_args=trainer, secret_env=secrets,
-                             connect_args=_connect_args(config.ssh), **vars(ns))
+                             connect_args=_connect_args(config.ssh), **vars(ns)), config
 
 
 def _secrets_apart(up_args: Sequence[str]) -> tuple[tuple[str, ...], tuple[tuple[str, str], ...]]:
@@ -71,10 +75,22 @@ def _connect_args(ssh: SSHOptions) -> tuple[str, ...]:
 
 
 def run(argv: Sequence[str], trainer: Sequence[str], line: CommandLine, console: Console) -> int:
-    sub = submission(argv, trainer, line)
+    sub, up = submission(argv, trainer, line)
+    image = up.program.image
+    # The image built here, unless the nodes pull it: carried to them through the shared storage (carried.py).
+    image_id = None if up.delivery.pull else carried.local_image_id(image)
+    store = (sub.layer_store or state_root() / "images").absolute()  # the batch job may run in another folder
+    if image_id is not None:
+        refused = carried.refusal(up.delivery.layer_cache, registry_binary() is not None)
+        if refused:
+            raise ConfigError(refused)
+        sub = replace(sub, up_args=(*sub.up_args, "--image-from", str(carried.manifest_path(store, image_id))))
     if sub.dry_run:
+        console.print(carried.dry_run_line(image, image_id, store), markup=False, soft_wrap=True)
         console.print(script.dry_run_text(sub), markup=False, end="", soft_wrap=True)
         return 0
+    if image_id is not None:  # before sbatch: the job may start at once; its lines on stderr, the job ID alone on stdout
+        carried.write(image, image_id, store, Console(stderr=True))
     job_id = commands.submit_job(sub, getpass.getuser())
     commands.record_submitted(line.state_dir(), sub.job, job_id)
     console.print(job_id, markup=False)
