@@ -112,7 +112,7 @@ class Config:
             if value is not None and not math.isfinite(value):  # nan passes every comparison below, inf overflows timedelta
                 raise ConfigError(f"{flag} must be a finite number, got {value}")
         if not self.lr > 0:
-            raise ConfigError(f"--lr must be > 0, got {self.lr}; a usual value is 0.1 for batch 128")
+            raise ConfigError(f"--lr must be > 0, got {self.lr}; a usual value is 0.1 for a global batch of 256 (--lr-ref-batch)")
         if self.warmup_epochs is not None and self.warmup_epochs < 0:
             raise ConfigError(f"--warmup-epochs must be >= 0, got {self.warmup_epochs}")
         for flag, minutes in (("--ckpt-every-minutes", self.ckpt_every_minutes),
@@ -256,9 +256,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="ddp: a full model replica per process; fsdp: parameters, gradients and optimizer state "
                         "sharded over the processes (FSDP2), checkpoints in DCP folders that resume at any world size")
     p.add_argument("--fsdp-shard", default=d["fsdp_shard"].default, choices=FSDP_SHARD,
-                   help="with --strategy fsdp on several nodes: node shards within each node and replicates across "
-                        "nodes (HSDP: only one gradient all-reduce per step crosses nodes); all shards over every "
-                        "process (least memory per GPU)")
+                   help="with --strategy fsdp on several nodes with the same process count: node shards within "
+                        "each node and replicates across nodes (HSDP: no all-gather crosses nodes, only one "
+                        "all-reduce of gradient shards per FSDP unit and step: each block, the norm layers, the "
+                        "root); all shards over every process (least memory per GPU)")
     p.add_argument("--sync-bn", action="store_true", default=d["sync_bn"].default, help="SyncBatchNorm across processes (CUDA only)")
     p.add_argument("--grad-compression", default=d["grad_compression"].default, choices=COMPRESSIONS, help="DDP communication hook")
     p.add_argument("--optimizer", default=d["optimizer"].default, choices=OPTIMIZERS,
