@@ -2,8 +2,10 @@
 process holds 1/world of the parameters, gradients and optimizer state). The same code runs on gloo and NCCL.
 
 FSDP's choices, written down:
-- fully_shard is applied to every residual block (ResNet BasicBlock/Bottleneck, ViT Block), then to the root.
-  A block is the unit whose parameters are all-gathered for its forward and freed after it.
+- fully_shard is applied to every residual block of this project's models (models.BLOCK_TYPES: the CIFAR ResNets'
+  BasicBlock, the ViT's Block), then to the root. A block is the unit whose parameters are all-gathered for its
+  forward and freed after it. A torchvision model (--model resnet50 ...) has none of these blocks: it is one
+  unit, the root, whose whole parameters are all-gathered for the forward (its state is still sharded at rest).
 - reshard_after_forward: True for every block but the last, whose parameters backward needs right away
   (freeing and all-gathering them again would only add a collective); the root keeps FSDP's own heuristic
   (not resharded: its stem and head run first in backward too). True frees each block's full parameters
@@ -54,8 +56,12 @@ def ddp_kwargs(device: torch.device) -> dict[str, Any]:
     No broadcast of rank 0's buffers before each forward: a collective per step for BatchNorm's running
     statistics, which no training step reads (the forward normalises with the batch's own). Evaluation
     broadcasts rank 0's buffers itself (loop.evaluate), and checkpoints hold rank 0's; with SyncBatchNorm they
-    are equal anyway. Gradients as views into DDP's buckets: no copy of every gradient into its bucket and back,
-    and one gradient-sized buffer less."""
+    are equal anyway. Gradients as views into DDP's buckets: after the all-reduce each .grad is its bucket's slice,
+    so nothing is copied back out of the bucket and no second gradient-sized buffer is kept between steps. Each
+    backward still copies every fresh gradient INTO its bucket: the loop's zero_grad(set_to_none=True) drops the
+    views, so autograd makes new gradients (torch's DDP docs, under batched_grad_copy: "gradient_as_bucket_view
+    alone cannot avoid copies because the bucket view alias is destroyed every iteration"). Keeping the views
+    (set_to_none=False) would trade that copy for a zeroing of every gradient each step: no fewer bytes moved."""
     kwargs: dict[str, Any] = {_FORWARD_SYNC_KW: False, "gradient_as_bucket_view": True}
     if device.type == "cuda":
         kwargs.update(device_ids=[device.index], output_device=device.index)
