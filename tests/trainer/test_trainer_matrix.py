@@ -164,8 +164,9 @@ def test_every_rank_lays_the_mesh_out_by_every_nodes_count(sizes: list[int], agr
 @pytest.mark.slow
 def test_fsdp_on_nodes_of_2_and_4_processes_agrees_on_flat_fsdp(data_dir: Path, tmp_path: Path) -> None:
     """Two torchrun agents with different --nproc_per_node (2 and 4, world 6). Each rank deciding alone: the
-    2-process node's ranks chose HSDP (6 / 2), the 4-process node's flat (6 % 4), and both waited in
-    init_device_mesh until --dist-timeout (seen before the fix: a DistStoreError timeout on every rank)."""
+    2-process node's ranks chose HSDP (6 / 2), the 4-process node's flat (6 % 4), and both hung in
+    init_device_mesh (seen before the fix: rank 0 logged `fsdp: 3 nodes x 2 processes ... (HSDP)`, and the agents
+    were still waiting after this test's 300 s)."""
     ckpt = tmp_path / "ckpt"
     args = base_args(data_dir, ckpt, "--strategy", "fsdp", "--batch-size", "4", "--epochs", "1", "--max-steps", "1",
                      "--dist-timeout", "60")
@@ -175,7 +176,13 @@ def test_fsdp_on_nodes_of_2_and_4_processes_agrees_on_flat_fsdp(data_dir: Path, 
                                 "--master_port", port, "-m", "trainer", *args],
                                cwd=REPO, env=child_env(), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
                                text=True) for rank, nproc in ((0, 2), (1, 4))]
-    errs = [a.communicate(timeout=300)[1] for a in agents]
+    try:
+        errs = [a.communicate(timeout=300)[1] for a in agents]
+    finally:  # a hang must not outlive the test: torchrun's SIGTERM handler stops its ranks
+        for a in agents:
+            if a.poll() is None:
+                a.terminate()
+                a.wait(timeout=60)
     assert [a.returncode for a in agents] == [0, 0], errs[0][-3000:] + errs[1][-3000:]
     assert "nodes with different process counts (2,4): flat FSDP over all 6 processes" in errs[0]
     info = dcp_checkpoint.newest_valid(ckpt)
