@@ -7,9 +7,14 @@ from __future__ import annotations
 import importlib.util
 import subprocess
 import sys
+from pathlib import Path
 from types import ModuleType
 
+import pytest
+import torch
 from kit.trainer_helpers import REPO, child_env
+
+from trainer import gpuprobe
 
 
 def _pytest(*args: str) -> subprocess.CompletedProcess[str]:
@@ -25,7 +30,7 @@ def test_the_default_run_never_collects_the_gpu_tier_and_the_tier_fails_without_
     assert "tests/trainer/gpu/" not in listed.stdout
     tier = _pytest("-m", "gpu", "-q", "tests/trainer/gpu")
     assert tier.returncode == 1, tier.stdout[-2000:]
-    assert "no CUDA here" in tier.stdout and " passed" not in tier.stdout and "skipped" not in tier.stdout
+    assert "no CUDA here: torch " in tier.stdout and " passed" not in tier.stdout and "skipped" not in tier.stdout
 
 
 def _bench() -> ModuleType:
@@ -69,3 +74,32 @@ def test_the_gpu_benchmark_runs_tiny_on_the_cpu() -> None:
     assert float(step.split()[3]) > 0 and float(steady.split()[3]) > 0, done.stdout
     assert any(line.startswith("eager: start ") and "end " in line for line in lines), done.stdout
     assert "airbench" in done.stdout and "eager steady epochs:" in done.stdout  # bounds.py's figure lines
+
+
+@pytest.mark.parametrize(("facts", "said"), [
+    ({"torch": "2.13.0+cpu", "cuda": None}, "torch 2.13.0+cpu is a CPU build (no CUDA)"),
+    ({"torch": "2.13.0+cu128", "cuda": "12.8", "driver_cuda": None, "cu_init": None},
+     "no NVIDIA driver here (libcuda.so.1 not found; torch 2.13.0+cu128 is built for CUDA 12.8)"),
+    # A fresh machine: CUDA 13 torch on a CUDA 12.8 driver (torch counts no GPU and only warns).
+    ({"torch": "2.14.0+cu130", "cuda": "13.0", "driver_cuda": 12080, "driver": "570.124.06", "cu_init": 0,
+      "count": 0, "warning": "The NVIDIA driver on your system is too old (found version 12080)"},
+     "the driver 570.124.06 supports CUDA up to 12.8, torch 2.14.0+cu130 is built for CUDA 13.0: install a torch "
+     "built for CUDA 12.x (e.g. pip install torch --index-url https://download.pytorch.org/whl/cu128)"),
+    ({"torch": "2.13.0+cu128", "cuda": "12.8", "driver_cuda": 12080, "cu_init": 802,
+      "cu_error": "CUDA_ERROR_SYSTEM_NOT_READY: system not yet initialized"},
+     "CUDA does not start: error 802 CUDA_ERROR_SYSTEM_NOT_READY"),
+])
+def test_a_gpu_machine_without_usable_cuda_is_told_why(facts: dict, said: str) -> None:
+    """The GPU tier's and scripts/gpu-check.sh's one line: before, "no CUDA here" for every cause."""
+    assert gpuprobe.why_no_cuda(facts).startswith(said)
+
+
+def test_the_gpu_check_refuses_a_machine_without_a_gpu_in_one_line(tmp_path: Path) -> None:
+    """scripts/gpu-check.sh on this CPU machine: exit 2, one line saying why, nothing run, no report written."""
+    done = subprocess.run(["bash", str(REPO / "scripts" / "gpu-check.sh"), str(tmp_path / "report.txt")], cwd=REPO,
+                          env={**child_env(), "CUDA_VISIBLE_DEVICES": "", "PYTHON": sys.executable}, capture_output=True,
+                          text=True, timeout=120)
+    assert done.returncode == 2, done.stdout + done.stderr
+    assert done.stderr.splitlines() == [f"gpu-check: no GPU to check: torch {torch.__version__} is a CPU build (no "
+                                        "CUDA): this needs an NVIDIA GPU and a CUDA build of torch"], done.stderr
+    assert len(done.stderr.splitlines()) == 1 and not (tmp_path / "report.txt").exists()
