@@ -13,11 +13,11 @@ FSDP's choices, written down:
 - Mixed precision: MixedPrecisionPolicy(param_dtype=bf16|fp16) all-gathers and computes in the low dtype;
   reduce_dtype stays fp32 so gradients are summed without rounding (the sharded fp32 parameters are the master
   copy). The loop's autocast still runs on top: it keeps loss and normalisation in fp32.
-- fp16's gradient scaler is ShardedGradScaler when there are several processes: each sees only its shard of the
+- fp16's gradient scaler is ShardedGradScaler when there is a process group: each rank sees only its shard of the
   gradients, so an inf found on one rank must skip the step on every rank, and ShardedGradScaler all-reduces
   found_inf itself. (With FSDP2's DTensor gradients, torch 2.13's DTensor dispatch also reduces found_inf for the
-  plain GradScaler, as measured; the explicit scaler does not depend on that.) One process has no process group
-  and an unsharded model: the plain GradScaler (grad_scaler).
+  plain GradScaler, as measured; the explicit scaler does not depend on that.) One process without a group has
+  an unsharded model: the plain GradScaler (grad_scaler).
 """
 
 from __future__ import annotations
@@ -213,13 +213,14 @@ def shard(cfg: Config, ctx: DistContext, model: nn.Module) -> nn.Module:
 
 
 def grad_scaler(cfg: Config, device: torch.device) -> torch.amp.GradScaler:
-    """fp16 under FSDP with a process group of several ranks: ShardedGradScaler (found_inf agreed across ranks);
-    otherwise precision's own. One process (a 1-GPU node, `python -m trainer` alone) has no process group and
-    its model is not sharded (state.build): ShardedGradScaler.unscale_ would all-reduce found_inf over the
-    default group, which does not exist (`Default process group has not been initialized` at the first
-    step); the plain scaler sees every gradient already."""
+    """fp16 under FSDP with a process group: ShardedGradScaler (found_inf agreed across ranks); otherwise
+    precision's own. One process without a group (a 1-GPU node, `python -m trainer` alone) has an unsharded model
+    (state.build): ShardedGradScaler.unscale_ would all-reduce found_inf over the default group, which does not
+    exist (`Default process group has not been initialized` at the first step); the plain scaler sees every
+    gradient already. A group of one rank (the GPU tier's NCCL group) keeps the sharded scaler: its all-reduce
+    is a real one-rank collective."""
     name = precision.resolve(cfg.precision, device)
-    if cfg.strategy == "fsdp" and tdist.is_available() and tdist.is_initialized() and tdist.get_world_size() > 1:
+    if cfg.strategy == "fsdp" and tdist.is_available() and tdist.is_initialized():
         return ShardedGradScaler(device.type, enabled=precision.precision_plan(name).scaler_enabled)
     return precision.grad_scaler(device, name)
 
