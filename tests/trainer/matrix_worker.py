@@ -3,14 +3,16 @@ optimizer steps with the trainer's `train_step` and one sharded evaluation.
 
     matrix_worker.py OUT_DIR [MODEL ...]
 
-Under torchrun (2 CPU processes, gloo) or alone (`python matrix_worker.py`: one process and no process group, as
-`python -m trainer` alone and a 1-GPU node run). MODEL: the models to run (default: every built-in one). Every
-rank writes OUT_DIR/rank<R>.json: {"ddp/bf16/resnet20": "ok" | "what failed"}, so a case that fails on one rank
-only is seen (a collective to gather them would not survive the failures it reports).
+Under torchrun (2 CPU processes, gloo): first every strategy x precision on tiny and resnet20 in one process with
+no process group (as `python -m trainer` alone and a 1-GPU node run; the cases split between the ranks, before the
+group exists), then every strategy x precision x MODEL (default: every built-in one) on the group, then FSDP's
+gradient accumulation (_accumulation). Alone (`python matrix_worker.py`): the 1-process cases of MODEL. Every rank
+writes OUT_DIR/rank<R>.json: {"ddp/bf16/resnet20": "ok" | "what failed", "1-process/fsdp/fp16/tiny": ...}, so a
+case that fails on one rank only is seen (a collective to gather them would not survive the failures it reports).
 
-Under torchrun also FSDP's gradient accumulation (_accumulation). What a case checks on each rank: the losses are finite; the weights this rank holds changed (fp16's scaler may
-skip one step, backing off from its initial scale of 2**16, and
-no other); the evaluation counted every test image exactly once.
+What a case checks on each rank: the losses are finite; the weights this rank holds changed (fp16's scaler may
+skip one step, backing off from its initial scale of 2**16, and no other); the evaluation counted every test
+image exactly once.
 
 One process group for all cases: a torchrun each would cost CI ~2 s of start-up per case."""
 
@@ -21,6 +23,7 @@ import json
 import os
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -30,13 +33,14 @@ from trainer import loop, parallel, state
 from trainer.__main__ import exit_without_finalizing
 from trainer.config import MODEL_NAMES, PRECISIONS, STRATEGIES, Config
 from trainer.data import Split
-from trainer.dist import context_from_env
+from trainer.dist import DistContext, context_from_env
 
 STEPS = 2
 # Two images per rank and step: at one, fp16's per-image gradients overflow at 2**16 and 2**15 alike for some models
 # (both steps skipped, seen), and fp16 matrix products cost the CPU (no fp16 arithmetic) ~20 s per vit-cifar backward
 # at two.
 BATCH = 2
+ONE_PROCESS = ("tiny", "resnet20")  # under torchrun: the 1-process cases' models (one process does not shard)
 N_TEST = 5  # on 2 ranks: rank 0 holds 3, rank 1 holds 2 (uneven shards, as with CIFAR's 10000 on 3 ranks)
 
 
@@ -64,10 +68,9 @@ def _steps(cfg: Config, st: state.TrainState, rank: int) -> list[str]:
     return failures
 
 
-def _case(strategy: str, precision: str, model: str) -> str:
+def _case(strategy: str, precision: str, model: str, ctx: DistContext) -> str:
     cfg = Config(data_dir=Path("/unused"), ckpt_dir=Path("/unused"), strategy=strategy, precision=precision,
                  model=model, device="cpu", lr=0.05)
-    ctx = context_from_env("cpu")
     torch.manual_seed(0)
     st = state.build(cfg, ctx)
     state.wrap(cfg, ctx, st)
@@ -119,33 +122,40 @@ def _accumulation() -> str:
     return "ok"
 
 
+def _run(case: str, results: dict[str, str], rank: int, work: Callable[[], str]) -> None:
+    t0 = time.monotonic()
+    try:
+        results[case] = work()
+    except Exception as e:  # noqa: BLE001 - every failure is a result to report, not a stop
+        results[case] = f"{type(e).__name__}: {str(e)[:300]}"
+    print(f"rank {rank} {case} {time.monotonic() - t0:.1f}s {results[case]}", file=sys.stderr, flush=True)
+
+
 def main() -> None:
     out, models = Path(sys.argv[1]), sys.argv[2:] or list(MODEL_NAMES)
-    distributed = int(os.environ.get("WORLD_SIZE", "1")) > 1
-    if distributed:  # a case whose ranks fall out of step fails within a minute instead of hanging
-        tdist.init_process_group("gloo", timeout=datetime.timedelta(seconds=60))
-    rank = tdist.get_rank() if distributed else 0
+    rank, world = int(os.environ.get("RANK", "0")), int(os.environ.get("WORLD_SIZE", "1"))
     results: dict[str, str] = {}
+    # One process and no process group, as `python -m trainer` alone: before the group exists, each rank runs
+    # its share of these cases (every case on one rank, both cores busy).
+    alone = DistContext(0, 0, 1, torch.device("cpu"))
+    singles = [(s, p, m) for s in STRATEGIES for p in PRECISIONS for m in (models if world == 1 else ONE_PROCESS)]
+    for strategy, precision, model in singles[rank::world]:
+        _run(f"1-process/{strategy}/{precision}/{model}", results, rank,
+             lambda: _case(strategy, precision, model, alone))  # noqa: B023 - called at once
+    if world == 1:
+        (out / "rank0.json").write_text(json.dumps(results, indent=1))
+        return
+    tdist.init_process_group("gloo", timeout=datetime.timedelta(seconds=60))  # out of step: fails, never hangs
+    ctx = context_from_env("cpu")
     for strategy in STRATEGIES:
         for precision in PRECISIONS:
             for model in models:
-                case, t0 = f"{strategy}/{precision}/{model}", time.monotonic()
-                try:
-                    results[case] = _case(strategy, precision, model)
-                except Exception as e:  # noqa: BLE001 - every failure is a result to report, not a stop
-                    results[case] = f"{type(e).__name__}: {str(e)[:300]}"
-                if distributed:  # a rank that failed alone must not leave its peer in the next case's collective
-                    tdist.barrier()
-                print(f"rank {rank} {case} {time.monotonic() - t0:.1f}s {results[case]}", file=sys.stderr, flush=True)
-    if distributed:
-        try:
-            results["accumulation/fsdp/resnet20-gn"] = _accumulation()
-        except Exception as e:  # noqa: BLE001 - a result to report
-            results["accumulation/fsdp/resnet20-gn"] = f"{type(e).__name__}: {str(e)[:300]}"
+                _run(f"{strategy}/{precision}/{model}", results, rank,
+                     lambda: _case(strategy, precision, model, ctx))  # noqa: B023 - called at once
+                tdist.barrier()  # a rank that failed alone must not leave its peer in the next case's collective
+    _run("accumulation/fsdp/resnet20-gn", results, rank, _accumulation)
     (out / f"rank{rank}.json").write_text(json.dumps(results, indent=1))
-    if distributed:
-        tdist.destroy_process_group()
-
+    tdist.destroy_process_group()
 
 if __name__ == "__main__":
     main()
