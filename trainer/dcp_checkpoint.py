@@ -157,6 +157,8 @@ def finish_save(pending: PendingShards, ctx: DistContext, timeout_s: float) -> P
                               f"{timeout_s:g} s (a stalled disk under --ckpt-dir?)")
     except CheckpointError as e:
         err = e
+    except Exception as e:  # noqa: BLE001 - the gather's collective failed (a lost peer): every rank must learn it
+        err = CheckpointError(f"the sharded checkpoint of step {done.step} did not complete: {type(e).__name__}: {e}")
     if dist.any_rank(ctx, err is not None):
         raise err or CheckpointError("another rank could not complete the sharded checkpoint; see its error line")
     return path
