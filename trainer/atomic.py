@@ -3,7 +3,8 @@
 
 A reader never sees half a file, and a crash (of the process or the machine) leaves the old file or the new one:
 temp file in the same folder, write, flush, fsync, rename over the target, fsync the folder (so the rename itself
-survives a power cut). Two writers of one file leave one of theirs whole.
+survives a power cut; both fsyncs are left out for a file whose loss is harmless, `durable=False`). Two writers of
+one file leave one of theirs whole.
 """
 
 from __future__ import annotations
@@ -26,10 +27,13 @@ def fsync_dir(folder: Path) -> None:
         os.close(fd)
 
 
-def write_atomic(path: Path, data: bytes | memoryview | Iterable[bytes], *, mode: int) -> None:
+def write_atomic(path: Path, data: bytes | memoryview | Iterable[bytes], *, mode: int, durable: bool = True) -> None:
     """Write `data` (bytes, or chunks streamed in order) to `path` atomically, with these mode bits. The temp
     name is unpredictable and created exclusively, so a file or symlink planted there is never written through.
-    On any error (or an exception from the chunks' source) the temp file is removed and the error raised."""
+    On any error (or an exception from the chunks' source) the temp file is removed and the error raised.
+    `durable` False: no fsync of the file or the folder. Readers still see the old file or the new one whole (the
+    rename is atomic); a power cut may lose the write. For files rewritten every few seconds (the heartbeat),
+    whose fsyncs on NFS or Lustre cost 10-100 ms each."""
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}{TMP_MARK}{os.getpid()}-")
     try:
         with os.fdopen(fd, "wb") as fh:
@@ -37,9 +41,11 @@ def write_atomic(path: Path, data: bytes | memoryview | Iterable[bytes], *, mode
             for chunk in (data,) if isinstance(data, bytes | memoryview) else data:
                 fh.write(chunk)
             fh.flush()
-            os.fsync(fh.fileno())
+            if durable:
+                os.fsync(fh.fileno())
         os.replace(tmp, path)
-        fsync_dir(path.parent)
+        if durable:
+            fsync_dir(path.parent)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise

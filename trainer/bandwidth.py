@@ -190,6 +190,7 @@ def _measure(ns: argparse.Namespace, procs: list[int], node: int, local: int, de
     if local != 0:
         return {}
     if device.type == "cuda":
+        result["gpu"] = torch.cuda.get_device_name(device)  # the floor within the node follows the model
         result["nccl"] = nccl_says("".join(_read(path) for path in sorted(glob.glob(_log_path(parent, "*")))))
     if rank != 0:  # the across-node figures are rank 0's to give
         result.pop("allreduce", None)

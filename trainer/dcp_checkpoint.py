@@ -20,6 +20,7 @@ import json
 import logging
 import os
 import shutil
+import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import Future
@@ -88,10 +89,12 @@ class ShardedSave:
 
 @dataclass(frozen=True)
 class PendingShards:
-    """A save whose shards DCP writes in the background (async_save)."""
+    """A save that completes in the background: DCP writes the shards (async_save), then the same background
+    thread gathers other nodes' shards and, on global rank 0, seals (trainer.pt, sha256 of every file, manifest,
+    fsyncs, rename) and prunes. `sealed`: that thread's outcome on this rank (the final folder)."""
 
     save: ShardedSave
-    written: Future[Any]
+    sealed: Future[Path]
 
 
 def save(folder: Path, model: nn.Module, optimizer: torch.optim.Optimizer, trainer_state: dict[str, Any], *,
@@ -120,18 +123,45 @@ def start_save(folder: Path, model: nn.Module, optimizer: torch.optim.Optimizer,
         _state(model, optimizer), storage_writer=_writer(folder, step), process_group=group)))
     log.info("sharded checkpoint of step %d copied off the device (training paused %.3f s), writing in the "
              "background", step, time.monotonic() - t0)
-    return PendingShards(ShardedSave(folder, trainer_state, step, epoch, epoch_complete, keep, t0), written)
+    save = ShardedSave(folder, trainer_state, step, epoch, epoch_complete, keep, t0)
+    sealed: Future[Path] = Future()
+    threading.Thread(target=_complete_in_background, args=(ctx, save, written, group, sealed),
+                     name=f"seal-ckpt-{step}", daemon=True).start()
+    return PendingShards(save, sealed)
+
+
+def _complete_in_background(ctx: DistContext, save: ShardedSave, written: Future[Any],
+                            group: tdist.ProcessGroup | None, sealed: Future[Path]) -> None:
+    """The seal thread: DCP's write done, the gather on the checkpoint group (gloo, CPU tensors: never
+    interleaved with training's collectives on the default group), then global rank 0 seals and prunes; the
+    outcome into `sealed`. Only one save is in flight, so DCP's own collectives on that group are over."""
+    try:
+        _shards_written(save.folder, save.step, written.result)
+        final, tmp = save.folder / ckpt_folder_name(save.step), save.folder / ckpt_tmp_name(save.step)
+        _gather_shards(ctx, tmp, group=group, device=torch.device("cpu"))
+        if ctx.is_main:
+            _seal_and_prune(ctx, save, tmp, final)
+        sealed.set_result(final)
+    except BaseException as e:  # noqa: BLE001 - handed to the training thread, which raises it
+        sealed.set_exception(e)
 
 
 def finish_save(pending: PendingShards, ctx: DistContext, timeout_s: float) -> Path:
-    """Collective: wait for this rank's background write, then gather, seal and prune as a synchronous save."""
-    done = pending.save
+    """Collective: wait for this rank's background write, gather and seal; every rank learns whether every rank's
+    part worked (rank 0's seal above all), as after a synchronous save."""
+    done, err = pending.save, None
     try:
-        _shards_written(done.folder, done.step, lambda: pending.written.result(timeout_s))
+        path = pending.sealed.result(timeout_s)
     except TimeoutError:
-        raise CheckpointError(f"the sharded checkpoint of step {done.step} was still being written after "
-                              f"{timeout_s:g} s (a stalled disk under --ckpt-dir?)") from None
-    return _complete(ctx, done)
+        err = CheckpointError(f"the sharded checkpoint of step {done.step} was still being written after "
+                              f"{timeout_s:g} s (a stalled disk under --ckpt-dir?)")
+    except CheckpointError as e:
+        err = e
+    except Exception as e:  # noqa: BLE001 - the gather's collective failed (a lost peer): every rank must learn it
+        err = CheckpointError(f"the sharded checkpoint of step {done.step} did not complete: {type(e).__name__}: {e}")
+    if dist.any_rank(ctx, err is not None):
+        raise err or CheckpointError("another rank could not complete the sharded checkpoint; see its error line")
+    return path
 
 
 def _writer(folder: Path, step: int) -> dcp.FileSystemWriter:
@@ -167,9 +197,7 @@ def _complete(ctx: DistContext, p: ShardedSave) -> Path:
     err = None
     if ctx.is_main:
         try:
-            _seal(p.folder, tmp, final, p.trainer_state, ctx.world_size, p.step, p.epoch, p.epoch_complete)
-            prune(p.folder, p.keep)
-            log.info("sharded checkpoint %s (%d processes, %.2f s)", final, ctx.world_size, time.monotonic() - p.started)
+            _seal_and_prune(ctx, p, tmp, final)
         except CheckpointError as e:
             err = e
     if dist.any_rank(ctx, err is not None):
@@ -177,31 +205,42 @@ def _complete(ctx: DistContext, p: ShardedSave) -> Path:
     return final
 
 
+def _seal_and_prune(ctx: DistContext, p: ShardedSave, tmp: Path, final: Path) -> None:
+    _seal(p.folder, tmp, final, p.trainer_state, ctx.world_size, p.step, p.epoch, p.epoch_complete)
+    prune(p.folder, p.keep)
+    log.info("sharded checkpoint %s (%d processes, %.2f s)", final, ctx.world_size, time.monotonic() - p.started)
+
+
 SEND_CHUNK = 64 << 20  # bytes per point-to-point message: a large shard never sits in memory twice
 
 
-def _gather_shards(ctx: DistContext, tmp: Path) -> None:
-    """Collective: global rank 0 names the ranks whose shard files it does not see in `tmp` (another node's
-    --ckpt-dir); each of them sends its files to rank 0, rank by rank, then removes its local copy."""
+def _gather_shards(ctx: DistContext, tmp: Path, group: tdist.ProcessGroup | None = None,
+                   device: torch.device | None = None) -> None:
+    """Collective on `group` (None: the default one), its tensors on `device` (None: this rank's): global rank 0
+    names the ranks whose shard files it does not see in `tmp` (another node's --ckpt-dir); each of them sends its
+    files to rank 0, rank by rank, then removes its local copy."""
     if not ctx.distributed:
         return
+    dev = device or ctx.device
     missing: list[Any] = [[r for r in range(ctx.world_size) if not any(tmp.glob(f"__{r}_*.distcp"))]
                           if ctx.is_main else None]
-    tdist.broadcast_object_list(missing, src=0, device=ctx.device)
+    tdist.broadcast_object_list(missing, src=0, group=group, device=dev)
     for rank in missing[0]:
         if ctx.rank == rank:
-            _send_shards(ctx, tmp)
+            _send_shards(ctx, tmp, group, dev)
         elif ctx.is_main:
-            _receive_shards(ctx, tmp, rank)
+            _receive_shards(ctx, tmp, rank, group, dev)
 
 
-def _send_shards(ctx: DistContext, tmp: Path) -> None:
+def _send_shards(ctx: DistContext, tmp: Path, group: tdist.ProcessGroup | None = None,
+                 device: torch.device | None = None) -> None:
+    dev = device or ctx.device
     files = sorted(tmp.glob(f"__{ctx.rank}_*.distcp"))
-    tdist.send_object_list([[(p.name, p.stat().st_size) for p in files]], dst=0, device=ctx.device)
+    tdist.send_object_list([[(p.name, p.stat().st_size) for p in files]], dst=0, group=group, device=dev)
     for path in files:
         with path.open("rb") as f:
             while block := f.read(SEND_CHUNK):
-                tdist.send(torch.frombuffer(bytearray(block), dtype=torch.uint8).to(ctx.device), dst=0)
+                tdist.send(torch.frombuffer(bytearray(block), dtype=torch.uint8).to(dev), dst=0, group=group)
         path.unlink()
     try:
         tmp.rmdir()  # the last rank of this node to send removes the folder
@@ -209,15 +248,17 @@ def _send_shards(ctx: DistContext, tmp: Path) -> None:
         pass
 
 
-def _receive_shards(ctx: DistContext, tmp: Path, rank: int) -> None:
+def _receive_shards(ctx: DistContext, tmp: Path, rank: int, group: tdist.ProcessGroup | None = None,
+                    device: torch.device | None = None) -> None:
+    dev = device or ctx.device
     header: list[Any] = [None]
-    tdist.recv_object_list(header, src=rank, device=ctx.device)
+    tdist.recv_object_list(header, src=rank, group=group, device=dev)
     for name, size in header[0]:
         with (tmp / name).open("wb") as f:
             left = size
             while left > 0:
-                block = torch.empty(min(SEND_CHUNK, left), dtype=torch.uint8, device=ctx.device)
-                tdist.recv(block, src=rank)
+                block = torch.empty(min(SEND_CHUNK, left), dtype=torch.uint8, device=dev)
+                tdist.recv(block, src=rank, group=group)
                 f.write(block.cpu().numpy().tobytes())
                 left -= block.numel()
             f.flush()

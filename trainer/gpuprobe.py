@@ -117,5 +117,37 @@ def probe() -> dict[str, Any]:
     return out
 
 
+def _major(version: str) -> int:
+    head = version.split(".")[0]
+    return int(head) if head.isdigit() else 0
+
+
+def why_no_cuda(facts: dict[str, Any]) -> str:
+    """PURE: why torch sees no GPU on this machine, in one line, from probe()'s answer: for a bare GPU machine
+    (the GPU tier, scripts/gpu-check.sh), where "no CUDA here" would hide the usual cause of a fresh machine: a
+    torch built for a newer CUDA major than the driver supports (CUDA's minor version compatibility covers the
+    minor versions, never the major)."""
+    torch_text = f"torch {facts.get('torch')}"
+    if facts.get("torch") is None:
+        return f"python3 has no torch ({facts.get('warning')}): install a CUDA build of torch"
+    if facts.get("cuda") is None:
+        return f"{torch_text} is a CPU build (no CUDA): this needs an NVIDIA GPU and a CUDA build of torch"
+    if facts.get("driver_cuda") is None and facts.get("cu_init") is None:
+        return (f"no NVIDIA driver here (libcuda.so.1 not found; {torch_text} is built for CUDA {facts['cuda']}): "
+                "this needs a machine with an NVIDIA GPU and its driver")
+    if facts.get("cu_init"):
+        return f"CUDA does not start: error {facts['cu_init']} {facts.get('cu_error')} (see dmesg on this machine)"
+    driver_cuda = int(facts.get("driver_cuda") or 0)
+    driver = f"driver {facts.get('driver') or '?'}"
+    if driver_cuda and driver_cuda // 1000 < _major(str(facts["cuda"])):
+        supported = f"{driver_cuda // 1000}.{driver_cuda % 1000 // 10}"
+        return (f"the {driver} supports CUDA up to {supported}, {torch_text} is built for CUDA {facts['cuda']}: "
+                f"install a torch built for CUDA {driver_cuda // 1000}.x (e.g. pip install torch --index-url "
+                f"https://download.pytorch.org/whl/cu{driver_cuda // 1000}{driver_cuda % 1000 // 10}), or a "
+                "newer driver")
+    warning = f" ({facts['warning']})" if facts.get("warning") else ""
+    return f"{torch_text} (CUDA {facts['cuda']}, {driver}) counts no usable GPU{warning}"
+
+
 if __name__ == "__main__":
     print(json.dumps(probe()), flush=True)

@@ -64,8 +64,8 @@ def train_step(st: TrainState, x: torch.Tensor, y: torch.Tensor, lr: float, prec
                micro: int = 0, forward: Callable[[], AbstractContextManager[None]] = contextlib.nullcontext,
                ) -> torch.Tensor:
     """One optimizer step on this rank's share of the global batch, in micro-batches of at most `micro` images
-    (0: all at once) whose gradients add up to the full share's: gradient accumulation, DDP's all-reduce only on
-    the last one. `forward` is entered around each forward (the rank's timer). Returns the share's mean loss."""
+    (0: all at once) whose gradients add up to the full share's: gradient accumulation, the gradients reduced over
+    the processes only after the last one (_gradient_sync). `forward` is entered around each forward (the rank's timer). Returns the share's mean loss."""
     for group in st.optimizer.param_groups:
         group["lr"] = lr
     x = _model_layout(x)
@@ -73,10 +73,7 @@ def train_step(st: TrainState, x: torch.Tensor, y: torch.Tensor, lr: float, prec
     parts = list(zip(x.split(micro), y.split(micro), strict=True)) if 0 < micro < len(y) else [(x, y)]
     total = torch.zeros((), device=x.device)
     for i, (xs, ys) in enumerate(parts):
-        last = i == len(parts) - 1
-        # DDP.no_sync: no all_reduce for the micro-batches before the last (a plain module has none).
-        skip_sync = st.ddp.no_sync() if not last and hasattr(st.ddp, "no_sync") else contextlib.nullcontext()  # type: ignore[operator]
-        with skip_sync:
+        with _gradient_sync(st.ddp, last=i == len(parts) - 1, accumulating=len(parts) > 1):
             with autocast(x.device, precision):
                 with forward():
                     out = st.ddp(xs)
@@ -88,10 +85,30 @@ def train_step(st: TrainState, x: torch.Tensor, y: torch.Tensor, lr: float, prec
     return total
 
 
-@torch.no_grad()
 def evaluate(model: nn.Module, test: Split, ctx: DistContext, precision: str, batch: int) -> float:
-    """Test accuracy without augmentation; rank r takes samples r, r+W, ... (disjoint, no padding, none
-    counted twice) and correct/total are summed over all ranks."""
+    """Test accuracy without augmentation (see evaluate_counts)."""
+    correct, total = evaluate_counts(model, test, ctx, precision, batch)
+    return correct / total if total > 0 else 0.0
+
+
+def _gradient_sync(module: nn.Module, last: bool, accumulating: bool) -> AbstractContextManager[None]:
+    """Gradients reduced over the processes only in the last micro-batch's backward: DDP's no_sync before it;
+    FSDP2's switch (set_requires_gradient_sync: no reduce-scatter, and under HSDP no cross-node all-reduce, until
+    the last; the unsharded gradients accumulate meanwhile, a full gradient's memory per unit). A plain module
+    has nothing to reduce."""
+    if isinstance(module, FSDPModule):
+        if accumulating:
+            module.set_requires_gradient_sync(last)
+        return contextlib.nullcontext()
+    no_sync = getattr(module, "no_sync", None)
+    return no_sync() if not last and callable(no_sync) else contextlib.nullcontext()
+
+
+@torch.no_grad()
+def evaluate_counts(model: nn.Module, test: Split, ctx: DistContext, precision: str, batch: int
+                    ) -> tuple[int, int]:
+    """(correct, evaluated) over the whole test split, the same on every rank; rank r takes samples r, r+W, ...
+    (disjoint, no padding, none counted twice) and both counts are summed over all ranks."""
     if ctx.distributed:
         for buf in model.buffers():  # BatchNorm running stats drift per rank after the last step: use rank 0's
             tdist.broadcast(buf, src=0)
@@ -109,7 +126,7 @@ def evaluate(model: nn.Module, test: Split, ctx: DistContext, precision: str, ba
             counts[1] += len(part)
     model.train(was_training)
     counts = dist.sum_tensor(ctx, counts)
-    return float(counts[0] / counts[1]) if counts[1] > 0 else 0.0
+    return int(counts[0]), int(counts[1])
 
 
 def _eval_batches(idx: torch.Tensor, batch: int, n_test: int, world: int, lockstep: bool) -> list[torch.Tensor]:
@@ -330,9 +347,11 @@ def _train_epoch(cfg: Config, ctx: DistContext, st: TrainState, loader: TrainLoa
         steps_done += 1
         if ctx.is_main and st.pos.step == pace.crash_at:
             raise RuntimeError(f"injected crash at step {st.pos.step} ({CRASH_AT_STEP_ENV}, tests only)")
-        pace.heartbeat.step_done(st.pos.step, st.pos.epoch + 1, loss.item)
-        if pace.steps and st.pos.step % cfg.log_every == 0:  # the loss read is a host sync: rank 0's alone
-            pace.steps.record(st.pos.step, st.pos.epoch + 1, loss.item(), lr, pace.heartbeat.rank_fields)
+        # The loss read is a host sync: rank 0's alone, for its step record; the heartbeat shows the newest one.
+        read = loss.item() if pace.steps and st.pos.step % cfg.log_every == 0 else None
+        pace.heartbeat.step_done(st.pos.step, st.pos.epoch + 1, read)
+        if pace.steps and read is not None:
+            pace.steps.record(st.pos.step, st.pos.epoch + 1, read, lr, pace.heartbeat.rank_fields)
         hit_max = cfg.max_steps > 0 and st.pos.step >= cfg.max_steps
         epoch_end = loader.steps(st.pos.sample) == 0
         if not (hit_max or epoch_end or st.pos.step % AGREE_EVERY == 0):

@@ -2,8 +2,10 @@
 process holds 1/world of the parameters, gradients and optimizer state). The same code runs on gloo and NCCL.
 
 FSDP's choices, written down:
-- fully_shard is applied to every residual block (ResNet BasicBlock/Bottleneck, ViT Block), then to the root.
-  A block is the unit whose parameters are all-gathered for its forward and freed after it.
+- fully_shard is applied to every residual block of this project's models (models.BLOCK_TYPES: the CIFAR ResNets'
+  BasicBlock, the ViT's Block), then to the root. A block is the unit whose parameters are all-gathered for its
+  forward and freed after it. A torchvision model (--model resnet50 ...) has none of these blocks: it is one
+  unit, the root, whose whole parameters are all-gathered for the forward (its state is still sharded at rest).
 - reshard_after_forward: True for every block but the last, whose parameters backward needs right away
   (freeing and all-gathering them again would only add a collective); the root keeps FSDP's own heuristic
   (not resharded: its stem and head run first in backward too). True frees each block's full parameters
@@ -11,10 +13,11 @@ FSDP's choices, written down:
 - Mixed precision: MixedPrecisionPolicy(param_dtype=bf16|fp16) all-gathers and computes in the low dtype;
   reduce_dtype stays fp32 so gradients are summed without rounding (the sharded fp32 parameters are the master
   copy). The loop's autocast still runs on top: it keeps loss and normalisation in fp32.
-- fp16's gradient scaler is ShardedGradScaler: each process sees only its shard of the gradients, so an inf
-  found on one rank must skip the step on every rank, and ShardedGradScaler all-reduces found_inf itself. (With
-  FSDP2's DTensor gradients, torch 2.13's DTensor dispatch also reduces found_inf for the plain GradScaler, as
-  measured; the explicit scaler does not depend on that.)
+- fp16's gradient scaler is ShardedGradScaler when there is a process group: each rank sees only its shard of the
+  gradients, so an inf found on one rank must skip the step on every rank, and ShardedGradScaler all-reduces
+  found_inf itself. (With FSDP2's DTensor gradients, torch 2.13's DTensor dispatch also reduces found_inf for the
+  plain GradScaler, as measured; the explicit scaler does not depend on that.) One process without a group has
+  an unsharded model: the plain GradScaler (grad_scaler).
 """
 
 from __future__ import annotations
@@ -53,8 +56,12 @@ def ddp_kwargs(device: torch.device) -> dict[str, Any]:
     No broadcast of rank 0's buffers before each forward: a collective per step for BatchNorm's running
     statistics, which no training step reads (the forward normalises with the batch's own). Evaluation
     broadcasts rank 0's buffers itself (loop.evaluate), and checkpoints hold rank 0's; with SyncBatchNorm they
-    are equal anyway. Gradients as views into DDP's buckets: no copy of every gradient into its bucket and back,
-    and one gradient-sized buffer less."""
+    are equal anyway. Gradients as views into DDP's buckets: after the all-reduce each .grad is its bucket's slice,
+    so nothing is copied back out of the bucket and no second gradient-sized buffer is kept between steps. Each
+    backward still copies every fresh gradient INTO its bucket: the loop's zero_grad(set_to_none=True) drops the
+    views, so autograd makes new gradients (torch's DDP docs, under batched_grad_copy: "gradient_as_bucket_view
+    alone cannot avoid copies because the bucket view alias is destroyed every iteration"). Keeping the views
+    (set_to_none=False) would trade that copy for a zeroing of every gradient each step: no fewer bytes moved."""
     kwargs: dict[str, Any] = {_FORWARD_SYNC_KW: False, "gradient_as_bucket_view": True}
     if device.type == "cuda":
         kwargs.update(device_ids=[device.index], output_device=device.index)
@@ -130,15 +137,17 @@ def shard_units(model: nn.Module) -> list[nn.Module]:
 
 
 def batch_norm_groups(model: nn.Module, units: list[nn.Module]) -> list[list[nn.Module]]:
-    """The BatchNorm layers of each block, then those outside every block (the stem's): one FSDP group each, so
-    one all-gather fetches a block's norms rather than one per layer."""
-    def norms(m: nn.Module) -> list[nn.Module]:
-        return [n for n in m.modules() if isinstance(n, nn.modules.batchnorm._BatchNorm)]
-
-    inside = {id(n) for unit in units for n in norms(unit)}
-    groups = [norms(unit) for unit in units]
-    groups.append([n for n in norms(model) if id(n) not in inside])
-    return [g for g in groups if g]
+    """Every BatchNorm layer of the model in one FSDP group (none when it has none): one all-gather in the first
+    norm's forward and one reduce-scatter at the end of backward (under HSDP one cross-node all-reduce) per step,
+    where a group per block cost one of each per block (resnet18: 9). FSDP2 shards a list of modules as one group
+    (torch/distributed/fsdp/_fully_shard/_fsdp_state.py, _register_group_forward_hooks): its all-gather runs
+    before the first of them to run forward, and its post-backward hook sits on that first module's inputs, so
+    the reduce-scatter waits until every norm's gradient is in. The norms are a few KiB per block: holding them
+    all unsharded through the step costs nothing next to one block's convolutions. `units` (the blocks) do
+    not change the grouping; kept for the caller."""
+    del units
+    norms: list[nn.Module] = [n for n in model.modules() if isinstance(n, nn.modules.batchnorm._BatchNorm)]
+    return [norms] if norms else []
 
 
 # How --fsdp-shard lays the processes out when the job spans more than one node.
@@ -146,8 +155,10 @@ def mesh_shape(shard_over: str, world: int, local_world: int) -> tuple[int, int]
     """(replicas, shards) for HSDP, or None for one flat group of `world` shards.
 
     `node` (the default) shards within a node and replicates across nodes (HSDP): every all-gather and
-    reduce-scatter of the forward and backward stays on the node's NVLink, and only one all-reduce of the
-    gradient shards per step crosses the slower inter-node network. Flat FSDP over several nodes sends every
+    reduce-scatter of the forward and backward stays on the node's NVLink, and only the gradient shards cross the
+    slower inter-node network: FSDP2 all-reduces them over the replicate dimension once per FSDP unit and step
+    (torch/distributed/fsdp/_fully_shard/_fsdp_collectives.py, foreach_reduce: the all_reduce on
+    all_reduce_group after each unit's reduce-scatter), one per block, one for the norm layers, one for the root. Flat FSDP over several nodes sends every
     block's all-gather across it, twice (forward, and again in backward after resharding). `all` shards over
     every process: 1/world of the state per GPU, for a model too big for one node. One node (or one process per
     node, where a replica would hold everything) keeps the flat layout."""
@@ -156,8 +167,29 @@ def mesh_shape(shard_over: str, world: int, local_world: int) -> tuple[int, int]
     return world // local_world, local_world
 
 
+def agreed_local_world(sizes: list[int]) -> int:
+    """The processes per node every rank lays the mesh out by, from every rank's LOCAL_WORLD_SIZE: theirs when
+    all nodes agree, else 1 (flat FSDP). Each rank deciding from its own count would split the ranks into flat
+    and HSDP layouts (an 8-GPU node and a 4-GPU node: 12 % 8 flat, 12 / 4 HSDP), each waiting in
+    init_device_mesh for groups the others never form."""
+    return sizes[0] if len(set(sizes)) == 1 else 1
+
+
+def local_world_sizes(ctx: DistContext) -> list[int]:
+    """Every rank's LOCAL_WORLD_SIZE, by rank (one all_gather, once at start)."""
+    mine = torch.tensor([ctx.local_world_size], dtype=torch.int64, device=ctx.device)
+    every = [torch.zeros_like(mine) for _ in range(ctx.world_size)]
+    tdist.all_gather(every, mine)
+    return [int(t) for t in every]
+
+
 def device_mesh(cfg: Config, ctx: DistContext) -> DeviceMesh | None:
-    shape = mesh_shape(cfg.fsdp_shard, ctx.world_size, ctx.local_world_size)
+    sizes = local_world_sizes(ctx)
+    local_world = agreed_local_world(sizes)
+    if local_world != ctx.local_world_size:
+        log.warning("fsdp: nodes with different process counts (%s): flat FSDP over all %d processes, no HSDP",
+                    ",".join(map(str, sorted(set(sizes)))), ctx.world_size)
+    shape = mesh_shape(cfg.fsdp_shard, ctx.world_size, local_world)
     if shape is None:
         return None
     log.info("fsdp: %d nodes x %d processes: sharded within a node, replicated across nodes (HSDP)", *shape)
@@ -165,14 +197,14 @@ def device_mesh(cfg: Config, ctx: DistContext) -> DeviceMesh | None:
 
 
 def shard(cfg: Config, ctx: DistContext, model: nn.Module) -> nn.Module:
-    """fully_shard every block's BatchNorm layers (fp32, norm_policy), every block (see the module docstring for
+    """fully_shard the BatchNorm layers as one group (fp32, norm_policy), every block (see the module docstring for
     reshard_after_forward), then the root. Call on every rank with the same (seeded) weights: each keeps its
     own slice of each parameter."""
     name = precision.resolve(cfg.precision, ctx.device)
     policy, mesh = mp_policy(name), device_mesh(cfg, ctx)
     units = shard_units(model)
     for group in batch_norm_groups(model, units):
-        # Not resharded after forward: a block's norms are a few KiB, not worth a second all-gather in backward.
+        # Not resharded after forward: the norms are a few KiB, not worth a second all-gather in backward.
         fully_shard(group, mesh=mesh, mp_policy=norm_policy(name), reshard_after_forward=False)
     for i, unit in enumerate(units):
         fully_shard(unit, mesh=mesh, mp_policy=policy, reshard_after_forward=i < len(units) - 1)
@@ -181,9 +213,14 @@ def shard(cfg: Config, ctx: DistContext, model: nn.Module) -> nn.Module:
 
 
 def grad_scaler(cfg: Config, device: torch.device) -> torch.amp.GradScaler:
-    """fp16 under FSDP: ShardedGradScaler (found_inf agreed across ranks); otherwise precision's own."""
+    """fp16 under FSDP with a process group: ShardedGradScaler (found_inf agreed across ranks); otherwise
+    precision's own. One process without a group (a 1-GPU node, `python -m trainer` alone) has an unsharded model
+    (state.build): ShardedGradScaler.unscale_ would all-reduce found_inf over the default group, which does not
+    exist (`Default process group has not been initialized` at the first step); the plain scaler sees every
+    gradient already. A group of one rank (the GPU tier's NCCL group) keeps the sharded scaler: its all-reduce
+    is a real one-rank collective."""
     name = precision.resolve(cfg.precision, device)
-    if cfg.strategy == "fsdp":
+    if cfg.strategy == "fsdp" and tdist.is_available() and tdist.is_initialized():
         return ShardedGradScaler(device.type, enabled=precision.precision_plan(name).scaler_enabled)
     return precision.grad_scaler(device, name)
 

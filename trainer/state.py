@@ -43,5 +43,9 @@ def build(cfg: Config, ctx: DistContext) -> TrainState:
 
 
 def wrap(cfg: Config, ctx: DistContext, st: TrainState) -> None:
-    """Wrap in DDP after a restore (DDP's constructor broadcasts rank 0's weights); FSDP is sharded already."""
+    """Wrap in DDP after a restore (DDP's constructor broadcasts rank 0's weights); FSDP is sharded already.
+    --compile compiles what the step calls, never st.model: checkpoints and evaluation keep the plain module
+    (its own keys, no `_orig_mod.`; evaluation's eval mode and shapes would only add compilations)."""
     st.ddp = parallel.wrap(cfg, ctx, st.model)
+    if cfg.compile != "off":
+        st.ddp = torch.compile(st.ddp, backend=cfg.compile)  # type: ignore[assignment]

@@ -91,6 +91,7 @@ class NcclPaths:
     net: str | None  # the network between nodes: IB, Socket, or an external plugin's name; None: no NET connection
     local: tuple[str, ...]  # within a node: P2P/CUMEM, P2P/IPC, P2P/MNNVL, P2P/direct, P2P/indirect, SHM, NVLS
     said: str | None  # describe_nccl's text of the network (devices, interfaces)
+    gdrdma: bool = False  # a NET channel line ends in /GDRDMA: the NIC reads and writes GPU memory directly
 
 
 # Channel lines, as p2p.cc, shm.cc and net.cc write them after "via ": "P2P/IPC/read", "P2P/CUMEM/CE",
@@ -106,4 +107,6 @@ def nccl_paths(lines: list[str]) -> NcclPaths:
     nets = [m.group(1) for m in map(_VIA_NET.match, lines) if m]
     local = [m.group(1) for m in map(_VIA_LOCAL.match, lines) if m] + (["NVLS"] if any(_NVLS in ln for ln in lines) else [])
     said = describe_nccl("".join(f"NCCL INFO {line}\n" for line in lines))
-    return NcclPaths(nets[0] if nets else None, tuple(dict.fromkeys(local)), said)
+    # net.cc's channel line: "via NET/%s/%d%s%s" with "/GDRDMA" where GPUDirect RDMA is used (useGdr).
+    gdrdma = any(line.startswith("via NET/") and "/GDRDMA" in line for line in lines)
+    return NcclPaths(nets[0] if nets else None, tuple(dict.fromkeys(local)), said, gdrdma)

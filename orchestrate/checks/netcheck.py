@@ -10,7 +10,8 @@ every pair of nodes (up to PAIRS_UP_TO nodes). A node fails the check when:
 - it is the outlier: its best pair is below OUTLIER_FRACTION of the median node's (3 nodes or more);
 - a figure is below its floor: `--min-busbw` (across nodes) and `--min-node-busbw` (within a node), by default
   FLOOR_GBPS of the transport that carried it;
-- NCCL's log names another network than the plan's: IB planned and Socket used, or sockets planned and IB used.
+- NCCL's log names another network than the plan's: IB planned and Socket used, or sockets planned and IB used;
+- NCCL used IB without GPUDirect RDMA (no `/GDRDMA` in its NET/IB channel lines).
 """
 
 from __future__ import annotations
@@ -43,6 +44,15 @@ MARK = "NETCHECK "
 # NCCL over 1 GbE sockets ~0.1; NVLink hundreds within a node, PCIe P2P or SHM through host memory ~5-20.
 # gloo's floor only catches a stalled link: the test hosts' throttled veths give a few MB/s.
 FLOOR_GBPS = {"ib": 2.0, "socket": 0.05, "nccl-node": 2.0, "gloo": 0.001}
+# Within a node, NCCL on GPUs of a model whose 8 GPUs share an NVSwitch fabric: a floor near a third of a healthy
+# node's all_reduce bus bandwidth (H100/H200 SXM, NVLink 4, 900 GB/s per GPU: ~360-480 GB/s measured by
+# nccl-tests' all_reduce_perf; A100 SXM, NVLink 3, 600 GB/s: ~230), far above what a fallback gives (SHM through
+# host memory ~5-20, PCIe P2P up to ~50). Matched as substrings of the GPU's name, most specific first, with the
+# names of trainer/hardware.py's PEAK_TFLOPS (kept in step by a test); None: no NVSwitch (NVL bridges pair GPUs,
+# PCIe cards have none): the transport's floor.
+NODE_FLOOR_BY_GPU: tuple[tuple[str, float | None], ...] = (
+    ("H200 NVL", None), ("H200", 150.0), ("H100 NVL", None), ("H100 PCIe", None), ("H100", 150.0),
+    ("A100-SXM", 80.0), ("A100", None), ("L40S", None))
 CAUSES = ("unreachable", "no-cuda")  # a node that failed for one of these is the cause; its peers then time out
 
 
@@ -85,6 +95,7 @@ class Verdict:
     within_gbps: dict[int, float] = field(default_factory=dict)  # per node: among its own processes
     paths: dict[int, NcclPaths] = field(default_factory=dict)  # per node: what NCCL's log says it used
     problems: dict[int, list[str]] = field(default_factory=dict)  # per node: a floor missed, a transport not planned
+    gpus: dict[int, str] = field(default_factory=dict)  # per node: its GPU's name (NCCL runs only)
 
 
 def judge(results: Sequence[NodeResult], planned: str = "gloo", floors: Floors = Floors()) -> Verdict:
@@ -104,7 +115,8 @@ def judge(results: Sequence[NodeResult], planned: str = "gloo", floors: Floors =
     payloads = {r.rank: r.payload for r in results if r.payload}
     within = {n: g for n, p in payloads.items() if (g := _last(p.get("within"))) is not None}
     paths = {n: nccl_paths(list(p["nccl"])) for n, p in payloads.items() if "nccl" in p}
-    verdict = Verdict(_last(head.get("allreduce")), pairs, best, outliers(best), {}, within, paths)
+    gpus = {n: str(p["gpu"]) for n, p in payloads.items() if p.get("gpu")}
+    verdict = Verdict(_last(head.get("allreduce")), pairs, best, outliers(best), {}, within, paths, gpus=gpus)
     return dataclasses.replace(verdict, problems=problems(verdict, len(results), planned, floors))
 
 
@@ -130,8 +142,8 @@ def problems(v: Verdict, nnodes: int, planned: str, floors: Floors) -> dict[int,
         why = transport_problem(planned, paths, nnodes)
         if why:
             found.setdefault(n, []).append(why)
-    floor = floors.within if floors.within is not None else FLOOR_GBPS["gloo" if planned == "gloo" else "nccl-node"]
     for n, gbps in v.within_gbps.items():
+        floor = floors.within if floors.within is not None else node_floor(planned, v.gpus.get(n))
         if gbps < floor:
             found.setdefault(n, []).append(f"within the node {rate(gbps)}, below the floor {rate(floor)}")
     floor = floors.across if floors.across is not None else FLOOR_GBPS[network_kind(planned, v.paths)]
@@ -139,6 +151,14 @@ def problems(v: Verdict, nnodes: int, planned: str, floors: Floors) -> dict[int,
         for n in v.outliers or range(nnodes):
             found.setdefault(n, []).append(f"across nodes {rate(v.allreduce_gbps)}, below the floor {rate(floor)}")
     return found
+
+
+def node_floor(planned: str, gpu: str | None) -> float:
+    """PURE: the default floor within a node: its GPU model's (NODE_FLOOR_BY_GPU) on NCCL, else the transport's."""
+    if planned == "gloo":
+        return FLOOR_GBPS["gloo"]
+    by_model = next((floor for key, floor in NODE_FLOOR_BY_GPU if gpu and key in gpu), None)
+    return by_model if by_model is not None else FLOOR_GBPS["nccl-node"]
 
 
 def network_kind(planned: str, paths: dict[int, NcclPaths]) -> str:
@@ -158,6 +178,10 @@ def transport_problem(planned: str, paths: NcclPaths, nnodes: int) -> str | None
         return f"InfiniBand planned, but NCCL used {paths.said or 'sockets'} (is /dev/infiniband in the container?)"
     if planned == "socket" and paths.net != "Socket":
         return f"sockets planned (NCCL_IB_DISABLE=1), but NCCL used {paths.said or paths.net}"
+    if paths.net.startswith("IB") and not paths.gdrdma:
+        return (f"NCCL used {paths.said or paths.net} without GPUDirect RDMA (no GDRDMA in its NET/IB channel "
+                "lines): every transfer is staged through host memory; is the nvidia-peermem module loaded on "
+                "the host, and NCCL_NET_GDR_LEVEL not lowered?")
     return None
 
 

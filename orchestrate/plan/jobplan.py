@@ -159,6 +159,30 @@ def pipeline_layout(pp: int, nprocs: Sequence[int | str]) -> str:
             f"ranks s*{dp} .. s*{dp}+{dp - 1}")
 
 
+def refuse_uneven_fsdp(program: Program, nprocs: Sequence[tuple[Host, int | str]]) -> None:
+    """--strategy fsdp on nodes whose known process counts differ: refused in one line before anything starts.
+    HSDP shards within a node, which needs every node alike; the trainer would fall back to flat FSDP over
+    every process (its ranks agree on that from every rank's count), sending every all-gather across nodes."""
+    known = {n for _, n in nprocs if isinstance(n, int)}
+    if len(known) < 2 or not program.is_trainer or not _fsdp_words(program.trainer_args):
+        return
+    counts = ", ".join(f"{host.name}: {n}" for host, n in nprocs)
+    raise ConfigError(f"--strategy fsdp needs the same number of processes on every node, and these differ "
+                      f"({counts}); give every host the same slots=/gpu_ids= or --nproc-per-node, or use "
+                      "--strategy ddp")
+
+
+def _fsdp_words(args: Sequence[str]) -> bool:
+    """The trainer's --strategy is fsdp (the last one given wins, as in argparse)."""
+    chosen = "ddp"
+    for i, word in enumerate(args):
+        if word == "--strategy" and i + 1 < len(args):
+            chosen = args[i + 1]
+        elif word.startswith("--strategy="):
+            chosen = word.partition("=")[2]
+    return chosen == "fsdp"
+
+
 @dataclass(frozen=True)
 class Attempt:
     """Which start of the job a plan is for: `up`'s own state, never written into the user's config."""
@@ -180,6 +204,7 @@ def container_specs(program: Program, resources: Resources, where: Where, attemp
     `master_port` the port preflight chose on node 0 (None: --master-port's, None too when not given and not
     probed: shown as detected at launch)."""
     facts = list(facts) if facts is not None else [NodeFacts() for _ in hosts]
+    refuse_uneven_fsdp(program, [(host, nproc_for(resources, host, f)) for host, f in zip(hosts, facts, strict=True)])
     nnodes = len(hosts)
     names = tuple((f"ddp-node{rank}", addr) for rank, f in enumerate(facts) if f.addr
                   for addr in ((f.addr, f"::ffff:{f.addr}") if "." in f.addr else (f.addr,)))

@@ -13,7 +13,7 @@ from orchestrate.backends.docker_ssh.request import plan_json, render_job_plan
 from orchestrate.config import Data, UpConfig
 from orchestrate.errors import ConfigError
 from orchestrate.hosts import Host
-from orchestrate.plan.jobplan import Attempt, data_action, image_action
+from orchestrate.plan.jobplan import Attempt, container_specs, data_action, image_action
 from orchestrate.probe.observations import CheckResult, LocalBase, LocalImage, NodeFacts
 
 HOSTS = [Host(name=f"h{i}", hostname=f"10.0.0.{i + 1}", port=22, user="u", slots=None) for i in range(2)]
@@ -131,3 +131,25 @@ def test_json_is_refused_without_a_dry_run_and_the_offline_form_has_the_containe
     node1 = data["nodes"][1]
     assert node1["container"]["command"][:5] == ["torchrun", "--nnodes", "2", "--node_rank", "1"]
     assert node1["docker_run"][:2] == ["docker", "run"] and "dirs" not in node1  # nothing probed
+
+
+@pytest.mark.parametrize(("args", "refused"), [
+    (("--strategy", "fsdp"), True),
+    (("--strategy=fsdp", "--epochs", "3"), True),
+    (("--strategy", "fsdp", "--strategy", "ddp"), False),  # the last one wins, as in the trainer's parser
+    (("--epochs", "3"), False),                              # DDP runs any mix of process counts
+])
+def test_fsdp_on_nodes_with_different_process_counts_is_refused_in_one_line(args: tuple[str, ...],
+                                                                             refused: bool) -> None:
+    """An 8-slot and a 4-slot host (a hosts file's slots=): the trainer would agree on flat FSDP, every all-gather
+    across nodes; the plan says so before anything starts."""
+    hosts = [Host(name="a", hostname="10.0.0.1", port=22, user="u", slots=8),
+             Host(name="b", hostname="10.0.0.2", port=22, user="u", slots=4)]
+    c = config(trainer_args=args)
+    if not refused:
+        container_specs(c.program, c.resources, c.where, Attempt(), hosts, "10.0.0.1")
+        return
+    with pytest.raises(ConfigError) as e:
+        container_specs(c.program, c.resources, c.where, Attempt(), hosts, "10.0.0.1")
+    assert str(e.value).startswith("--strategy fsdp needs the same number of processes on every node, and these "
+                                   "differ (a: 8, b: 4)")

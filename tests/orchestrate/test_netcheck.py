@@ -8,6 +8,7 @@ from kit.units import job_specs
 
 from orchestrate.checks.netcheck import (
     FLOOR_GBPS,
+    NODE_FLOOR_BY_GPU,
     Floors,
     NodeResult,
     judge,
@@ -142,3 +143,31 @@ def test_the_planned_transport_is_what_the_containers_get() -> None:
     mine = config.with_options(env=(("NCCL_IB_DISABLE", "0"),))  # the user's own --env wins: NCCL decides
     spec = job_specs(mine, hosts, "10.0.0.1", [NodeFacts(iface="eth0", gpus=8, ib=False)] * 2)[0]
     assert planned_transport(spec, cpu=False) == "auto"
+
+
+def test_infiniband_without_gpudirect_rdma_is_named() -> None:
+    """NCCL's channel lines end in /GDRDMA where the NIC reads GPU memory itself (net.cc); without it every
+    transfer goes through host memory (nvidia-peermem not loaded): the node that shows it fails, named."""
+    staged = [line.replace("/GDRDMA", "") for line in IB_LINES]
+    v = judge([gpu_node(0, 350.0, IB_LINES, across=45.0), gpu_node(1, 350.0, staged)], planned="ib")
+    assert list(v.problems) == [1]
+    assert v.problems[1][0].startswith("NCCL used IB (mlx5_0:1, mlx5_1:1; bootstrap over ib0) without GPUDirect "
+                                       "RDMA (no GDRDMA in its NET/IB channel lines)")
+
+
+def test_the_floor_within_an_nvswitch_node_follows_its_gpu_model() -> None:
+    """An H100 SXM node whose NCCL fell back to SHM (~20 GB/s) passed the old 2 GB/s floor; its model's floor
+    (150 GB/s) fails it. An H100 PCIe node has no NVSwitch: the transport's floor still applies."""
+    sxm = {**gpu_node(0, 20.0, IB_LINES).payload, "gpu": "NVIDIA H100 80GB HBM3"}  # type: ignore[dict-item]
+    pcie = {**gpu_node(1, 20.0, IB_LINES).payload, "gpu": "NVIDIA H100 PCIe"}  # type: ignore[dict-item]
+    v = judge([NodeResult(0, "n0", 0, sxm), NodeResult(1, "n1", 0, pcie)], planned="ib")
+    assert v.problems == {0: ["within the node 20.0 GB/s, below the floor 150.0 GB/s"]}
+    assert judge([NodeResult(0, "n0", 0, sxm)], planned="ib", floors=Floors(within=10.0)).problems == {}
+
+
+def test_the_node_floors_name_the_gpus_of_the_peak_table() -> None:
+    """One list of GPU names: trainer/hardware.py's PEAK_TFLOPS (the orchestrator cannot import it: torch)."""
+    from trainer.hardware import PEAK_TFLOPS
+
+    peak_names = [name for name, _, _ in PEAK_TFLOPS]
+    assert [name for name, _ in NODE_FLOOR_BY_GPU if name != "A100-SXM"] == peak_names

@@ -143,3 +143,33 @@ def test_fsdp_writes_its_shards_with_dcp_async_save_and_every_checkpoint_is_comp
     assert res.returncode == 0, res.stderr[-3000:]
     assert "sharded checkpoint of step 8 copied off the device" in res.stderr
     assert [dcp_checkpoint._validate(tmp_path / f"ckpt-{step:08d}") is not None for step in (8, 16)] == [True, True]
+
+
+def test_fsdp_seals_and_hashes_its_asynchronous_checkpoint_while_training_goes_on(
+        data_dir: Path, tmp_path: Path, inprocess: None, monkeypatch: pytest.MonkeyPatch) -> None:
+    """One process, FSDP, --ckpt-async on: the epoch-1 save's seal (trainer.pt, sha256 of every file, manifest,
+    fsyncs, rename) waits at a gate until a training step has run after it started; the seal of the end's
+    synchronous save runs on the training thread. Before the fix the seal ran at the next wait, on the training
+    thread: the gate was never opened (seen: `no training step ran while the seal of step 8 was held`)."""
+    events: list[str] = []
+    release = threading.Event()
+    real_seal, real_step = dcp_checkpoint._seal, loop.train_step
+
+    def seal(folder: Path, tmp: Path, final: Path, *a: Any) -> None:
+        background = threading.current_thread() is not threading.main_thread()
+        events.append(f"{'background' if background else 'synchronous'} seal {final.name}")
+        if background:
+            assert release.wait(GATE_S), f"no training step ran while the seal of {final.name} was held"
+        real_seal(folder, tmp, final, *a)
+
+    def step(*a: Any, **k: Any) -> torch.Tensor:
+        if events and events[-1].startswith("background seal"):
+            events.append("step")
+            release.set()
+        return real_step(*a, **k)
+
+    monkeypatch.setattr(dcp_checkpoint, "_seal", seal)
+    monkeypatch.setattr(loop, "train_step", step)
+    assert main(_args(data_dir, tmp_path, "--epochs", "2", "--strategy", "fsdp")) == 0
+    assert events == ["background seal ckpt-00000008", "step", "synchronous seal ckpt-00000016"]
+    assert [dcp_checkpoint._validate(tmp_path / f"ckpt-{s:08d}") is not None for s in (8, 16)] == [True, True]

@@ -178,8 +178,9 @@ def test_two_nodes_with_their_own_ckpt_dirs_leave_one_complete_checkpoint_on_nod
                                                                                     tmp_path: Path) -> None:
     """Two torchrun agents (--nnodes 2) on this machine, each node with its own --ckpt-dir as on a cluster:
     node 1's shard reaches node 0 over the process group, node 0's folder loads alone (at 1 process, resharded)
-    and node 1 keeps no partial copy."""
-    args = (*FSDP, "--batch-size", "12", "--epochs", "2", "--max-steps", "3")
+    and node 1 keeps no partial copy. Asynchronous checkpoints: step 2's (an epoch's end) is gathered and sealed
+    in the background, on the checkpoint group; step 3's, the end's, synchronously."""
+    args = (*FSDP, "--batch-size", "128", "--epochs", "2", "--max-steps", "3", "--ckpt-async", "on")
     node0, node1, port = tmp_path / "node0", tmp_path / "node1", str(free_port())
     agents = []
     for node, ckpt in enumerate((node0, node1)):
@@ -190,12 +191,14 @@ def test_two_nodes_with_their_own_ckpt_dirs_leave_one_complete_checkpoint_on_nod
                                        stderr=subprocess.PIPE, text=True))
     errs = [a.communicate(timeout=240)[1] for a in agents]
     assert [a.returncode for a in agents] == [0, 0], errs[0][-3000:] + errs[1][-3000:]
-    info = dcp_checkpoint.newest_valid(node0)
-    assert info is not None and info.manifest.step == 3 and info.manifest.world_size == 2
-    assert {"__0_0.distcp", "__1_0.distcp"} <= set(info.manifest.files)
+    for step in (2, 3):  # the background save, then the end's
+        info = dcp_checkpoint._validate(node0 / ckpt_folder_name(step))
+        assert info is not None and info.manifest.step == step and info.manifest.world_size == 2
+        assert {"__0_0.distcp", "__1_0.distcp"} <= set(info.manifest.files)
+        _full_model(info.path, tmp_path)  # every chunk of every tensor is in node 0's folder
+    assert "sharded checkpoint of step 2 copied off the device" in errs[0]
     assert not list(node1.rglob("*.distcp"))  # sent, then removed there
-    _full_model(info.path, tmp_path)  # every chunk of every tensor is in node 0's folder
-    proc = run_torchrun(1, base_args(data_dir, node0, *FSDP, "--batch-size", "12", "--epochs", "2",
+    proc = run_torchrun(1, base_args(data_dir, node0, *FSDP, "--batch-size", "128", "--epochs", "2",
                                      "--max-steps", "5", "--resume", "--keep-global-batch"))
     assert proc.returncode == 0, proc.stderr[-3000:]
-    assert "step 4 loss" in proc.stderr and metrics_lines(node0)[-1]["global_batch"] == 24
+    assert "step 4 loss" in proc.stderr and metrics_lines(node0)[-1]["global_batch"] == 256

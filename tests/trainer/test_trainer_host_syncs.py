@@ -140,6 +140,25 @@ def test_an_epochs_loop_syncs_only_to_agree_and_to_sum_the_epoch(per_epoch: list
     assert len(per_epoch[0]) <= agreements + 3 + 4, per_epoch
 
 
+def test_a_heartbeat_every_step_adds_no_host_sync(monkeypatch: pytest.MonkeyPatch, data_dir: Path, tmp_path: Path,
+                                                  inprocess: None) -> None:
+    """A beat written after every step (HEARTBEAT_S 0) and no step record: the epoch's loop syncs as often as
+    with no beat at all. Before the fix the beat read the loss itself (`.item()`: 16 more per epoch, seen)."""
+    counts: list[list[str]] = []
+    real_epoch = loop._train_epoch
+
+    def counted_epoch(*a: Any, **k: Any) -> loop.EpochStats:
+        with SyncCounter() as c:
+            out = real_epoch(*a, **k)
+        counts.append(c.calls)
+        return out
+
+    monkeypatch.setattr(loop, "_train_epoch", counted_epoch)
+    monkeypatch.setattr(metrics, "HEARTBEAT_S", 0.0)
+    assert main(base_args(data_dir, tmp_path, "--epochs", "2", "--batch-size", "32", "--log-every", "1000")) == 0
+    assert len(counts[1]) <= 16 // loop.AGREE_EVERY + 3, counts
+
+
 def test_the_agreement_waits_in_the_function_the_stall_report_names(tmp_path: Path,
                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
     """A real faulthandler dump (what SIGUSR1 writes) taken while the agreement's collective runs: the frame the

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 import torch
+import torch.distributed as tdist
 from kit.trainer_helpers import REPO, child_env, torchrun_cmd
 from torch.distributed.fsdp import MixedPrecisionPolicy
 from torch.distributed.fsdp.sharded_grad_scaler import ShardedGradScaler
@@ -49,9 +50,13 @@ def test_fsdp_mixed_precision_computes_in_the_precision_and_reduces_in_fp32() ->
     assert parallel.mp_policy("fp16") == MixedPrecisionPolicy(param_dtype=torch.float16, reduce_dtype=torch.float32)
 
 
-def test_fp16_under_fsdp_gets_the_sharded_scaler_that_agrees_on_inf_across_ranks() -> None:
+def test_fp16_under_fsdp_gets_the_sharded_scaler_that_agrees_on_inf_across_ranks(
+        monkeypatch: pytest.MonkeyPatch) -> None:
     """Each rank holds a shard of the gradients: an inf in one shard must skip the step everywhere, which
-    ShardedGradScaler's all_reduce of found_inf does (the plain GradScaler decides per rank)."""
+    ShardedGradScaler's all_reduce of found_inf does (the plain GradScaler decides per rank). A process group
+    stands in (its query patched): one process has none, and gets the plain scaler
+    (test_trainer_matrix.py::test_fsdp_fp16_takes_the_sharded_scaler_only_with_a_process_group)."""
+    monkeypatch.setattr(tdist, "is_initialized", lambda: True)
     scaler = parallel.grad_scaler(_cfg(strategy="fsdp", precision="fp16"), CPU)
     assert isinstance(scaler, ShardedGradScaler) and scaler.is_enabled()
     assert not parallel.grad_scaler(_cfg(strategy="fsdp", precision="bf16"), CPU).is_enabled()

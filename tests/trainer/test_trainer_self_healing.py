@@ -25,9 +25,9 @@ def test_heartbeat_advances_to_the_totals_and_its_eta_falls(data_dir: Path, tmp_
     ck, beats = tmp_path / "ck", []
     real_write = metrics.write_json_atomic
 
-    def keep(path: Path, data: dict) -> None:
+    def keep(path: Path, data: dict, durable: bool = True) -> None:
         beats.append(data)
-        real_write(path, data)
+        real_write(path, data, durable)
 
     monkeypatch.setattr(metrics, "HEARTBEAT_S", 0.0)  # a beat every step
     monkeypatch.setattr(metrics, "write_json_atomic", keep)
@@ -51,9 +51,9 @@ def test_a_phase_beat_shows_the_current_epoch_though_no_step_beat_was_written(
     ck, beats = tmp_path / "ck", []
     real_write = metrics.write_json_atomic
 
-    def keep(path: Path, data: dict) -> None:
+    def keep(path: Path, data: dict, durable: bool = True) -> None:
         beats.append(data)
-        real_write(path, data)
+        real_write(path, data, durable)
 
     monkeypatch.setattr(metrics, "HEARTBEAT_S", 1e9)  # no step writes a beat: only the phase marks do
     monkeypatch.setattr(metrics, "write_json_atomic", keep)

@@ -77,7 +77,8 @@ def test_the_network_checks_nccl_lines_say_what_carried_the_traffic() -> None:
                     "NVLS multicast support is available on dev 0", "via P2P/CUMEM/read", "via NET/IB/0/GDRDMA",
                     "via NET/IB/1(0)/GDRDMA", "via SHM/direct/direct", "via P2P/indirect/2[2]"]
     assert transport.nccl_paths(said) == transport.NcclPaths(
-        "IB", ("P2P/CUMEM", "SHM", "P2P/indirect", "NVLS"), "IB (mlx5_0:1, mlx5_1:1; bootstrap over ib0)")
+        "IB", ("P2P/CUMEM", "SHM", "P2P/indirect", "NVLS"), "IB (mlx5_0:1, mlx5_1:1; bootstrap over ib0)",
+        gdrdma=True)
     assert transport.nccl_paths(nccl_says(FALLBACK_LOG)) == transport.NcclPaths(
         "Socket", ("P2P/IPC",), "socket (eth0 10.1.0.5<0>)")
     assert transport.nccl_paths([]) == transport.NcclPaths(None, (), None)
