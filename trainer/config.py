@@ -212,6 +212,8 @@ PP_REFUSES: tuple[tuple[str, Callable[[Config], bool], str], ...] = (
      "apex is not tested with the pipeline's stages; use --optimizer sgd"),
     ("--precision fp16", lambda c: c.precision == "fp16",
      "the pipeline's schedule runs backward itself, without the gradient scaler; use --precision bf16 or fp32"),
+    ("--compile", lambda c: c.compile != "off",
+     "torch.compile of pipeline stages is not tried here yet (the schedule calls each stage's module); drop --compile"),
 )
 
 

@@ -66,6 +66,7 @@ def test_legacy_local_rank_is_accepted(flag: str) -> None:
     (["--pp", "2", "--model", "resnet20-gn", "--optimizer", "apex-fused-sgd"], "--pp cannot honour --optimizer apex"),
     (["--pp", "2", "--model", "resnet20-gn", "--grad-compression", "fp16"], "--pp cannot honour --grad-compression"),
     (["--pp", "2", "--model", "resnet20-gn", "--precision", "fp16"], "--pp cannot honour --precision fp16"),
+    (["--pp", "2", "--model", "resnet20-gn", "--compile", "aot_eager"], "--pp cannot honour --compile"),
     (["--pp", "2", "--model", "resnet20-gn", "--pp-microbatches", "1"],
      "--pp-schedule 1f1b needs at least as many micro-batches as stages"),
     (["--pp", "2", "--model", "resnet20-gn", "--batch-size", "3"], "the global batch must divide by dp x micro"),
