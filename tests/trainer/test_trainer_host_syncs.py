@@ -106,10 +106,10 @@ def test_no_host_sync_in_a_training_step(precision: str, per_step: list[list[str
     assert [calls for calls in per_step[1:] if calls] == []
 
 
-@pytest.fixture
-def per_epoch(monkeypatch: pytest.MonkeyPatch) -> list[list[str]]:
+def count_epoch_syncs(monkeypatch: pytest.MonkeyPatch, heartbeat_s: float) -> list[list[str]]:
     """The syncs of each epoch's whole loop (loop._train_epoch: batches, steps, the log line's and the heartbeat's
-    reads, the agreement, the epoch's sums), without the evaluation and checkpoint after it."""
+    reads, the agreement, the epoch's sums), without the evaluation and checkpoint after it; a beat every
+    heartbeat_s seconds."""
     counts: list[list[str]] = []
     real_epoch = loop._train_epoch
 
@@ -120,8 +120,14 @@ def per_epoch(monkeypatch: pytest.MonkeyPatch) -> list[list[str]]:
         return out
 
     monkeypatch.setattr(loop, "_train_epoch", counted_epoch)
-    monkeypatch.setattr(metrics, "HEARTBEAT_S", 1e9)
+    monkeypatch.setattr(metrics, "HEARTBEAT_S", heartbeat_s)
     return counts
+
+
+@pytest.fixture
+def per_epoch(monkeypatch: pytest.MonkeyPatch) -> list[list[str]]:
+    """The syncs of each epoch's loop, with no beat due."""
+    return count_epoch_syncs(monkeypatch, 1e9)
 
 
 def test_an_epochs_loop_syncs_only_to_agree_and_to_sum_the_epoch(per_epoch: list[list[str]], data_dir: Path,
@@ -144,17 +150,7 @@ def test_a_heartbeat_every_step_adds_no_host_sync(monkeypatch: pytest.MonkeyPatc
                                                   inprocess: None) -> None:
     """A beat written after every step (HEARTBEAT_S 0) and no step record: the epoch's loop syncs as often as
     with no beat at all. Before the fix the beat read the loss itself (`.item()`: 16 more per epoch, seen)."""
-    counts: list[list[str]] = []
-    real_epoch = loop._train_epoch
-
-    def counted_epoch(*a: Any, **k: Any) -> loop.EpochStats:
-        with SyncCounter() as c:
-            out = real_epoch(*a, **k)
-        counts.append(c.calls)
-        return out
-
-    monkeypatch.setattr(loop, "_train_epoch", counted_epoch)
-    monkeypatch.setattr(metrics, "HEARTBEAT_S", 0.0)
+    counts = count_epoch_syncs(monkeypatch, 0.0)
     assert main(base_args(data_dir, tmp_path, "--epochs", "2", "--batch-size", "32", "--log-every", "1000")) == 0
     assert len(counts[1]) <= 16 // loop.AGREE_EVERY + 3, counts
 
