@@ -1,8 +1,8 @@
 """See every rank (issue 35), on the session's three stock test hosts (sshd + dockerd + torchrun, CPU image):
 
-- one host's container throttled (`docker update --cpus 0.05 --cpu-shares 2` on that host's daemon) while the
-  job runs: from a grace of the rule's windows after the throttle on (the step of node 0's first heartbeat written
-  after it, plus the window it landed in and STRAGGLER_WINDOWS windows), every `status` and every progress line
+- one host's container throttled (`docker update --cpus 0.1 --cpu-shares 256` on that host's daemon) while the
+  job runs: from a grace of the rule's windows after the throttle on (the window holding the step of node 0's
+  first heartbeat written after it, and STRAGGLER_WINDOWS windows more), every `status` and every progress line
   names that node and no other (with its work several times the others', no other node can be 1.3x the median); an empty reading fails
   as a wrong one does, and two statuses past the grace are required. The progress line names it within a bounded
   time. Once the throttle is lifted, nothing is named. The throttle starts from a beat in which no node is clearly
@@ -22,6 +22,7 @@ One job does all of it (a tiny model, CPU): a cluster test costs a job's start.
 
 from __future__ import annotations
 
+import itertools
 import json
 import re
 import signal
@@ -70,11 +71,11 @@ def container(cluster: Cluster, node: int) -> str:
 
 
 def throttle(cluster: Cluster, node: int, on: bool) -> None:
-    """The job's container on that node's own daemon throttled (`docker update`): 5% of a core, and the smallest
-    CPU weight, so that it stays clearly slower when the machine is overloaded too (at a load of 20-38 on the 2
-    cores every process got about a tenth of a core, and a 0.1-core quota alone left node 2 at 1.0x the median);
-    off: the whole machine and the default weight."""
-    docker(cluster, node, "update", "--cpus", "0.05" if on else "2", "--cpu-shares", "2" if on else "1024",
+    """The job's container on that node's own daemon throttled (`docker update`): a tenth of a core, and a quarter
+    of the default CPU weight, so that it stays clearly slower when the machine is overloaded too (at a load of
+    20-38 on the 2 cores every process got about a tenth of a core, and the quota alone left node 2 at 1.0x the
+    median; the smallest weight instead, 2, made its steps 4 s); off: the whole machine and the default weight."""
+    docker(cluster, node, "update", "--cpus", "0.1" if on else "2", "--cpu-shares", "256" if on else "1024",
            container(cluster, node))
 
 
@@ -104,10 +105,10 @@ def step_of(text: str) -> int:
 
 
 def grace_end(cluster: Cluster, throttled_at: float) -> int:
-    """The first step from which the rule must name the throttled node in every beat: the step of node 0's first
-    heartbeat written after the throttle (at or after the throttle's step), plus the window the throttle landed in,
-    the rule's STRAGGLER_WINDOWS windows, and one step (a beat carries the windows that ended before its step).
-    A window is at most AGREE_EVERY steps (an epoch's end closes one early)."""
+    """The first step from which the rule must name the throttled node in every beat: after the window the throttle
+    landed in (it holds the step of node 0's first heartbeat written after the throttle, or ends before it) and the
+    rule's STRAGGLER_WINDOWS windows after that, plus one step (a beat carries the windows that ended before its
+    step). A window ends every AGREE_EVERY steps and at each epoch's end (trainer/loop.py)."""
     path = job_dir(cluster, 0, JOB) / HEARTBEAT_FILE
 
     def written_after() -> Beat | None:
@@ -116,8 +117,10 @@ def grace_end(cluster: Cluster, throttled_at: float) -> int:
 
     wait_for(written_after, 60, "a heartbeat written after the throttle", every=0.5)
     beat = written_after()
-    assert beat is not None
-    return beat.step + (1 + STRAGGLER_WINDOWS) * AGREE_EVERY + 1
+    assert beat is not None and beat.total_steps and beat.epochs, beat
+    per_epoch = beat.total_steps // beat.epochs
+    ends = (step for step in itertools.count(beat.step) if step % AGREE_EVERY == 0 or step % per_epoch == 0)
+    return next(itertools.islice(ends, STRAGGLER_WINDOWS, None)) + 1
 
 
 def progress_after(up: Up, since: float) -> list[tuple[int, list[int]]]:
