@@ -1,6 +1,6 @@
 """See every rank (issue 35), on the session's three stock test hosts (sshd + dockerd + torchrun, CPU image):
 
-- one host's container throttled (`docker update --cpus 0.1 --cpu-shares 256` on that host's daemon) while the
+- one host's container throttled (`docker update --cpus 0.05 --cpu-shares 2` on that host's daemon) while the
   job runs: from a grace of the rule's windows after the throttle on (the window holding the step of node 0's
   first heartbeat written after it, and STRAGGLER_WINDOWS windows more), every `status` and every progress line
   names that node and no other (with its work several times the others', no other node can be 1.3x the median); an empty reading fails
@@ -71,11 +71,13 @@ def container(cluster: Cluster, node: int) -> str:
 
 
 def throttle(cluster: Cluster, node: int, on: bool) -> None:
-    """The job's container on that node's own daemon throttled (`docker update`): a tenth of a core, and a quarter
-    of the default CPU weight, so that it stays clearly slower when the machine is overloaded too (at a load of
-    20-38 on the 2 cores every process got about a tenth of a core, and the quota alone left node 2 at 1.0x the
-    median; the smallest weight instead, 2, made its steps 4 s); off: the whole machine and the default weight."""
-    docker(cluster, node, "update", "--cpus", "0.1" if on else "2", "--cpu-shares", "256" if on else "1024",
+    """The job's container on that node's own daemon throttled (`docker update`): 5% of a core and the smallest CPU
+    weight, so that it stays clearly slower however loaded the machine is. Measured here: a 0.1-core quota alone
+    left node 2 at 1.0x the median at a load of 20-38 (every process got about a tenth of a core), and with a
+    quarter of the default weight too at 1.0-1.3x at a load of 6-14 (the others' own work varied 100x between
+    windows); this one named it at 159x in every reading (steps of 4 s). Off: the whole machine, the default
+    weight."""
+    docker(cluster, node, "update", "--cpus", "0.05" if on else "2", "--cpu-shares", "2" if on else "1024",
            container(cluster, node))
 
 
