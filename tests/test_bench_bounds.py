@@ -54,12 +54,13 @@ def _is_call_of(node: ast.AST | None, name: str) -> bool:
 def ends_through_bounds(source: str) -> list[str]:
     """PURE: what keeps a bench script from ending through bench/bounds.py (empty: nothing): it imports `finish`
     from `bounds`; its main() ends with `return finish(...)`; the script exits with main()'s value
-    (`sys.exit(main())` or `raise SystemExit(main())` under `if __name__ == "__main__":`)."""
+    (`sys.exit(main())` or `raise SystemExit(main())` under `if __name__ == "__main__":`). `import bounds` and
+    `bounds.finish(...)` count alike."""
     tree = ast.parse(source)
     wrong = []
-    if not any(isinstance(n, ast.ImportFrom) and n.module == "bounds" and "finish" in [a.name for a in n.names]
-               for n in tree.body):
-        wrong.append("no `from bounds import ... finish`")
+    if not any((isinstance(n, ast.ImportFrom) and n.module == "bounds" and "finish" in [a.name for a in n.names]) or
+               (isinstance(n, ast.Import) and "bounds" in [a.name for a in n.names]) for n in tree.body):
+        wrong.append("no `from bounds import ... finish` (or `import bounds`)")
     main = next((n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name == "main"), None)
     last = main.body[-1] if main else None
     if not (isinstance(last, ast.Return) and last.value is not None and  # `finish(...) or 1` (another failure) too
@@ -88,6 +89,8 @@ def test_a_bench_that_returns_0_or_ignores_main_is_refused() -> None:
         ["main() does not end with `return finish(...)`"]
     assert len(ends_through_bounds(good.replace("sys.exit(main())", "main()"))) == 1
     assert len(ends_through_bounds(good.replace("from bounds import Figure, finish", "import json"))) == 1
+    assert ends_through_bounds(good.replace("from bounds import Figure, finish", "import bounds")
+                               .replace("return finish", "return bounds.finish")) == []
 
 
 def printed_lines(test: str) -> list[str]:

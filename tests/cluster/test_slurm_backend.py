@@ -144,10 +144,16 @@ def every_rank_stopped_at_the_newest_checkpoint(c: Cluster, job: str, earlier: s
     newest = max((int(str(m["step"])) for m in manifests(job_dir(c, 0, job))), default=None)
     every_rank_once = sorted(stops) == [0, 1] and all(len(each) == 1 for each in stops.values())
     one_step = len(steps) == 1 and min(steps) > after
-    # one assertion, so that a failure shows every part that is false
+    # one assertion, so that a failure shows every part that is false, and what each rank of this run said last
     assert (every_rank_once, one_step, newest in steps) == (True, True, True), \
-        f"stop lines per rank {stops}; newest checkpoint step {newest}"
+        f"stop lines per rank {stops}; newest checkpoint step {newest}\n" + last_lines(c, job, earlier)
     return steps.pop()
+
+
+def last_lines(c: Cluster, job: str, earlier: set[Path]) -> str:
+    """The last lines of each rank's stderr in this run's folders (not in `earlier`): why a stop went otherwise."""
+    return "\n".join(f"--- {log}\n" + "\n".join(log.read_text(errors="replace").splitlines()[-12:])
+                     for run in sorted(run_folders(c, job) - earlier) for log in sorted(run.rglob("stderr.log")))
 
 
 def stopped_with_a_checkpoint(c: Cluster, job_id: str, state: str, earlier: set[Path], within: float = 60,
