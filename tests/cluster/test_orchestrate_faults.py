@@ -14,6 +14,7 @@ import time
 from pathlib import Path
 
 import pytest
+from kit.gated_orchestrate import RESTART_GATE_ENV
 from kit.orchestrate_kit import (
     PATIENCE,
     Data,
@@ -214,11 +215,12 @@ def test_ctrl_c_during_the_restart_backoff_ends_it_all(cluster: Cluster, work: P
 def test_a_kill_after_the_backoffs_last_look_removes_the_containers_just_started(
         cluster: Cluster, work: Path, data: Data, hosts: Path) -> None:
     """The window the backoff's once-a-second look leaves open: a `kill` (from another machine: its own state dir)
-    after the last look and before the restart's containers exist. `up`'s test-only restart gate holds it in that
-    window until the kill has run, every time; the look right after the start sees the kill's stop record, the new
-    containers are removed and nothing restarts again."""
+    after the last look and before the restart's containers exist. The restart gate of the kit's entry
+    (tests/kit/gated_orchestrate.py, a Pauses of orchestrate/pauses.py) holds `up` in that window until the kill
+    has run, every time; the look right after the start sees the kill's stop record, the new containers are
+    removed and nothing restarts again."""
     job, gate = "kill-race", work / "restart-gate"
-    env = {**orch_env(cluster, work / "state-race"), "DDP_CIFAR_TEST_RESTART_GATE": str(gate)}
+    env = {**orch_env(cluster, work / "state-race"), RESTART_GATE_ENV: str(gate)}
     up = Up(spawn(up_args(hosts, data, job, "--max-restarts", "2", "--env", "DDP_CIFAR_TEST_CRASH_AT_STEP=2",
                           trainer=("--epochs", "5")), env, merge_stderr=True))
     try:

@@ -93,8 +93,10 @@ _started: list[subprocess.Popen[str]] = []
 
 
 def spawn(args: list[str], env: dict[str, str], *, merge_stderr: bool) -> subprocess.Popen[str]:
-    """Start `python -m orchestrate ARGS` in its own process group (so it can be ended with all it started)."""
-    proc = subprocess.Popen([sys.executable, "-m", "orchestrate", *args], env=env, cwd=REPO, stdout=subprocess.PIPE,
+    """Start `python -m orchestrate ARGS` in its own process group (so it can be ended with all it started), through
+    kit/gated_orchestrate.py: the same CLI, with the gates a test may set in `env`."""
+    env = {**env, "PYTHONPATH": os.pathsep.join([str(REPO / "tests"), env.get("PYTHONPATH", str(REPO))])}
+    proc = subprocess.Popen([sys.executable, "-m", "kit.gated_orchestrate", *args], env=env, cwd=REPO, stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT if merge_stderr else subprocess.PIPE, text=True,
                             start_new_session=True)
     _started.append(proc)
