@@ -19,6 +19,7 @@ from kit.orchestrate_kit import (
     PATIENCE,
     Data,
     Up,
+    crash_image,
     job_containers,
     job_dir,
     kill_process_group,
@@ -199,8 +200,8 @@ def test_ctrl_c_during_the_restart_backoff_ends_it_all(cluster: Cluster, work: P
     """Ctrl-C while `up` waits out the backoff after a failed node (a crash injected at step 2), sent as soon as the
     backoff's line shows: nothing restarts, `up` says why and exits 1, no container is left."""
     job = "intr-backoff"
-    up = Up(start(cluster, work / "state", *up_args(hosts, data, job, "--max-restarts", "2", "--env",
-                                                    "DDP_CIFAR_TEST_CRASH_AT_STEP=2", trainer=("--epochs", "5"))))
+    up = Up(start(cluster, work / "state", *up_args(hosts, data, job, "--max-restarts", "2", "--env", "CRASH_AT_STEP=2",
+                                                    trainer=("--epochs", "5"), image=crash_image())))
     try:
         up.wait_for_line("restart 1 of 2 in", PATIENCE, "the restart backoff")
         kill_process_group(up.proc, signal.SIGINT)  # what a terminal's Ctrl-C sends to the foreground group
@@ -221,8 +222,8 @@ def test_a_kill_after_the_backoffs_last_look_removes_the_containers_just_started
     removed and nothing restarts again."""
     job, gate = "kill-race", work / "restart-gate"
     env = {**orch_env(cluster, work / "state-race"), RESTART_GATE_ENV: str(gate)}
-    up = Up(spawn(up_args(hosts, data, job, "--max-restarts", "2", "--env", "DDP_CIFAR_TEST_CRASH_AT_STEP=2",
-                          trainer=("--epochs", "5")), env, merge_stderr=True))
+    up = Up(spawn(up_args(hosts, data, job, "--max-restarts", "2", "--env", "CRASH_AT_STEP=2",
+                          trainer=("--epochs", "5"), image=crash_image()), env, merge_stderr=True))
     try:
         wait_for(lambda: Path(f"{gate}.reached").exists() or up.proc.poll() is not None, PATIENCE,
                  "the restart at its gate")
