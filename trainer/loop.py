@@ -5,7 +5,6 @@ from __future__ import annotations
 import contextlib
 import logging
 import math
-import os
 import signal
 import time
 from collections.abc import Callable
@@ -162,14 +161,10 @@ class StopRequest:
         self.requested = True  # only a flag: no I/O or locks inside a signal handler
 
 
-# Test-only (tests/cluster/test_self_healing.py): global rank 0 raises at this global step, as a deterministic bug would.
-CRASH_AT_STEP_ENV = "DDP_CIFAR_TEST_CRASH_AT_STEP"
-
-
 @dataclass
 class Pace:
     """What runs beside the steps: the resolved settings, the heartbeat, the clocks of time-based checkpoints
-    and evaluations, the background checkpoint writer, the test-only crash."""
+    and evaluations, the background checkpoint writer."""
 
     heartbeat: metrics.Heartbeat
     settings: RunSettings
@@ -180,7 +175,6 @@ class Pace:
     writer: checkpoint.BackgroundWriter = field(default_factory=checkpoint.BackgroundWriter)  # DDP's
     ckpt_group: tdist.ProcessGroup | None = None  # sharded background saves (dist.checkpoint_group)
     shards: PendingShards | None = None  # a sharded save in flight (the same on every rank)
-    crash_at: int = field(default_factory=lambda: int(os.environ.get(CRASH_AT_STEP_ENV, "0") or 0))
     timer: RankTimer | None = None  # this rank's step timings (None: not timed)
     steps: metrics.StepLog | None = None  # global rank 0's step records and TensorBoard (None on the others)
 
@@ -345,8 +339,6 @@ def _train_epoch(cfg: Config, ctx: DistContext, st: TrainState, loader: TrainLoa
         st.pos.step += 1
         st.pos.sample += loader.global_batch
         steps_done += 1
-        if ctx.is_main and st.pos.step == pace.crash_at:
-            raise RuntimeError(f"injected crash at step {st.pos.step} ({CRASH_AT_STEP_ENV}, tests only)")
         # The loss read is a host sync: rank 0's alone, for its step record; the heartbeat shows the newest one.
         read = loss.item() if pace.steps and st.pos.step % cfg.log_every == 0 else None
         pace.heartbeat.step_done(st.pos.step, st.pos.epoch + 1, read)

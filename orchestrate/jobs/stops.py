@@ -25,7 +25,7 @@ import posixpath
 import socket
 import time
 
-from orchestrate import testgates
+from orchestrate import pauses
 from orchestrate.errors import MultiHostError, SSHError
 from orchestrate.remote.session import Session
 from orchestrate.remote.ssh import fan_out
@@ -78,7 +78,8 @@ def clear(nodes: Session, job: str) -> None:
     fan_out("stop record", nodes.reachable(), one, lambda r: nodes.hosts[r].label)
 
 
-def restart_gate(attempt: int) -> None:
-    """Tests only: a restart (not the first attempt) holds at testgates.RESTART_GATE_ENV."""
+def before_restart_starts(attempt: int) -> None:
+    """A restart (not the first attempt) calls the installed Pauses (orchestrate/pauses.py) at the moment a kill
+    races it: after the backoff's last look, before its containers exist."""
     if attempt:
-        testgates.hold_at(testgates.RESTART_GATE_ENV)
+        pauses.installed().before_restart_starts()

@@ -176,7 +176,7 @@ def _attempt(config: UpConfig, attempt: Attempt, hosts: list[Host], console: Con
                                    [n.host.label for n in plan.nodes])
         with timings.phase("data"):
             phases.data(nodes, plan, config, console)
-        stops.restart_gate(attempt.number)
+        stops.before_restart_starts(attempt.number)
         with timings.phase("start"):
             submitted = phases.start(nodes, plan, facts, ready, config, console)
             plan = submitted.plan

@@ -9,6 +9,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
+from kit.gated_orchestrate import CLAIM_GATE_ENV
 from kit.orchestrate_kit import (
     PATIENCE,
     Up,
@@ -23,7 +24,6 @@ from kit.orchestrate_kit import (
 
 from devcluster import Cluster
 from orchestrate.backends.docker_ssh.claim import BACKOFF_S
-from orchestrate.testgates import CLAIM_GATE_ENV
 
 pytestmark = [pytest.mark.cluster, pytest.mark.docker, pytest.mark.slow]
 
@@ -68,7 +68,7 @@ def disjoint(cluster: Cluster, a: str, b: str) -> bool:
 def gated_pair(target: Cluster, state: Path, hosts: Path, image: str, first: tuple[str, str],
                second: tuple[str, str]) -> tuple[int, str, subprocess.CompletedProcess[str]]:
     """The race forced, every time: the `up` of `first` (job, --gpus) chooses its GPU set from labels that show no
-    other job, and its claim gate (orchestrate/testgates.py) holds it there, before its containers exist, until the
+    other job, and its claim gate (tests/kit/gated_orchestrate.py) holds it there, before its containers exist, until the
     `up` of `second` has created, checked and started its own. Then the first goes on: its exit code and output,
     and the second's run."""
     gate = state / f"{first[0]}-claim-gate"

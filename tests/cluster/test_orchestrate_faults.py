@@ -14,10 +14,12 @@ import time
 from pathlib import Path
 
 import pytest
+from kit.gated_orchestrate import RESTART_GATE_ENV
 from kit.orchestrate_kit import (
     PATIENCE,
     Data,
     Up,
+    crash_image,
     job_containers,
     job_dir,
     kill_process_group,
@@ -198,8 +200,8 @@ def test_ctrl_c_during_the_restart_backoff_ends_it_all(cluster: Cluster, work: P
     """Ctrl-C while `up` waits out the backoff after a failed node (a crash injected at step 2), sent as soon as the
     backoff's line shows: nothing restarts, `up` says why and exits 1, no container is left."""
     job = "intr-backoff"
-    up = Up(start(cluster, work / "state", *up_args(hosts, data, job, "--max-restarts", "2", "--env",
-                                                    "DDP_CIFAR_TEST_CRASH_AT_STEP=2", trainer=("--epochs", "5"))))
+    up = Up(start(cluster, work / "state", *up_args(hosts, data, job, "--max-restarts", "2", "--env", "CRASH_AT_STEP=2",
+                                                    trainer=("--epochs", "5"), image=crash_image())))
     try:
         up.wait_for_line("restart 1 of 2 in", PATIENCE, "the restart backoff")
         kill_process_group(up.proc, signal.SIGINT)  # what a terminal's Ctrl-C sends to the foreground group
@@ -214,13 +216,14 @@ def test_ctrl_c_during_the_restart_backoff_ends_it_all(cluster: Cluster, work: P
 def test_a_kill_after_the_backoffs_last_look_removes_the_containers_just_started(
         cluster: Cluster, work: Path, data: Data, hosts: Path) -> None:
     """The window the backoff's once-a-second look leaves open: a `kill` (from another machine: its own state dir)
-    after the last look and before the restart's containers exist. `up`'s test-only restart gate holds it in that
-    window until the kill has run, every time; the look right after the start sees the kill's stop record, the new
-    containers are removed and nothing restarts again."""
+    after the last look and before the restart's containers exist. The restart gate of the kit's entry
+    (tests/kit/gated_orchestrate.py, a Pauses of orchestrate/pauses.py) holds `up` in that window until the kill
+    has run, every time; the look right after the start sees the kill's stop record, the new containers are
+    removed and nothing restarts again."""
     job, gate = "kill-race", work / "restart-gate"
-    env = {**orch_env(cluster, work / "state-race"), "DDP_CIFAR_TEST_RESTART_GATE": str(gate)}
-    up = Up(spawn(up_args(hosts, data, job, "--max-restarts", "2", "--env", "DDP_CIFAR_TEST_CRASH_AT_STEP=2",
-                          trainer=("--epochs", "5")), env, merge_stderr=True))
+    env = {**orch_env(cluster, work / "state-race"), RESTART_GATE_ENV: str(gate)}
+    up = Up(spawn(up_args(hosts, data, job, "--max-restarts", "2", "--env", "CRASH_AT_STEP=2",
+                          trainer=("--epochs", "5"), image=crash_image()), env, merge_stderr=True))
     try:
         wait_for(lambda: Path(f"{gate}.reached").exists() or up.proc.poll() is not None, PATIENCE,
                  "the restart at its gate")

@@ -19,6 +19,7 @@ from kit.orchestrate_kit import (
     PATIENCE,
     Data,
     Up,
+    crash_image,
     default_dirs,
     epochs_of,
     job_containers,
@@ -94,7 +95,8 @@ def test_a_crash_that_repeats_without_progress_is_not_restarted_again(
         target: Cluster, work: Path, data: Data, hosts: Path) -> None:
     job, state = "heal-crash", work / "state-crash"
     res = orchestrate(target, state, *up_args(hosts, data, job, "--max-restarts", "3",
-                                              "--env", "DDP_CIFAR_TEST_CRASH_AT_STEP=20", trainer=("--epochs", "5")),
+                                              "--env", "CRASH_AT_STEP=20", trainer=("--epochs", "5"),
+                                              image=crash_image()),
                       timeout=600)
     assert res.returncode == 1
     assert "same failure repeated before any new checkpoint was written (step 16)" in res.stderr
@@ -139,7 +141,8 @@ def test_kill_from_another_machine_during_the_backoff_stops_everything(
     shares nothing with `up` but the hosts: its stop record there ends the backoff."""
     job = "heal-elsewhere"
     up = Up(start(target, work / "state-here", *up_args(hosts, data, job, "--max-restarts", "2", "--env",
-                                                         "DDP_CIFAR_TEST_CRASH_AT_STEP=2", trainer=("--epochs", "5"))))
+                                                         "CRASH_AT_STEP=2", trainer=("--epochs", "5"),
+                                                         image=crash_image())))
     up.wait_for_line("restart 1 of 2 in", 420, "the restart backoff")  # the first start; slow on a loaded machine
     killed = orchestrate(target, work / "state-elsewhere", "kill", "--job", job, "--hosts", str(hosts))
     assert killed.returncode == 0

@@ -93,8 +93,10 @@ _started: list[subprocess.Popen[str]] = []
 
 
 def spawn(args: list[str], env: dict[str, str], *, merge_stderr: bool) -> subprocess.Popen[str]:
-    """Start `python -m orchestrate ARGS` in its own process group (so it can be ended with all it started)."""
-    proc = subprocess.Popen([sys.executable, "-m", "orchestrate", *args], env=env, cwd=REPO, stdout=subprocess.PIPE,
+    """Start `python -m orchestrate ARGS` in its own process group (so it can be ended with all it started), through
+    kit/gated_orchestrate.py: the same CLI, with the gates a test may set in `env`."""
+    env = {**env, "PYTHONPATH": os.pathsep.join([str(REPO / "tests"), env.get("PYTHONPATH", str(REPO))])}
+    proc = subprocess.Popen([sys.executable, "-m", "kit.gated_orchestrate", *args], env=env, cwd=REPO, stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT if merge_stderr else subprocess.PIPE, text=True,
                             start_new_session=True)
     _started.append(proc)
@@ -156,8 +158,9 @@ def start(cluster: Cluster, state: Path, *args: str) -> subprocess.Popen[str]:
     return spawn(list(args), orch_env(cluster, state), merge_stderr=True)
 
 
-def up_args(hosts: Path, data: Data, job: str, *extra: str, trainer: tuple[str, ...] = ()) -> list[str]:
-    return ["up", "--hosts", str(hosts), "--job", job, "--gpus", "0", "--image", IMAGE, "--data-url", data.url,
+def up_args(hosts: Path, data: Data, job: str, *extra: str, trainer: tuple[str, ...] = (),
+            image: str = IMAGE) -> list[str]:
+    return ["up", "--hosts", str(hosts), "--job", job, "--gpus", "0", "--image", image, "--data-url", data.url,
             "--data-md5", data.md5, "--grace", "30", *extra, "--", *TRAIN, *trainer]
 
 
@@ -295,6 +298,15 @@ def example_image(name: str) -> str:
     subprocess.run(["docker", "build", "-q", "--build-arg", f"BASE={IMAGE}", "-f", f"examples/{name}/Dockerfile",
                     "-t", tag, "examples"], cwd=REPO, check=True, timeout=600, capture_output=True,
                    env={**os.environ, "DOCKER_BUILDKIT": "0"})
+    return tag
+
+
+def crash_image() -> str:
+    """The test image with tests/programs/crash_at_step planted (built FROM IMAGE, cached after the first build): with
+    `--env CRASH_AT_STEP=N`, the trainer's global rank 0 raises right after step N, as a bug would."""
+    tag = f"ddp-crash-at-step:{IMAGE.rpartition(':')[2] or 'latest'}"
+    subprocess.run(["docker", "build", "-q", "--build-arg", f"BASE={IMAGE}", "-t", tag, "tests/programs/crash_at_step"],
+                   cwd=REPO, check=True, timeout=600, capture_output=True, env={**os.environ, "DOCKER_BUILDKIT": "0"})
     return tag
 
 

@@ -4,6 +4,7 @@ SIGUSR1, the test-only crash."""
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import signal
 import subprocess
@@ -17,6 +18,13 @@ from kit.trainer_helpers import REPO, base_args, child_env, metrics_lines, newes
 
 from trainer import checkpoint, contract, loop, metrics
 from trainer.__main__ import main
+
+# The bug the cluster tests plant in the trainer (not a package: it is copied into their image's site-packages).
+CRASH_PROGRAM = REPO / "tests" / "programs" / "crash_at_step" / "crash_at_step.py"
+_spec = importlib.util.spec_from_file_location("crash_at_step", CRASH_PROGRAM)
+assert _spec and _spec.loader
+crash_at_step = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(crash_at_step)
 
 
 def test_heartbeat_advances_to_the_totals_and_its_eta_falls(data_dir: Path, tmp_path: Path, inprocess: None,
@@ -85,11 +93,12 @@ def test_a_restart_from_the_beginning_drops_every_record_and_records_the_restart
     """A failure before the first checkpoint: the orchestrator starts the job over without --resume."""
     ck = tmp_path / "ck"
     args = base_args(data_dir, ck, "--epochs", "2", "--batch-size", "64", "--ckpt-every", "2")
-    monkeypatch.setenv(loop.CRASH_AT_STEP_ENV, "12")
-    with pytest.raises(RuntimeError, match="injected crash at step 12"):
-        main(args)
+    with monkeypatch.context() as crashing:
+        crashing.setattr(metrics.Heartbeat, "step_done", metrics.Heartbeat.step_done)  # undone when the block ends
+        crash_at_step.plant(metrics, 12)
+        with pytest.raises(RuntimeError, match="injected crash at step 12"):
+            main(args)
     assert [r["step"] for r in metrics_lines(ck)] == [8] and not list(ck.glob("ckpt-*.json"))
-    monkeypatch.delenv(loop.CRASH_AT_STEP_ENV)
     monkeypatch.setenv(contract.ENV_RESTART, "1")
     monkeypatch.setenv(contract.ENV_RESTART_CAUSE, "node 1 (b) no training progress for 16 s after step 0")
     assert main(args) == 0
@@ -188,9 +197,10 @@ def test_sigusr1_writes_every_threads_stack_into_log_dir(data_dir: Path, tmp_pat
 
 
 def test_injected_crash_fails_at_its_step(data_dir: Path, tmp_path: Path) -> None:
-    env = {**child_env(), loop.CRASH_AT_STEP_ENV: "3"}
+    """The crash the cluster tests plant (tests/programs/crash_at_step) fails the run at its step, no later."""
+    env = {**child_env(), crash_at_step.ENV: "3"}
     ck = tmp_path / "ck"
-    proc = subprocess.run([sys.executable, "-m", "trainer", *base_args(data_dir, ck, "--epochs", "1",
+    proc = subprocess.run([sys.executable, str(CRASH_PROGRAM), *base_args(data_dir, ck, "--epochs", "1",
                                                                       "--batch-size", "16")],
                           cwd=REPO, env=env, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 1 and "injected crash at step 3" in proc.stderr

@@ -16,7 +16,7 @@ from typing import Any
 
 from rich.console import Console
 
-from orchestrate import testgates
+from orchestrate import pauses
 from orchestrate.backends.docker_ssh.observe import created_claim, read_holdings
 from orchestrate.backends.docker_ssh.start import start_containers
 from orchestrate.backends.protocol import Replan
@@ -52,7 +52,7 @@ def start_claimed(nodes: Session, specs: list[ContainerSpec], replan: Replan, co
     """Create, check the claim, start; on a lost claim remove, wait and have the pipeline plan again from the
     labels the daemons hold now (`replan`)."""
     claim = Claim([], specs, _port_of(specs))
-    testgates.hold_at(testgates.CLAIM_GATE_ENV)
+    pauses.installed().before_claim()  # where another `up` may claim the same GPUs (orchestrate/pauses.py)
     while True:
         try:
             claim.containers = start_containers(nodes, claim.specs, lambda made: _check(nodes, claim.specs, made))
