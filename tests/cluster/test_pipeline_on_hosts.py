@@ -4,7 +4,7 @@ host, so stage 0 runs on node 0 and stage 1 on node 1 and only activations cross
 One job does it all (a job's start is what a cluster test costs): it trains until rank 0's heartbeat carries every
 rank's stage (the second agreement window: the per-rank view's figures lag one), `kill` stops it (every rank saves
 its shards on SIGTERM, at the step it stopped at), and `up --resume` continues from exactly that step, as a
-pipeline again, to the end of the next epoch.
+pipeline again, to the end of its epoch.
 """
 
 from __future__ import annotations
@@ -31,13 +31,24 @@ pytestmark = [pytest.mark.cluster, pytest.mark.docker, pytest.mark.slow]
 
 JOB = "piped"
 # The cheapest model --pp accepts (GroupNorm; 9 blocks); uniform: no block timing at start (auto is tested in
-# tests/trainer/test_trainer_pipeline.py). 256 images at 2 x 16 a step: 8 steps an epoch, a checkpoint each.
-PIPELINE = ("--model", "resnet20-gn", "--pp", "2", "--pp-split", "uniform")
+# tests/trainer/test_trainer_pipeline.py); 2 micro-batches, the fewest 1F1B takes. 4 images a process: on SIGTERM
+# the ranks run on to their next agreement (up to 8 steps) before they save, and torchrun SIGKILLs its workers 30 s
+# after its own SIGTERM: at 16 a process this loaded machine (load average 15) ran 5 s a step, and the stop's
+# checkpoint was never written. 256 images at 2 x 4 a step: 32 steps an epoch.
+PIPELINE = ("--model", "resnet20-gn", "--pp", "2", "--pp-split", "uniform", "--pp-microbatches", "2",
+            "--batch-size", "4")
 
 
 def _beat(cluster: Cluster) -> Beat | None:
     path = job_dir(cluster, 0, JOB) / HEARTBEAT_FILE
     return Beat.parse(path.read_text()) if path.is_file() else None
+
+
+def _log_tails(cluster: Cluster) -> str:
+    """Every rank's last log lines on every node: what a failed stop or resume said."""
+    return "\n".join(f"--- {log.name}\n" + "\n".join(log.read_text(errors="replace").splitlines()[-15:])
+                     for node in range(len(cluster.hosts))
+                     for log in sorted(job_dir(cluster, node, JOB, "logs").rglob("*.log")))
 
 
 def test_pp2_on_two_hosts_trains_stops_on_kill_and_resumes_from_the_stop_step(
@@ -57,12 +68,12 @@ def test_pp2_on_two_hosts_trains_stops_on_kill_and_resumes_from_the_stop_step(
     assert killed.returncode == 0
     stopped = sigterm_step(target, 0, JOB)
     newest = max(manifests(ckpt), key=lambda m: int(str(m["step"])))
-    assert stopped is not None and newest["step"] == stopped, (stopped, newest)
+    assert stopped is not None and newest["step"] == stopped, (stopped, newest, _log_tails(target))
 
     target_epochs = int(str(newest["epoch"])) + 1
     resumed = orchestrate(target, state, *up_args(hosts, data, JOB, "--resume",
                                                   trainer=(*PIPELINE, "--epochs", str(target_epochs))))
-    assert resumed.returncode == 0
+    assert resumed.returncode == 0, _log_tails(target)
     assert f"ckpt-{stopped:08d}" in resumed.stdout.split("resuming from", 1)[1].splitlines()[0]
     assert "pipeline: 2 stages x 1 replicas" in resumed.stdout
     assert f"finished: epochs={target_epochs}" in resumed.stdout
