@@ -123,6 +123,18 @@ def test_the_trainers_heartbeat_reads_back_whole_on_the_orchestrators_side(tmp_p
     assert read.progress_line() == "step 120/600 (20%) epoch 3/15 loss 1.250 412 img/s checkpointing"
 
 
+def test_the_slow_stage_the_trainer_writes_is_the_one_up_and_status_name(tmp_path: Path) -> None:
+    """--pp 2 x dp 1 on 2 nodes: each rank's stage rides in the heartbeat (contract.Beat.rank_stage), and the
+    orchestrator's line (up's progress, status) says which stage holds the pipeline back, then where it runs."""
+    beat = metrics.Heartbeat(tmp_path, enabled=True, total_steps=600, epochs=15, global_batch=256)
+    for _ in range(contract.STRAGGLER_WINDOWS):
+        beat.ranks([(0.3, 0.1, 0.0), (0.3, 0.2, 0.0)], 1, (0, 1))
+    beat.mark("training", step=24)
+    read = health.Beat.parse((tmp_path / contract.HEARTBEAT_FILE).read_text())
+    assert read is not None and read.rank_stage == (0, 1)
+    assert read.straggler_line() == "slowest: stage 1 (node 1 rank 1), 1.3x the median step"
+
+
 def test_a_heartbeat_field_the_contract_does_not_name_is_refused(tmp_path: Path) -> None:
     """A misspelled field would be written and never read: the writer refuses it."""
     beat = metrics.Heartbeat(tmp_path, enabled=True, total_steps=600, epochs=15, global_batch=256)

@@ -248,6 +248,10 @@ class Beat:
     # Per rank, how many agreement windows in a row (up to STRAGGLER_WINDOWS) it has been clearly slower
     # (clearly_slower): slowest() names only a rank at STRAGGLER_WINDOWS; absent (an older trainer's beat): nobody.
     rank_streak: tuple[int, ...] | None = None
+    # Under --pp, each rank's pipeline stage (index = global rank; ranks r*dp .. r*dp+dp-1 hold stage r; with the
+    # interleaved schedule a rank also holds stage s + pp, s + 2pp, ...): a stage's ranks wait on the slowest
+    # stage, so slowest() says which. Absent: the job is not pipelined.
+    rank_stage: tuple[int, ...] | None = None
 
     def to_dict(self) -> dict[str, Any]:
         """What the file holds: the fields known, not `raw`."""
@@ -266,7 +270,7 @@ class Beat:
                        _floats(data.get("rank_work_s")), _floats(data.get("rank_data_s")),
                        _int(data.get("ranks_per_node")), _floats(data.get("rank_score")),
                        _floats(data.get("node_score")), _float(data.get("mfu")),
-                       _ints(data.get("rank_streak")))
+                       _ints(data.get("rank_streak")), _ints(data.get("rank_stage")))
         except (ValueError, KeyError, TypeError):
             return None
 
@@ -322,9 +326,13 @@ class Straggler:
     node: int
     rank: int
     score: float  # the rank's own work per step over the median rank's
+    stage: int | None = None  # its pipeline stage (--pp), None: not pipelined
 
     def line(self) -> str:
-        return f"slowest: node {self.node} rank {self.rank}, {self.score:.1f}x the median step"
+        where = f"node {self.node} rank {self.rank}"
+        if self.stage is not None:  # every stage waits on the slowest one: the stage is the news, the rank its place
+            where = f"stage {self.stage} ({where})"
+        return f"slowest: {where}, {self.score:.1f}x the median step"
 
 
 def clearly_slower(times: Sequence[float], ratio: float = STRAGGLER_RATIO,
@@ -355,4 +363,6 @@ def slowest(beat: Beat) -> Straggler | None:
     if not named:
         return None
     rank = max(named, key=scores.__getitem__)
-    return Straggler(rank // max(1, beat.ranks_per_node or 1), rank, scores[rank])
+    stages = beat.rank_stage if beat.rank_stage and len(beat.rank_stage) == len(times) else None
+    return Straggler(rank // max(1, beat.ranks_per_node or 1), rank, scores[rank],
+                     stages[rank] if stages else None)

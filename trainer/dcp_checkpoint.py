@@ -14,6 +14,7 @@ resharded load reads chunks from any rank's file). On one machine or a shared fi
 
 from __future__ import annotations
 
+import copy
 import datetime
 import io
 import json
@@ -405,10 +406,17 @@ def restore(cfg: Config, ctx: DistContext, model: nn.Module, optimizer: torch.op
         raise CheckpointError(f"checkpoint {path} was trained with --model {saved_model}, not {cfg.model}; "
                               f"pass --model {saved_model}")
     state = _state(model, optimizer)
+    # The optimizer's param_groups are loaded as DCP's other non-tensor values: one copy, whichever rank's got
+    # saved. Each group's "params" lists the saving rank's own parameter names, and the ranks of a pipeline hold
+    # different ones, so a rank would get another stage's names and its groups would lose their settings (SGD then
+    # fails on group["momentum"]). This run's own groups are kept: their settings come from the same config, and
+    # the loop sets the learning rate every step.
+    own_groups = copy.deepcopy(state["optim"]["param_groups"])  # dcp.load writes into the groups in place
     try:
         dcp.load(state, checkpoint_id=path)
     except dcp.CheckpointException as e:
         raise CheckpointError(f"checkpoint {path} does not fit this run's model or optimizer "
                               f"({_first_failure(e)}); point --ckpt-dir at this model's run") from None
+    state["optim"]["param_groups"] = own_groups
     set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"])
     return dict(meta)

@@ -361,7 +361,7 @@ def _train_epoch(cfg: Config, ctx: DistContext, st: TrainState, loader: TrainLoa
             ctx, total[0], stop.requested, pace.save_due(ctx), pace.eval_due(ctx),
             times=pace.timer.send() if pace.timer else ())
         if pace.timer:
-            pace.heartbeat.ranks(pace.timer.window_done(times), ctx.local_world_size)
+            pace.heartbeat.ranks(pace.timer.window_done(times), ctx.local_world_size, pace.strategy.rank_stages(ctx))
         if diverged:
             raise _diverged(run.precision, st.pos.step, f"loss {float(loss):g}", lr)
         if stopped or hit_max:

@@ -112,9 +112,10 @@ class Heartbeat:
         self.window_steps, self.window_s, self.last_write = 0, 0.0, now
         self._write()
 
-    def ranks(self, rows: list[tuple[float, ...]] | None, ranks_per_node: int) -> None:
+    def ranks(self, rows: list[tuple[float, ...]] | None, ranks_per_node: int,
+              stages: tuple[int, ...] | None = None) -> None:
         """Every rank's (step, own work, data wait) seconds per step of the last window (ranktime.RankTimer),
-        with the straggler scores: into the next beat and the step records. Rounded: a 64-rank job's heartbeat
+        with the straggler scores and, under --pp, every rank's stage: into the next beat and the step records. Rounded: a 64-rank job's heartbeat
         stays about 2.2 KB."""
         if not self.enabled or rows is None:
             return
@@ -124,6 +125,8 @@ class Heartbeat:
             "rank_score": tuple(round(v, 2) for v in straggler_scores(work)),
             "node_score": tuple(round(v, 2) for v in straggler_scores(node_times(work, ranks_per_node))),
             "rank_streak": streaks(self.beat.rank_streak, work)}
+        if stages is not None:
+            self.rank_fields["rank_stage"] = stages
         self.beat = replace(self.beat, **self.rank_fields)
 
     def mark(self, state: str, **fields: Any) -> None:

@@ -10,6 +10,8 @@ a throttled node or a slow data path makes it longer there and nowhere else. The
 from communication: DDP all-reduces gradient buckets while the backward still runs (gloo in a thread, NCCL on a
 stream) and waits for them at its end, so a fast rank's backward absorbs its wait for the slowest one, and every
 rank's step wall clock is the same. (Under FSDP the forward all-gathers parameters: its scores are blurred.)
+Under --pp the strategy enters forward() around each of its stages' own forwards, not the schedule's step, which
+also waits for the neighbour stages: so the slowest stage's ranks stand out (strategies/pp.py).
 Each rank's means over one agreement window go into its own slots of the agreement's all_reduce (MAX, the other
 ranks' slots zero) at the NEXT agreement, when its CUDA events are complete: the figures lag one window.
 """

@@ -59,6 +59,10 @@ class Strategy(ABC):
         and FSDP split any (gradient accumulation covers --keep-global-batch)."""
         return None
 
+    def rank_stages(self, ctx: DistContext) -> tuple[int, ...] | None:
+        """Each global rank's pipeline stage, for the heartbeat's per-rank view (None: not pipelined)."""
+        return None
+
     def describe(self) -> str:
         """What the start-up log says about the layout (empty: nothing beyond the strategy's name)."""
         return ""

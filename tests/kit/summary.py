@@ -33,7 +33,7 @@ def tier_of(nodeid: str) -> str:
     return "unit"
 
 
-@dataclass
+@dataclass(eq=False)  # a plugin object: pluggy keeps it in a set, so it must hash by identity
 class RunSummary:
     """Collects each test's seconds as the reports arrive; prints the table once the run ends."""
 

@@ -82,7 +82,8 @@ def test_the_stages_in_a_row_compute_the_full_model() -> None:
 def test_every_schedule_gives_the_unpipelined_loss_gradients_accuracy_and_checkpoints(tmp_path: Path) -> None:
     """4 processes: pp2 x dp2 (1f1b, gpipe, interleaved; DDP and FSDP inside the stages) and pp4 x dp1, one step
     each against the unpipelined model on the same global batch; then a checkpoint saved at pp2 x dp2 resumed at
-    pp1 (FSDP over 4), and one saved at pp1 (FSDP's folder, DDP's .pt) resumed at pp2 x dp2."""
+    pp1 (FSDP over 4) and at pp2 x dp2 (whose next step's loss equals the live run's), and one saved at pp1
+    (FSDP's folder, DDP's .pt) resumed at pp2 x dp2."""
     worker = (str(REPO / "tests" / "trainer" / "pp_numerics_worker.py"), str(tmp_path / "rank"))
     proc = subprocess.run(torchrun_cmd(4, [], entry=worker), cwd=REPO, env=child_env(), capture_output=True,
                           text=True, timeout=300)
@@ -104,10 +105,12 @@ def test_every_schedule_gives_the_unpipelined_loss_gradients_accuracy_and_checkp
         assert set().union(*stages.values()) == set(same_case[0]["full_names"]), name
     for cases in per_rank:
         moved = {c["case"]: c for c in cases if c["case"].startswith("ckpt")}
-        assert sorted(moved) == ["ckpt-pp1-to-pp2-ddp", "ckpt-pp1-to-pp2-fsdp", "ckpt-pp2-to-pp1-fsdp"]
+        assert sorted(moved) == ["ckpt-pp1-to-pp2-ddp", "ckpt-pp1-to-pp2-fsdp", "ckpt-pp2-to-pp1-fsdp",
+                                 "ckpt-pp2-to-pp2-ddp"]
         for c in moved.values():
             assert c["same_keys"] and c["equal"], c
             assert c["position"] == [0, 8, 1, 8]  # epoch, samples of the epoch (global), step, global batch
+        assert moved["ckpt-pp2-to-pp2-ddp"]["same_next_loss"] is True
 
 
 @pytest.mark.slow

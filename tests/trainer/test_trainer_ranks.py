@@ -8,6 +8,7 @@ import json
 import logging
 import subprocess
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -91,8 +92,34 @@ def test_an_old_heartbeat_still_parses_and_a_new_one_round_trips() -> None:
     old = Beat.parse(json.dumps({"step": 5, "state": "training", "loss": 1.5}))
     assert old is not None and old.rank_work_s is None and old.mfu is None and slowest(old) is None
     new = Beat(step=7, rank_step_s=(0.2, 0.2), rank_work_s=(0.05, 0.1), rank_data_s=(0.0, 0.0), ranks_per_node=1,
-               rank_score=(0.67, 1.33), node_score=(0.67, 1.33), mfu=0.41, rank_streak=(0, 3))
+               rank_score=(0.67, 1.33), node_score=(0.67, 1.33), mfu=0.41, rank_streak=(0, 3), rank_stage=(0, 1))
     assert Beat.parse(json.dumps(new.to_dict())) == new
+
+
+def test_under_pp_the_slow_stage_is_named_with_its_node_and_rank(tmp_path: Path) -> None:
+    """pp 2 x dp 2 on 2 nodes (stage = node here): rank 3, in stage 1, at 1.9x the median for 3 windows. Each
+    stage's ranks wait on the slowest stage, so the line names the stage first; a stage list that is not one per
+    rank (another job size's) is left out rather than misread."""
+    beat = metrics.Heartbeat(tmp_path, True, 1000, 1, 64)
+    for _ in range(3):
+        beat.ranks([(0.2, w, 0.0) for w in (0.10, 0.10, 0.10, 0.19)], 2, (0, 0, 1, 1))
+    found = slowest(beat.beat)
+    assert found is not None and found.line() == "slowest: stage 1 (node 1 rank 3), 1.9x the median step"
+    assert (found.node, found.rank, found.stage) == (1, 3, 1)
+    beat.mark("training", step=24)
+    read = Beat.parse((tmp_path / HEARTBEAT_FILE).read_text())
+    assert read is not None and read.rank_stage == (0, 0, 1, 1)
+    found = slowest(replace(beat.beat, rank_stage=(0, 1)))
+    assert found is not None and found.line() == "slowest: node 1 rank 3, 1.9x the median step"
+
+
+def test_on_one_node_the_stage_follows_the_pipeline_position(tmp_path: Path) -> None:
+    """--pp 2 x dp 1 on one node: the stage follows the rank's pipeline position, not its node."""
+    beat = metrics.Heartbeat(tmp_path, True, 1000, 1, 64)
+    for _ in range(3):
+        beat.ranks([(0.2, w, 0.0) for w in (0.30, 0.10)], 2, (0, 1))
+    found = slowest(beat.beat)
+    assert found is not None and found.line() == "slowest: stage 0 (node 0 rank 0), 1.5x the median step"
 
 
 def test_a_64_rank_heartbeat_stays_a_few_kb(tmp_path: Path) -> None:
@@ -138,6 +165,22 @@ def test_a_rank_with_slow_compute_is_named_though_every_ranks_step_takes_as_long
     assert found is not None and (found.node, found.rank) == (0, 1) and found.score >= STRAGGLER_RATIO, beat
     assert beat.rank_work_s[1] > beat.rank_work_s[0] + 0.02, beat
     assert abs(beat.rank_step_s[0] - beat.rank_step_s[1]) < 0.2 * max(beat.rank_step_s), beat
+
+
+def test_under_pp_the_slow_stage_is_named_though_the_other_waits_for_it(data_dir: Path, tmp_path: Path) -> None:
+    """`--pp 2` on 2 real ranks; the head (stage 1's, rank 1's) is 30 ms slower a micro-batch (slow_rank_worker.py).
+    Stage 0 waits for stage 1's gradients inside the schedule's step; its own work is its stage's forwards only,
+    so the heartbeat names stage 1, and stage 0's own work stays well under stage 1's."""
+    args = [*base_args(data_dir, tmp_path, "--epochs", "2", "--batch-size", "2", "--max-steps", "32"),
+            "--model", "resnet20-gn", "--pp", "2", "--pp-split", "uniform", "--pp-microbatches", "2"]
+    proc = subprocess.run(torchrun_cmd(2, args, entry=(str(Path(__file__).with_name("slow_rank_worker.py")),)),
+                          cwd=REPO, env=child_env(), capture_output=True, text=True, timeout=180)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    beat = Beat.parse((tmp_path / HEARTBEAT_FILE).read_text())
+    assert beat is not None and beat.rank_work_s and beat.rank_stage == (0, 1), beat
+    found = slowest(beat)
+    assert found is not None and found.line().startswith("slowest: stage 1 (node 0 rank 1), "), beat
+    assert beat.rank_work_s[1] > beat.rank_work_s[0] + 0.04, beat
 
 
 @pytest.mark.parametrize(("name", "precision", "tflops"), [

@@ -12,8 +12,8 @@ from __future__ import annotations
 
 import logging
 import math
-from collections.abc import Callable
-from contextlib import AbstractContextManager
+from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager, contextmanager
 from typing import Any
 
 import torch
@@ -43,6 +43,28 @@ def _loss(out: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
     return F.cross_entropy(out.float(), y)
 
 
+@contextmanager
+def _timing(parts: list[pipeline.Part], forward: Callable[[], AbstractContextManager[None]]) -> Iterator[None]:
+    """`forward` (the rank's timer) entered around each of the stages' own forwards, one per micro-batch, not
+    around the schedule's step: that also waits for the neighbour stages' activations and gradients, so every
+    rank's would be the slowest stage's, and the per-rank view could not tell which stage holds the others back."""
+    open_timers: list[AbstractContextManager[None]] = []
+
+    def before(module: nn.Module, args: Any) -> None:
+        open_timers.append(forward())
+        open_timers[-1].__enter__()
+
+    def after(module: nn.Module, args: Any, out: Any) -> None:
+        open_timers.pop().__exit__(None, None, None)
+
+    handles = [h for part in parts for h in (part.register_forward_pre_hook(before), part.register_forward_hook(after))]
+    try:
+        yield
+    finally:
+        for handle in handles:
+            handle.remove()
+
+
 class PipelineStrategy(Strategy):
     sharded_checkpoints = True
 
@@ -55,6 +77,7 @@ class PipelineStrategy(Strategy):
         self.schedule: Any = None
         self.pp_group: tdist.ProcessGroup | None = None
         self.has_first = self.has_last = False
+        self.parts: list[pipeline.Part] = []  # this process's stages, unwrapped: their forwards are its own work
 
     def data_share(self, ctx: DistContext) -> tuple[int, int]:
         return self.dp_rank, self.dp
@@ -67,6 +90,9 @@ class PipelineStrategy(Strategy):
             raise ConfigError(f"--keep-global-batch: each of the {self.dp} replicas would take {replica} images per "
                               f"step, not divisible by --pp-microbatches {self.microbatches}; resume with a process "
                               "count or --pp-microbatches that divides it")
+
+    def rank_stages(self, ctx: DistContext) -> tuple[int, ...] | None:
+        return tuple(rank // self.dp for rank in range(ctx.world_size))
 
     def describe(self) -> str:
         costs = ("not measured" if self.costs is None else
@@ -111,7 +137,7 @@ class PipelineStrategy(Strategy):
         if ctx.is_main:
             log.info("%s", self.describe())
         ids = [self.pp_rank + k * self.pp for k in range(self.stages // self.pp)]
-        parts = pipeline.cut(model, self.split, ids)
+        parts = self.parts = pipeline.cut(model, self.split, ids)
         wrapped = [self._inside_stage(cfg, ctx, mesh["dp"], part) for part in parts]
         held = pipeline.merged(parts)  # after sharding: FSDP's parameters, under the full model's names
         self.has_first, self.has_last = 0 in ids, self.stages - 1 in ids
@@ -163,7 +189,7 @@ class PipelineStrategy(Strategy):
             group["lr"] = lr
         st.optimizer.zero_grad(set_to_none=True)
         losses: list[torch.Tensor] = []
-        with forward():
+        with _timing(self.parts, forward):
             self._run(x, y, losses, True, precision)
         loss = torch.stack([v.detach() for v in losses]).mean() if self.has_last else torch.zeros((), device=x.device)
         tdist.broadcast(loss, group=self.pp_group, group_src=self.pp - 1)  # the last stage's process
