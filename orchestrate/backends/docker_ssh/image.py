@@ -493,6 +493,9 @@ def deliver(nodes: Session, held: Mapping[int, int], local: Any, local_id: str, 
             done = send(ranks, dict(held))
         else:
             done = send_relayed(nodes, chosen, dict(held), archive_of, len(diff_ids), name, relay_at, console, send)
+            if source is not None:  # the whole image compressed, as send_cached says it
+                for rank in done:
+                    done[rank].total = source[1].total
         for rank in ranks:
             if not done[rank].fallback and image_id(nodes.docker(rank), name) != local_id:
                 done[rank].fallback = "the loaded image has another ID"
