@@ -492,7 +492,8 @@ def deliver(nodes: Session, held: Mapping[int, int], local: Any, local_id: str, 
         if chosen.relay is None:
             done = send(ranks, dict(held))
         else:
-            done = send_relayed(nodes, chosen, dict(held), archive_of, len(diff_ids), name, relay_at, console, send)
+            done = send_relayed(nodes, chosen, dict(held), _counted(archive_of, bars, nodes.hosts[chosen.relay].label),
+                                len(diff_ids), name, relay_at, console, send)
             if source is not None:  # the whole image compressed, as send_cached says it
                 for rank in done:
                     done[rank].total = source[1].total
@@ -512,6 +513,18 @@ def deliver(nodes: Session, held: Mapping[int, int], local: Any, local_id: str, 
     if failed:
         raise SSHError("image transfer failed: " + "; ".join(f"{k}: {v}" for k, v in failed.items()))
     return done
+
+
+def _counted(archive_of: Callable[[int], Iterator[bytes]], bars: Progress, label: str
+             ) -> Callable[[int], Iterator[bytes]]:
+    """The archives of `archive_of` with a progress bar while they go to the relay node."""
+    def counted(keep_from: int) -> Iterator[bytes]:
+        task = bars.add_task(f"image -> {label} (relay)", total=None)
+        for chunk in archive_of(keep_from):
+            bars.advance(task, len(chunk))
+            yield chunk
+
+    return counted
 
 
 def saved_archive(local: Any, name: str, keep_from: int) -> Iterator[bytes]:

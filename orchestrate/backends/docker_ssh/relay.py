@@ -122,7 +122,7 @@ def relay(nodes: Session, plan: RelayPlan, chunks: Iterator[bytes], address: str
             raise RelayError(f"docker load of the archive failed: {_why(loaded.err, loaded.rc)}")
         chan, port = _serve(conn, path, token)
     except SSHError as err:
-        conn.run(["rm", "-f", "--", path], timeout=30)
+        _remove(conn, path)
         raise RelayError(str(err)) from None
     unfetched: dict[int, str] = {}
 
@@ -141,8 +141,17 @@ def relay(nodes: Session, plan: RelayPlan, chunks: Iterator[bytes], address: str
         fan_out("image relay", list(plan.fetch), fetch, lambda r: nodes.hosts[r].label)
     finally:
         _stop(chan)
-        conn.run(["rm", "-f", "--", path], timeout=30)
+        _remove(conn, path)
     return Relayed(size, unfetched)
+
+
+def _remove(conn: Connection, path: str) -> None:
+    """The archive removed from the relay node (the server removes it too): best effort, a lost node keeps it
+    until its next relay's folder is cleaned by hand."""
+    try:
+        conn.run(["rm", "-f", "--", path], timeout=30)
+    except SSHError:
+        pass
 
 
 def relay_address(nodes: Session, rank: int, master: str) -> str:
