@@ -12,6 +12,8 @@ import sys
 import threading
 from pathlib import Path
 
+from kit.lines import LineReader
+
 from orchestrate.backends.docker_ssh.relay import RELAY_SCRIPT
 
 TOKEN = b"0123456789abcdef"
@@ -42,7 +44,7 @@ def test_the_server_serves_the_token_holder_and_removes_its_file_when_told_to_en
     assert server.stdin is not None and server.stdout is not None
     server.stdin.write(TOKEN.decode() + "\n")
     server.stdin.flush()
-    word, port = server.stdout.readline().split()
+    word, port = LineReader(server.stdout).next(30, "the relay server's port").split()
     assert word == "PORT"
     try:
         wrong = _fetch(int(port), payload, tmp_path, b"not-the-token")
