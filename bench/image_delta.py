@@ -49,7 +49,7 @@ def up(cluster: Cluster, work: Path, hosts: Path, url: str, md5: str, image: str
            "XDG_CACHE_HOME": str(work / "cache")}
     res = subprocess.run([sys.executable, "-m", "orchestrate", "up", "--timings", "--hosts", str(hosts), "--job", job,
                           "--gpus", "0", "--image", image, "--data-url", url, "--data-md5", md5,
-                          "--layer-cache", cache, "--", *TRAIN],
+                          "--layer-cache", cache, "--relay", "off", "--", *TRAIN],  # per node, as sent from here
                          env=env, cwd=REPO, capture_output=True, text=True, timeout=1800)
     phase = IMAGE_PHASE.search(res.stdout)
     if res.returncode != 0 or phase is None:

@@ -31,6 +31,9 @@ SECRET_NAME_RE = re.compile(r"TOKEN|KEY|PASSWORD|PASSWD|SECRET|CREDENTIAL", re.I
 MD5_RE = re.compile(r"^[0-9a-f]{32}$")
 MASK = "****"
 LAYER_CACHE_MODES = ("auto", "on", "off")
+RELAY_MODES = ("auto", "on", "off")
+# --relay auto: a relay from this many nodes that get layers sent (plan/relay.py says why)
+RELAY_AUTO_FROM = 3
 
 DEFAULT_JOB = "cifar"
 DEFAULT_IMAGE = "ddp-cifar:latest"
@@ -327,6 +330,10 @@ class Delivery:
                               "only new layers are compressed), 'off' = one docker save stream (the whole image is "
                               "read every time), 'auto' = on when docker-registry is installed, else off",
                               choices=LAYER_CACHE_MODES)
+    relay: str = option("auto", "--relay", "how the layers the nodes lack reach them: 'on' = sent once from here to "
+                        "the first node that lacks some, which serves them to the others inside the cluster for the "
+                        "transfer's time; 'off' = sent from here to each node; 'auto' = on from "
+                        f"{RELAY_AUTO_FROM} such nodes", choices=RELAY_MODES)
     # `submit` passes it to its batch job's `up` (the scheduler's page: "The image: submit brings it")
     image_from: Path | None = option(None, "--image-from", "first load the image into this machine's Docker (only "
                                      "the layers it lacks) from this manifest, which `submit` wrote on storage the "
@@ -334,6 +341,7 @@ class Delivery:
 
     def __post_init__(self) -> None:
         _one_of(self.layer_cache, LAYER_CACHE_MODES, "--layer-cache")
+        _one_of(self.relay, RELAY_MODES, "--relay")
         if self.image_from is not None and not self.image_from.is_file():
             raise ConfigError(f"--image-from {shown(self.image_from)}: no such file; it is the manifest `submit` "
                               "writes into --layer-store")

@@ -366,6 +366,7 @@ class JobPlan:
     # with --pull, after node 0 pulled the image).
     image_check: ContainerSpec | None = None
     image_check_on: str = ""
+    relay_mode: str = "off"  # --relay: whether the layers go to one node and from it to the others (plan/relay.py)
 
     @property
     def specs(self) -> list[ContainerSpec]:
@@ -441,4 +442,4 @@ def plan_job(program: Program, resources: Resources, where: Where, data: Data, d
                   for rank, (spec, f) in enumerate(zip(specs, facts, strict=True)))
     port = master_port if master_port is not None else where.master_port
     return JobPlan(program.job, attempt, f"{master_addr}:{port}",
-                   tuple(launcher) if launcher is not None else None, resume, nodes)
+                   tuple(launcher) if launcher is not None else None, resume, nodes, relay_mode=delivery.relay)

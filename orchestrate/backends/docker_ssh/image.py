@@ -46,8 +46,16 @@ from orchestrate.backends.docker_ssh.layercache import (
     cache_dir,
     registry_binary,
 )
+from orchestrate.backends.docker_ssh.relay import (
+    RelayError,
+    fallback_line,
+    relay,
+    relay_address,
+    relayed_line,
+)
 from orchestrate.errors import SSHError
 from orchestrate.plan.jobplan import JobPlan
+from orchestrate.plan.relay import RelayPlan, plan_relay
 from orchestrate.probe.layers import chain_ids
 from orchestrate.remote.docker import image_id
 from orchestrate.remote.session import Session
@@ -272,12 +280,13 @@ def filter_save(chunks: Iterator[bytes], diff_ids: Sequence[str], sinks: Sequenc
 class Delivery:
     """What one node got: compressed bytes sent, layers sent of the image's layers, the full archive's size."""
 
-    action: str  # "present" | "sent" | "pulled"
+    action: str  # "present" | "sent" | "relayed" (fetched from the relay node) | "pulled"
     sent: int = 0
     layers_sent: int = 0
     layers: int = 0
     total: int = 0
     fallback: str = ""  # why the delta was replaced by the full archive ("" when it was not)
+    via: str = ""  # "relayed": the relay node it fetched the layers from
 
 
 def load_name(image: Any, name: str) -> str | None:
@@ -446,14 +455,15 @@ Source = tuple[BlobSource, CachedImage]
 
 def deliver(nodes: Session, held: Mapping[int, int], local: Any, local_id: str, name: str, console: Console,
             layer_cache: str = "off", settled: Callable[[], Mapping[int, int]] | None = None,
-            blobs: Source | None = None) -> dict[int, Delivery]:
+            blobs: Source | None = None, relay_mode: str = "off", relay_at: str = "") -> dict[int, Delivery]:
     """Send each node in `held` the layers it lacks (the plan's: how many leading layers it holds); where a delta
     does not load, send the full archive.
 
     The layers come from the local layer cache (`layer_cache` auto/on, see layercache.py) or from one filtered
     `docker save` stream (the cache is filled first), or from `blobs` when given (the image's blobs already
     compressed: what `submit` carried). `settled`: what each node holds once the source is ready, when that may
-    change meanwhile (the nodes pull the image's base while the cache fills).
+    change meanwhile (the nodes pull the image's base while the cache fills). `relay_mode` (--relay) and
+    `relay_at` (the rendezvous address:port, node 0's address as the nodes reach it): see relay.py.
     """
     image = local.images.get(name)
     diff_ids = list(image.attrs["RootFS"]["Layers"])
@@ -473,7 +483,20 @@ def deliver(nodes: Session, held: Mapping[int, int], local: Any, local_id: str, 
                 return send_layers(nodes, targets, local, name, keep, bars)
             return send_cached(nodes, targets, *source, load_name(image, name), keep, bars)
 
-        done = send(ranks, dict(held))
+        def archive_of(keep_from: int) -> Iterator[bytes]:
+            if source is None:
+                return saved_archive(local, name, keep_from)
+            return archive(source[1], load_name(image, name), keep_from, source[0].blob_chunks)
+
+        chosen = plan_relay(relay_mode, held)
+        if chosen.relay is None:
+            done = send(ranks, dict(held))
+        else:
+            done = send_relayed(nodes, chosen, dict(held), _counted(archive_of, bars, nodes.hosts[chosen.relay].label),
+                                len(diff_ids), name, relay_at, console, send)
+            if source is not None:  # the whole image compressed, as send_cached says it
+                for rank in done:
+                    done[rank].total = source[1].total
         for rank in ranks:
             if not done[rank].fallback and image_id(nodes.docker(rank), name) != local_id:
                 done[rank].fallback = "the loaded image has another ID"
@@ -489,6 +512,70 @@ def deliver(nodes: Session, held: Mapping[int, int], local: Any, local_id: str, 
     failed = {nodes.hosts[r].label: done[r].fallback for r in ranks if done[r].fallback}
     if failed:
         raise SSHError("image transfer failed: " + "; ".join(f"{k}: {v}" for k, v in failed.items()))
+    return done
+
+
+def _counted(archive_of: Callable[[int], Iterator[bytes]], bars: Progress, label: str
+             ) -> Callable[[int], Iterator[bytes]]:
+    """The archives of `archive_of` with a progress bar while they go to the relay node."""
+    def counted(keep_from: int) -> Iterator[bytes]:
+        task = bars.add_task(f"image -> {label} (relay)", total=None)
+        for chunk in archive_of(keep_from):
+            bars.advance(task, len(chunk))
+            yield chunk
+
+    return counted
+
+
+def saved_archive(local: Any, name: str, keep_from: int) -> Iterator[bytes]:
+    """One `docker save` stream as a `docker load` archive without the first `keep_from` layers (gzip)."""
+    image = local.images.get(name)
+    feed = _Feed()
+    sink = _Sink(keep_from, [feed])
+    failed: list[BaseException] = []
+
+    def produce() -> None:
+        try:
+            filter_save(image.save(named=load_name(image, name) or False, chunk_size=CHUNK),
+                        list(image.attrs["RootFS"]["Layers"]), [sink])
+            sink.finish()
+        except BaseException as err:
+            failed.append(err)
+            sink.abort()
+
+    thread = threading.Thread(target=produce, daemon=True)
+    thread.start()
+    try:
+        yield from feed
+    finally:
+        feed.closed.set()
+        thread.join()
+    if failed:
+        raise SSHError(f"docker save of {name} here failed: {failed[0]}")
+
+
+def send_relayed(nodes: Session, chosen: RelayPlan, held: dict[int, int],
+                 archive_of: Callable[[int], Iterator[bytes]], layers: int, name: str, relay_at: str,
+                 console: Console, send: Callable[[Sequence[int], dict[int, int]], dict[int, Delivery]]
+                 ) -> dict[int, Delivery]:
+    """The archive once to the relay node, which serves it to the others; a node that cannot fetch it (or every
+    node, when the relay node fails) is sent its layers from here, one line saying why."""
+    assert chosen.relay is not None
+    via = nodes.hosts[chosen.relay].label
+    try:
+        relayed = relay(nodes, chosen, archive_of(chosen.keep_from), relay_address(nodes, chosen.relay, relay_at))
+    except RelayError as err:
+        console.print(f"image {name}: the relay on {via} failed ({err}); sending each node its layers from here",
+                      markup=False, highlight=False, soft_wrap=True)
+        return send(list(held), held)
+    done = {chosen.relay: Delivery("sent", relayed.sent, layers - chosen.keep_from, layers, relayed.sent)}
+    done.update({r: Delivery("relayed", 0, layers - held[r], layers, relayed.sent, via=via)
+                 for r in chosen.fetch})
+    for rank, why in sorted(relayed.unfetched.items()):
+        console.print(fallback_line(name, nodes.hosts[rank].label, via, why), markup=False, highlight=False,
+                      soft_wrap=True)
+    if relayed.unfetched:
+        done.update(send(sorted(relayed.unfetched), {r: held[r] for r in relayed.unfetched}))
     return done
 
 
@@ -545,7 +632,8 @@ def ensure_images(nodes: Session, plan: JobPlan, local: Any, local_id: str | Non
         assert local_id is not None  # the plan sends only an image this machine holds
         with ThreadPoolExecutor(1) as pool:  # the nodes pull the base while the local layer cache fills
             bases = pool.submit(_base_first, nodes, plan, image, console)
-            result.update(deliver(nodes, sends, local, local_id, image, console, layer_cache, bases.result, blobs))
+            result.update(deliver(nodes, sends, local, local_id, image, console, layer_cache, bases.result, blobs,
+                                  plan.relay_mode, plan.master))
     need = [*pulls, *sends]
     for r in need:  # whatever happened, the node must now hold the image by name
         got = image_id(nodes.docker(r), image)
@@ -555,6 +643,8 @@ def ensure_images(nodes: Session, plan: JobPlan, local: Any, local_id: str | Non
         d, label = result[r], nodes.hosts[r].label
         if d.action == "sent":
             line = summary_line(image, label, d.sent, d.layers_sent, d.layers, d.total)
+        elif d.action == "relayed":
+            line = relayed_line(image, label, d.via, d.layers_sent, d.layers)
         else:
             line = f"image {image} on {label}: " + ("already there, nothing sent" if d.action == "present"
                                                            else "pulled")

@@ -12,6 +12,7 @@ from typing import Any
 from orchestrate.config import mask_text, masked_env, secret_values, url_masked
 from orchestrate.plan import gpus
 from orchestrate.plan.jobplan import ContainerSpec, DataAction, ImageAction, JobPlan, NodePlan
+from orchestrate.plan.relay import RelayPlan, plan_relay
 
 
 def docker_run_argv(spec: ContainerSpec) -> list[str]:
@@ -108,10 +109,16 @@ def render_job_plan(plan: JobPlan) -> str:
                         else ""))
     if plan.launcher is None:
         lines.append("# launcher: read from the image once node 0 pulled it (torchrun shown)")
+    relay = relay_of(plan)
+    if relay.relay is not None:
+        lines.append(f"# image layers: sent once from here to node {relay.relay}, which serves them to node(s) "
+                     f"{', '.join(map(str, relay.fetch))} for the transfer's time (--relay {plan.relay_mode}); a node "
+                     "that cannot fetch them is sent them from here")
     for n in plan.nodes:
         lines.append(f"# node {n.rank} on {n.host.label}: container {n.container.name}")
         lines.append("#   dirs: " + ", ".join(f"{k} {v}" for k, v in n.dirs.items()))
-        lines.append(f"#   image: {_image_text(n.image)}")
+        lines.append(f"#   image: {_image_text(n.image)}" + (f", from {relay.source(n.rank)}"
+                                                             if n.image.kind == "send" else ""))
         lines.append(f"#   data: {_data_text(n.data)}")
         lines.append("#   leftovers removed: " + (", ".join(n.leftovers) or "none"))
         lines.append("#   checks: " + ", ".join(f"{v.check} {'ok' if v.ok else 'FAILED'} ({v.text})"
@@ -120,6 +127,11 @@ def render_job_plan(plan: JobPlan) -> str:
         lines.append("#   short containers first: " + (", ".join(short) or "none") + " (--json: their arguments)")
         lines.append(shlex.join(docker_run_argv(n.container)))
     return "\n".join(lines)
+
+
+def relay_of(plan: JobPlan) -> RelayPlan:
+    """Who gets the layers from where, as planned (the nodes' bases pulled as planned)."""
+    return plan_relay(plan.relay_mode, {n.rank: n.image.sent_from for n in plan.nodes if n.image.kind == "send"})
 
 
 def _image_text(action: ImageAction) -> str:
@@ -148,12 +160,13 @@ def plan_json(plan: JobPlan) -> dict[str, Any]:
     check = plan.image_check
     return {"form": "hosts", "job": plan.job, "master": plan.master,
             "attempt": dataclasses.asdict(plan.attempt), "launcher": list(plan.launcher) if plan.launcher else None,
-            "resume": resume, "nodes": [_node_json(n) for n in plan.nodes],
+            "resume": resume, "nodes": [_node_json(plan, n) for n in plan.nodes],
             "image_check": {"runs_on": plan.image_check_on or None, **container_json(check)} if check else None}
 
 
-def _node_json(node: NodePlan) -> dict[str, Any]:
-    image = {**dataclasses.asdict(node.image), "layers_sent": node.image.layers_sent}
+def _node_json(plan: JobPlan, node: NodePlan) -> dict[str, Any]:
+    image = {**dataclasses.asdict(node.image), "layers_sent": node.image.layers_sent,
+             "from": relay_of(plan).source(node.rank) if node.image.kind == "send" else None}
     return {"rank": node.rank, "host": node.host.label, "dirs": dict(node.dirs),
             "checks": [dataclasses.asdict(v) for v in node.verdicts], "image": image,
             "data": dataclasses.asdict(node.data), "leftovers": list(node.leftovers),

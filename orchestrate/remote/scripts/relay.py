@@ -1,0 +1,101 @@
+"""Stdlib-only script run on a node's host over SSH (`python3 -c`): the image relay (backends/docker_ssh/relay.py).
+
+    serve FILE          on the relay node: listen on a free TCP port of every address, print "PORT <n>", send FILE
+                        to each client that first sends the line "DDP-RELAY <token>"; the token is the first line of
+                        stdin (never on a command line, where any account of the node reads it). Ends, FILE removed,
+                        when stdin closes: when the orchestrator is done, or its SSH connection is gone.
+    fetch ADDR PORT SHA256 SIZE DIR
+                        on another node: fetch the archive from the relay into a new file in DIR (the token: the
+                        first line of stdin), check its size and sha256, `docker load` it, remove the file.
+Exit 3: the relay cannot be reached; 4: the bytes fetched are short or have another digest; 5: `docker load` failed.
+The reason is the last line on stderr.
+"""
+
+import hashlib
+import hmac
+import os
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+
+MAGIC = b"DDP-RELAY "
+BLOCK = 1 << 20
+CONNECT_S = 10
+IDLE_S = 60
+
+
+def serve(path):
+    token = sys.stdin.buffer.readline().strip()
+    listener = socket.socket(socket.AF_INET6 if socket.has_dualstack_ipv6() else socket.AF_INET)
+    if listener.family == socket.AF_INET6:
+        listener.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 0)
+    listener.bind(("", 0))
+    listener.listen(64)
+    print(f"PORT {listener.getsockname()[1]}", flush=True)
+
+    def one(conn):
+        with conn:
+            conn.settimeout(IDLE_S)
+            line = conn.makefile("rb").readline(len(MAGIC) + 256).strip()
+            if not (line.startswith(MAGIC) and hmac.compare_digest(line[len(MAGIC):], token)):
+                return
+            with open(path, "rb") as fh:
+                while block := fh.read(BLOCK):
+                    conn.sendall(block)
+
+    def accept():
+        while True:
+            conn, _ = listener.accept()
+            threading.Thread(target=one, args=(conn,), daemon=True).start()
+
+    threading.Thread(target=accept, daemon=True).start()
+    try:
+        sys.stdin.buffer.read()  # until the orchestrator closes the channel
+    finally:
+        os.unlink(path)
+
+
+def fail(code, why):
+    print(why, file=sys.stderr)
+    sys.exit(code)
+
+
+def fetch(addr, port, sha256, size, folder):
+    token = sys.stdin.buffer.readline().strip()
+    try:
+        conn = socket.create_connection((addr, int(port)), timeout=CONNECT_S)
+    except OSError as err:
+        fail(3, f"cannot connect to {addr}:{port}: {err.strerror or err}")
+    os.makedirs(folder, exist_ok=True)
+    # O_EXCL under an unpredictable name: a file or symlink planted beforehand is never opened
+    fd, path = tempfile.mkstemp(dir=folder, prefix=".ddp-relay.")
+    digest, got = hashlib.sha256(), 0
+    try:
+        with conn, os.fdopen(fd, "wb") as out:
+            conn.settimeout(IDLE_S)
+            conn.sendall(MAGIC + token + b"\n")
+            while block := conn.recv(BLOCK):
+                digest.update(block)
+                out.write(block)
+                got += len(block)
+    except OSError as err:
+        os.unlink(path)
+        fail(3, f"the relay {addr}:{port} broke off after {got} bytes: {err.strerror or err}")
+    if got != int(size) or digest.hexdigest() != sha256:
+        os.unlink(path)
+        fail(4, f"got {got} of {size} bytes, sha256 {digest.hexdigest()[:12]}, expected {sha256[:12]}")
+    try:
+        loaded = subprocess.run(["docker", "load", "-q", "-i", path], capture_output=True, text=True)
+    finally:
+        os.unlink(path)
+    if loaded.returncode != 0:
+        fail(5, (loaded.stderr.strip().splitlines() or ["docker load failed"])[-1])
+
+
+if __name__ == "__main__":
+    if sys.argv[1] == "serve":
+        serve(*sys.argv[2:])
+    else:
+        fetch(*sys.argv[2:])

@@ -1,0 +1,63 @@
+"""--relay: which node relays the image layers, who gets them from where, and auto's threshold (plan/relay.py),
+as the dry run shows it."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from kit.units import SSH, job_plan
+
+from orchestrate.backends.docker_ssh.request import plan_json, render_job_plan
+from orchestrate.config import RELAY_AUTO_FROM, UpConfig
+from orchestrate.errors import ConfigError
+from orchestrate.hosts import Host
+from orchestrate.plan.jobplan import Attempt
+from orchestrate.plan.relay import RelayPlan, plan_relay, relay_used
+from orchestrate.probe.observations import LocalImage, NodeFacts
+
+HOSTS = [Host(name=f"h{i}", hostname=f"10.0.0.{i + 1}", port=22, user="u", slots=None) for i in range(4)]
+LOCAL = LocalImage("sha256:new", tuple(f"sha256:{i}" for i in range(5)), sizes=(100, 200, 300, 400, 500))
+DIRS = {"data": "/home/u/.cache/ddp-cifar/data", "ckpt": "/home/u/ck", "log": "/home/u/logs"}
+
+
+def test_auto_relays_from_the_threshold_on_forces_it_off_never() -> None:
+    assert RELAY_AUTO_FROM == 3
+    assert [relay_used("auto", n) for n in (1, 2, 3, 16)] == [False, False, True, True]
+    assert [relay_used("on", n) for n in (1, 2, 3)] == [False, True, True]  # one node: nobody to relay to
+    assert [relay_used("off", n) for n in (2, 3, 16)] == [False, False, False]
+
+
+def test_the_first_node_that_lacks_layers_relays_one_archive_for_the_one_that_holds_the_fewest() -> None:
+    # node 0 holds the image: node 1 relays; node 3 holds 2 layers, the others 4: the archive leaves out 2
+    assert plan_relay("auto", {1: 4, 2: 4, 3: 2}) == RelayPlan(1, (2, 3), 2)
+    assert plan_relay("on", {0: 4, 1: 4}) == RelayPlan(0, (1,), 4)
+    chosen = plan_relay("auto", {0: 4, 1: 4, 2: 4})
+    assert [chosen.source(r) for r in range(3)] == ["here", "node 0", "node 0"]
+    assert plan_relay("auto", {0: 4, 1: 4}) == RelayPlan(None) and plan_relay("off", {0: 1, 1: 1, 2: 1}).relay is None
+
+
+def _plan(relay: str, images: list[str | None]):  # type: ignore[no-untyped-def]
+    config = UpConfig.of(ssh=SSH, job="p", image="ddp-cifar:cpu", gpus=0, relay=relay)  # type: ignore[arg-type]
+    facts = [NodeFacts(iface="eth0", addr=f"10.0.0.{i + 1}", dirs=DIRS, image_id=image, layers_held=4)
+             for i, image in enumerate(images)]
+    return job_plan(config, Attempt(0), HOSTS[:len(images)], "10.0.0.1", facts, LOCAL, ("torchrun",))
+
+
+def test_the_dry_run_says_who_gets_the_layers_from_where() -> None:
+    plan = _plan("auto", [None, None, "sha256:new", None])
+    text = render_job_plan(plan)
+    assert ("# image layers: sent once from here to node 0, which serves them to node(s) 1, 3 for the transfer's "
+            "time (--relay auto)") in text
+    assert "#   image: send 1 of 5 layers, 0.0 MB uncompressed, from here" in text
+    assert text.count("#   image: send 1 of 5 layers, 0.0 MB uncompressed, from node 0") == 2
+    assert "#   image: present, nothing sent\n" in text
+    froms = [n["image"]["from"] for n in json.loads(json.dumps(plan_json(plan)))["nodes"]]
+    assert froms == ["here", "node 0", None, "node 0"]
+    off = render_job_plan(_plan("off", [None, None, None]))
+    assert "# image layers" not in off and off.count("uncompressed, from here") == 3
+
+
+def test_an_unknown_relay_mode_is_refused() -> None:
+    with pytest.raises(ConfigError, match="--relay"):
+        UpConfig.of(ssh=SSH, job="p", image="ddp-cifar:cpu", gpus=0, relay="always")  # type: ignore[arg-type]
