@@ -90,16 +90,18 @@ def print_status(scheduler: Backend, nodes: Session, job: str, console: Console,
     reached."""
     status = scheduler.describe(nodes, job, unreachable)
     table = Table(title=f"job {job}")
-    # Names and figures stay whole (grep finds them); the last log line takes what width is left (100 columns in a
-    # file: orchestrate/terminal.py).
-    for col in ("node", "host", "container", "state", "exit", "uptime"):
+    # Every cell stays whole (grep finds it) and the table fits 100 columns (a file's width, orchestrate/terminal.py):
+    # the exit code goes with the state, the checkpoint is its file name (the folder is the job's), and each node's
+    # last log line, the one long text, follows the table on a line of its own.
+    for col in ("node", "host", "container", "state", "uptime", "checkpoint"):
         table.add_column(col, no_wrap=True)
-    table.add_column("last log line", overflow="fold")
-    table.add_column("checkpoint", no_wrap=True)  # the newest
     for row in status.rows:
-        cells = (row.node, row.host, row.name, row.state, row.exit, row.uptime, row.last_line, row.checkpoint)
-        table.add_row(*(Text(cell) for cell in cells))  # Text: log lines like "[rank 0]" are not markup
+        state = row.state if row.exit == "-" else f"{row.state} ({row.exit})"
+        cells = (row.node, row.host, row.name, state, row.uptime, row.checkpoint)
+        table.add_row(*(Text(cell) for cell in cells))  # Text: names are not markup
     console.print(table)
+    for row in status.rows:
+        console.print(f"node {row.node} last log line: {row.last_line}", markup=False, highlight=False)
     for line in status.lines:
         console.print(line, markup=False, highlight=False)
     return not unreachable

@@ -69,12 +69,11 @@ def test_the_check_runs_in_the_jobs_image_with_its_network_settings() -> None:
     assert checks[0].labels["ddp-cifar.job"] == "r18-netcheck"
 
 
-def test_tables_fit_80_and_120_columns_and_long_paths_keep_their_tail() -> None:
+def test_tables_fit_80_and_120_columns() -> None:
     import io
 
     from rich.console import Console
 
-    from orchestrate.backends.docker_ssh.control import keep_tail
     from orchestrate.checks.netcheck import render
 
     v = judge([NodeResult(0, "a", 0, head({(0, 1): 2.7, (0, 2): 0.004, (1, 2): 0.004}))])
@@ -83,9 +82,6 @@ def test_tables_fit_80_and_120_columns_and_long_paths_keep_their_tail() -> None:
         out = io.StringIO()
         Console(file=out, width=width).print(render(v, labels))
         assert max(len(line) for line in out.getvalue().splitlines()) <= width
-    path = "/home/alice/.local/share/ddp-cifar/jobs/resnet18-bf16-run3/checkpoints/ckpt-00000240.pt"
-    assert keep_tail(path, 40) == "…" + path[-39:] and keep_tail(path, 40).endswith("ckpt-00000240.pt")
-    assert keep_tail("short", 40) == "short"
 
 
 IB_LINES = ["NET/IB : Using [0]mlx5_0:1/IB [1]mlx5_1:1/IB [RO]; OOB ib0:10.10.0.7<0>", "Using network IB",

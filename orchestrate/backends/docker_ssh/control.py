@@ -147,14 +147,6 @@ def _secrets_of(container: Any) -> list[str]:
     return [v for k, v in pairs if is_secret(k) and v]
 
 
-TAIL_CHARS = 40  # a long path in a table keeps its end (the file name), not its start
-
-
-def keep_tail(text: str, width: int) -> str:
-    """PURE: `text` cut to `width` characters from the left, marked with an ellipsis."""
-    return text if len(text) <= width else "…" + text[-(width - 1):]
-
-
 def job_found(nodes: Session, job: str) -> dict[int, list[Any]]:
     """Host index -> the caller's containers of the job there, every reachable host listed once, in parallel."""
     hosts = nodes.reachable()
@@ -184,9 +176,9 @@ def _status_row(nodes: Session, rank: int, label: str, c: Any) -> StatusRow:
     last = mask_text(last, _secrets_of(c))[:100]
     folder = folder_of(c)
     manifest = newest_manifest(nodes.conn(rank), folder) if folder else None
-    where = keep_tail(posixpath.join(folder, str(manifest["file"])), TAIL_CHARS) if folder and manifest else ""
-    ckpt = f"{where} (epoch {manifest.get('epoch')})" if manifest else \
-        "-" if _runs_trainer(c) else "- (no manifest: resume by flag only)"
+    # The newest checkpoint's file name (its folder is the job's; its step is in the name and the progress line)
+    ckpt = posixpath.basename(str(manifest["file"])) if folder and manifest else \
+        "-" if _runs_trainer(c) else "- (no manifest)"
     running = state.get("Status") == "running"
     return StatusRow(str(node_rank(c)), label, c.name, str(state.get("Status")),
                      "-" if running else str(state.get("ExitCode")), _uptime(state.get("StartedAt", ""), running),
