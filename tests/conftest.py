@@ -44,6 +44,11 @@ from xdist.scheduler import LoadScopeScheduling
 # fails on a cluster module missing from it, so that a new one is measured and placed on purpose.
 DURATIONS_FILE = Path(__file__).resolve().parent / "durations.json"
 UNKNOWN_MODULE_S = {"tests/cluster/": 120.0, "tests/trainer/": 20.0, "tests/image/": 30.0}
+# Modules whose tests share nothing but cheap module fixtures (a data server, a folder), each test starting its own
+# job on the session's hosts: each test is a unit of work of its own, so that the longest modules (17 and 14 minutes
+# of test time under load) spread over the workers instead of bounding the run.
+SPLIT_MODULES = frozenset({"tests/cluster/test_self_healing.py", "tests/cluster/test_orchestrate_faults.py",
+                           "tests/cluster/test_host_faults.py"})
 CPU_IMAGE = os.environ.get("DDP_TEST_IMAGE", "ddp-cifar:cpu")
 REPO_ROOT = Path(__file__).resolve().parent.parent
 
@@ -60,7 +65,8 @@ def pytest_configure(config: pytest.Config) -> None:
         signal.signal(signal.SIGINT, signal.default_int_handler)
     config.pluginmanager.register(SkipsFail(), "skips-fail")
     if not hasattr(config, "workerinput"):  # the controller (or a run without xdist) sees every worker's reports
-        config.pluginmanager.register(RunSummary(store=config.getoption("store_durations")), "run-summary")
+        config.pluginmanager.register(RunSummary(store=config.getoption("store_durations"), unit_of=unit_of),
+                                      "run-summary")
 
 
 class SkipsFail:
@@ -130,15 +136,20 @@ def cpu_image(docker_client: docker.DockerClient) -> str:
 
 
 def module_of(nodeid: str) -> str:
-    """The unit of work of a test: its module (a module's tests share its fixtures and may build on each other)."""
     return nodeid.split("::", 1)[0]
 
 
-def estimated_seconds(module: str, measured: dict[str, float]) -> float:
-    """What a module is expected to take: CI's last measure, else the estimate of its folder's modules."""
-    if module in measured:
-        return measured[module]
-    return next((s for folder, s in UNKNOWN_MODULE_S.items() if module.startswith(folder)), 5.0)
+def unit_of(nodeid: str) -> str:
+    """The unit of work of a test: its module (a module's tests share its fixtures and may build on each other), or
+    the test itself in a SPLIT_MODULES module."""
+    return nodeid if module_of(nodeid) in SPLIT_MODULES else module_of(nodeid)
+
+
+def estimated_seconds(unit: str, measured: dict[str, float]) -> float:
+    """What a unit is expected to take: CI's last measure, else the estimate of its folder's modules."""
+    if unit in measured:
+        return measured[unit]
+    return next((s for folder, s in UNKNOWN_MODULE_S.items() if unit.startswith(folder)), 5.0)
 
 
 def longest_first(modules: list[str], measured: dict[str, float]) -> list[str]:
@@ -157,7 +168,7 @@ class LongestFirstScheduling(LoadScopeScheduling):
     ordered = False
 
     def _split_scope(self, nodeid: str) -> str:
-        return module_of(nodeid)
+        return unit_of(nodeid)
 
     def _assign_work_unit(self, node: object) -> None:
         if not self.ordered:

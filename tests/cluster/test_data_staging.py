@@ -8,13 +8,21 @@ import os
 from pathlib import Path
 
 import pytest
-from kit.orchestrate_kit import DATA, example_image, up
+from kit.orchestrate_kit import example_image, up
 
 from devcluster import Cluster
 
 pytestmark = [pytest.mark.cluster, pytest.mark.docker, pytest.mark.slow]
 
+# A data folder of this module's own: the session's hosts are shared by every module a worker runs, in any order,
+# and another module's files in the default folder would count as already sent (CI: "1 of 2 files changed").
+DATA_DIR = "/home/ddp/staging-test-data"
 ARGS = ["--steps", "3", "--step-seconds", "0", "--ckpt-every", "1000", "--text", "input.txt", "--context", "4"]
+
+
+@pytest.fixture(scope="module")
+def hosts(cluster: Cluster, work: Path) -> Path:
+    return cluster.write_hosts_file(work / "hosts.txt", keys={h.index: {"data_dir": DATA_DIR} for h in cluster.hosts})
 
 
 def stage(cluster: Cluster, work: Path, hosts: Path, src: Path) -> str:
@@ -47,11 +55,11 @@ def test_a_folder_is_synced_incrementally_and_corruption_on_a_node_is_repaired(
     assert f"data on {h0}: 1 of 2 files changed, 1000 bytes sent" in one
     assert f"data on {h1}: 1 of 2 files changed, 1000 bytes sent" in one
 
-    on_node1 = cluster.hosts[1].path(f"{DATA}/extra.bin")
+    on_node1 = cluster.hosts[1].path(f"{DATA_DIR}/extra.bin")
     with on_node1.open("r+b") as fh:  # a flipped block, same size
         fh.write(b"\0" * 4096)
     repaired = stage(cluster, work, hosts, src)
     assert f"data on {h0}: up to date, nothing moved (2 files)" in repaired
     assert f"data on {h1}: 1 of 2 files changed, 300000 bytes sent" in repaired
     assert on_node1.read_bytes() == (src / "extra.bin").read_bytes()
-    assert cluster.hosts[1].foreign_files(DATA) == []  # every file the login's own
+    assert cluster.hosts[1].foreign_files(DATA_DIR) == []  # every file the login's own

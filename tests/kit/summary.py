@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import time
 from collections import defaultdict
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -37,7 +38,8 @@ def tier_of(nodeid: str) -> str:
 class RunSummary:
     """Collects each test's seconds as the reports arrive; prints the table once the run ends."""
 
-    store: Path | None = None  # where to write each module's seconds (JSON), for the scheduler's next run
+    store: Path | None = None  # where to write each unit's seconds (JSON), for the scheduler's next run
+    unit_of: Callable[[str], str] = lambda nodeid: nodeid.split("::", 1)[0]  # a test's unit of work: its module
     started: float = field(default_factory=time.monotonic)
     seconds: dict[str, float] = field(default_factory=lambda: defaultdict(float))
 
@@ -62,17 +64,17 @@ class RunSummary:
         return out
 
     @pytest.hookimpl(trylast=True)  # the last section, just above pytest's own closing lines
-    def per_module(self) -> dict[str, float]:
-        modules: dict[str, float] = defaultdict(float)
+    def per_unit(self) -> dict[str, float]:
+        units: dict[str, float] = defaultdict(float)
         for nodeid, seconds in self.seconds.items():
-            modules[nodeid.split("::", 1)[0]] += seconds
-        return {module: round(seconds, 1) for module, seconds in sorted(modules.items())}
+            units[self.unit_of(nodeid)] += seconds
+        return {unit: round(seconds, 1) for unit, seconds in sorted(units.items())}
 
     def pytest_terminal_summary(self, terminalreporter: pytest.TerminalReporter) -> None:
         if not self.seconds:
             return
         if self.store is not None:
-            self.store.write_text(json.dumps(self.per_module(), indent=1) + "\n")
+            self.store.write_text(json.dumps(self.per_unit(), indent=1) + "\n")
         terminalreporter.section("where the time went (tests/kit/summary.py)")
         for line in self.lines():
             terminalreporter.write_line(line)

@@ -38,6 +38,12 @@ from pathlib import Path
 import torch, torch.distributed as dist
 from torch._C._distributed_c10d import _dump_fr_trace
 rank, port, out = int(sys.argv[1]), sys.argv[2], Path(sys.argv[3])
+# Both ranks have imported torch before either starts the 3 s rendezvous (CI: one import took longer than 3 s under
+# load, and the rendezvous timed out before the stall this test is about).
+(out / f"imported{rank}").touch()
+deadline = time.monotonic() + 60
+while not (out / f"imported{1 - rank}").exists() and time.monotonic() < deadline:
+    time.sleep(0.05)
 dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2,
                         timeout=datetime.timedelta(seconds=3))
 dist.all_reduce(torch.ones(2))
