@@ -155,8 +155,8 @@ def test_the_throttled_node_is_named_then_nobody_and_tensorboard_serves_the_even
     throttled = False
     try:
         up.wait_for_line("progress: step", 600, "the job's first progress line")
-        wait_for(lambda: "node 2 " in status(target, state), 120, "status's line for node 2 (every rank timed)",
-                 every=STATUS_EVERY_S)
+        wait_for(lambda: re.search(r"^node 2 \S+: step", status(target, state), re.M), 120,
+                 "status's timing line for node 2 (every rank timed)", every=STATUS_EVERY_S)
         lines = status(target, state).splitlines()
         assert [ln.split(":")[0] for ln in lines if re.match(r"node \d \S+: step", ln)] == \
             [f"node {n} {target.hosts[n].name}" for n in range(3)]
