@@ -370,12 +370,9 @@ def prune(folder: Path, keep: int) -> None:
 # ---- restore (every rank) -----------------------------------------------------------------------------------------
 
 def _find_on_main(cfg: Config) -> tuple[str | None, str | None]:
-    """Global rank 0: the folder to resume from, or an error message."""
+    """Global rank 0: the folder to resume from (snapshot.restore chose this format: it is the newest), or an
+    error message."""
     sharded = newest_valid(cfg.ckpt_dir)
-    full = checkpoint.newest_valid(cfg.ckpt_dir)
-    if full is not None and (sharded is None or full.step > sharded.manifest.step):
-        return None, (f"checkpoint {full.path} was written by --strategy ddp (one full .pt file, optimizer state "
-                      "keyed by parameter index), which an FSDP run cannot load; resume it with --strategy ddp")
     if sharded is None:
         return None, (f"--resume: no valid sharded checkpoint in {cfg.ckpt_dir}; run without --resume to start "
                       "fresh, or point --ckpt-dir at the run to continue")

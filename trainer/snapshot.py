@@ -83,10 +83,6 @@ def start_sharded(cfg: Config, ctx: DistContext, st: TrainState, global_batch: i
 def _load_on_main(cfg: Config, ctx: DistContext) -> tuple[dict[str, Any] | None, str | None]:
     """On global rank 0: the newest valid checkpoint (CPU tensors), or an error message."""
     info = checkpoint.newest_valid(cfg.ckpt_dir)
-    sharded = dcp_checkpoint.newest_valid(cfg.ckpt_dir)
-    if sharded is not None and (info is None or sharded.manifest.step > info.step):
-        return None, (f"checkpoint {sharded.path} was written by --strategy fsdp or --pp (a sharded DCP folder); "
-                      "resume it with --strategy fsdp or --pp, at any number of processes")
     if info is None:
         return None, (f"--resume: no valid checkpoint in {cfg.ckpt_dir}; run without --resume to start fresh, "
                       f"or point --ckpt-dir at the run to continue")
@@ -148,30 +144,16 @@ def _load_trainer_state(st: TrainState, state: dict[str, Any], ctx: DistContext)
         torch.cuda.set_rng_state(state["rng"]["cuda"], ctx.device)
 
 
-def restore(cfg: Config, ctx: DistContext, st: TrainState) -> int:
-    """Load the newest valid checkpoint, continue from its position. Returns the global batch the checkpoint
-    was trained with."""
-    state = _restore_sharded(cfg, ctx, st) if cfg.strategy == "fsdp" else _restore_full(cfg, ctx, st)
-    return _continue(ctx, st, state)
-
-
-def resume_sharded(cfg: Config, ctx: DistContext, st: TrainState) -> int:
-    """restore() from a DCP folder whatever --strategy is (pipelining's checkpoints are folders under DDP too)."""
-    return _continue(ctx, st, _restore_sharded(cfg, ctx, st))
-
-
-def resume_any(cfg: Config, ctx: DistContext, st: TrainState, names: list[str]) -> int:
-    """restore() for a model that holds part of the full one under its names (a pipeline's stages): from the newest
-    checkpoint, a DCP folder or a DDP .pt. `names`: the full model's parameter names in its parameters' order (a
-    .pt keys the optimizer's state by that index)."""
-    newest: list[Any] = [None]
-    if ctx.is_main:
-        full, sharded = checkpoint.newest_valid(cfg.ckpt_dir), dcp_checkpoint.newest_valid(cfg.ckpt_dir)
-        newest = ["full" if full is not None and (sharded is None or full.step > sharded.manifest.step) else "sharded"]
-    if ctx.distributed:
-        tdist.broadcast_object_list(newest, src=0, device=ctx.device)
-    if newest[0] == "sharded":
-        return resume_sharded(cfg, ctx, st)
+def restore(cfg: Config, ctx: DistContext, st: TrainState, names: list[str] | None = None) -> int:
+    """Load the newest valid checkpoint, whichever strategy wrote it, and continue from its position (collective).
+    A DCP folder (FSDP, --pp) loads by parameter name into any layout, resharded by DCP. A DDP .pt loads into the
+    whole model as saved (`names` None), or by name into a part of the model or its shards (`names`: the full
+    model's parameter names in its parameters' order, by which the .pt's optimizer state is indexed). Returns the
+    global batch the checkpoint was trained with."""
+    if _newest_is_sharded(cfg, ctx):
+        return _continue(ctx, st, _restore_sharded(cfg, ctx, st))
+    if names is None:
+        return _continue(ctx, st, _restore_full(cfg, ctx, st))
     state = _shared_full_state(cfg, ctx)
     try:
         _load_by_name(st, state, names)
@@ -180,6 +162,18 @@ def resume_any(cfg: Config, ctx: DistContext, st: TrainState, names: list[str]) 
                               f"({str(e).splitlines()[0][:200]}); point --ckpt-dir at this model's run") from None
     _load_trainer_state(st, state, ctx)
     return _continue(ctx, st, state)
+
+
+def _newest_is_sharded(cfg: Config, ctx: DistContext) -> bool:
+    """Global rank 0's answer, on every rank: is the newest valid checkpoint a DCP folder (not a .pt)? Neither:
+    False, and the .pt path says that nothing is there."""
+    newest: list[Any] = [False]
+    if ctx.is_main:
+        full, sharded = checkpoint.newest_valid(cfg.ckpt_dir), dcp_checkpoint.newest_valid(cfg.ckpt_dir)
+        newest = [sharded is not None and (full is None or sharded.manifest.step >= full.step)]
+    if ctx.distributed:
+        tdist.broadcast_object_list(newest, src=0, device=ctx.device)
+    return bool(newest[0])
 
 
 def _load_by_name(st: TrainState, state: dict[str, Any], names: list[str]) -> None:
@@ -191,8 +185,13 @@ def _load_by_name(st: TrainState, state: dict[str, Any], names: list[str]) -> No
                    "param_groups": [{**group, "params": [names[i] for i in group["params"] if names[i] in held]}
                                     for group in saved["param_groups"]]}
     model_state = {k: v for k, v in state["model"].items() if k in st.model.state_dict()}
+    # This run's group settings are kept, as a DCP restore keeps them: a DDP .pt's groups say fused=True, which
+    # FSDP's DTensor parameters cannot step with (optim.py); the config sets the rest alike, the loop the rate.
+    own = [{k: v for k, v in group.items() if k != "params"} for group in st.optimizer.param_groups]
     set_state_dict(st.model, st.optimizer, model_state_dict=model_state, optim_state_dict=optim_state,
                    options=StateDictOptions(full_state_dict=True))
+    for group, settings in zip(st.optimizer.param_groups, own, strict=True):
+        group.update(settings)
 
 
 def _continue(ctx: DistContext, st: TrainState, state: dict[str, Any]) -> int:

@@ -6,16 +6,28 @@ from __future__ import annotations
 import itertools
 import json
 import random
+import shutil
 import subprocess
 from pathlib import Path
 
 import pytest
 import torch
-from kit.trainer_helpers import REPO, base_args, child_env, step_lines, torchrun_cmd, unit_cfg
+from kit.trainer_helpers import (
+    REPO,
+    base_args,
+    child_env,
+    newest_state,
+    run_torchrun,
+    step_lines,
+    torchrun_cmd,
+    unit_cfg,
+)
+from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
 
-from trainer import dcp_checkpoint, models, pipeline
+from trainer import models, pipeline
 from trainer.__main__ import main
 from trainer.config import PP_MODEL_BLOCKS
+from trainer.contract import ckpt_folder_name
 from trainer.dist import DistContext
 from trainer.errors import ConfigError
 from trainer.strategies.pp import PipelineStrategy
@@ -113,30 +125,70 @@ def test_every_schedule_gives_the_unpipelined_loss_gradients_accuracy_and_checkp
         assert moved["ckpt-pp2-to-pp2-ddp"]["same_next_loss"] is True
 
 
+def _folder_state(folder: Path, tmp: Path) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
+    """A DCP checkpoint's full weights and momentum buffers by parameter name, read without a process group."""
+    out = tmp / f"{folder.name}-{len(list(tmp.glob('*.full')))}.full"
+    dcp_to_torch_save(folder, out)
+    saved = torch.load(out, weights_only=True)
+    return saved["model"], {k: v["momentum_buffer"] for k, v in saved["optim"]["state"].items()}
+
+
+def _pt_state(ckpt: Path, names: list[str]) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
+    """The newest .pt's weights and momentum buffers by parameter name (its optimizer state is keyed by index)."""
+    saved = newest_state(ckpt)
+    return saved["model"], {names[i]: v["momentum_buffer"] for i, v in saved["optimizer"]["state"].items()}
+
+
+def _equal(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> list[str]:
+    """The names whose tensors differ, or are in one only."""
+    return sorted(k for k in a.keys() | b.keys() if k not in a or k not in b or not torch.equal(a[k], b[k]))
+
+
 @pytest.mark.slow
-def test_the_trainer_trains_at_pp2_and_its_checkpoint_resumes_at_pp1(data_dir: Path, tmp_path: Path,
-                                                                     inprocess: None) -> None:
+def test_a_pp2_checkpoint_moves_to_ddp_then_fsdp_then_back_to_pp2_at_another_split(data_dir: Path, tmp_path: Path,
+                                                                                   inprocess: None) -> None:
     """`torchrun -m trainer --pp 2` end to end (the split line, rank 0's loss from the last stage, the schedule's
-    evaluation, a sharded checkpoint), against one process on the same global batch (the same images, learning
-    rate and initial weights: the losses of 3 steps equal), then one process resumes it under --strategy fsdp."""
-    ckpt = tmp_path / "c"
-    args = [*base_args(data_dir, ckpt, "--max-steps", "3", "--batch-size", "8"), "--model", "resnet20-gn",
-            "--pp", "2", "--pp-split", "uniform"]
-    proc = subprocess.run(torchrun_cmd(2, args), cwd=REPO, env=child_env(), capture_output=True, text=True,
-                          timeout=240)
+    evaluation, a sharded checkpoint) against one process on the same global batch (the same images, learning rate
+    and initial weights: the losses equal), then its checkpoint walks the strategies, each on 2 processes. A resume
+    at --max-steps 2 loads the step-2 checkpoint and saves it again in its own format without a step: DDP's .pt
+    holds the pp folder's weights and momentum bitwise, FSDP's folder the .pt's (each time the older format is
+    moved away, so the next resume reads the new one). Last, --pp 2 at split [3, 6] takes step 3 from FSDP's
+    folder: its loss and weights are the single process's (momentum came through: it moves the weights)."""
+    ckpt, full, names = tmp_path / "c", tmp_path / "full", [n for n, _ in models.build("resnet20-gn").named_parameters()]
+    full.mkdir()
+    common = [*base_args(data_dir, ckpt, "--batch-size", "8"), "--model", "resnet20-gn"]
+    proc = subprocess.run(torchrun_cmd(2, [*common, "--max-steps", "2", "--pp", "2", "--pp-split", "uniform"]),
+                          cwd=REPO, env=child_env(), capture_output=True, text=True, timeout=240)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "pipeline: 2 stages x 1 replicas (1f1b, 8 micro-batches), split [5, 4] blocks (uniform)" in proc.stderr
     assert "bubble 11.1%" in proc.stderr
-    losses = [r["loss"] for r in step_lines(ckpt)]
     alone = tmp_path / "alone"
     assert main([*base_args(data_dir, alone, "--max-steps", "3", "--batch-size", "16"), "--model", "resnet20-gn"]) == 0
-    assert losses == pytest.approx([r["loss"] for r in step_lines(alone)], rel=1e-4)
-    info = dcp_checkpoint.newest_valid(ckpt)
-    assert info is not None and info.manifest.step == 3
-    resumed = [*base_args(data_dir, ckpt, "--max-steps", "4", "--batch-size", "16", "--resume"),
-               "--model", "resnet20-gn", "--strategy", "fsdp"]
-    assert main(resumed) == 0
-    assert [r["step"] for r in step_lines(ckpt)][-1] == 4
+    alone_losses = [r["loss"] for r in step_lines(alone)]
+    assert [r["loss"] for r in step_lines(ckpt)] == pytest.approx(alone_losses[:2], rel=1e-4)
+    pp_folder = ckpt / ckpt_folder_name(2)
+    pp_saved = _folder_state(pp_folder, full)
+
+    def resume(*extra: str) -> None:
+        proc = run_torchrun(2, [*common, "--resume", *extra])
+        assert proc.returncode == 0, proc.stderr[-3000:]
+
+    resume("--max-steps", "2")  # pp -> DDP
+    ddp_saved = _pt_state(ckpt, names)
+    assert _equal(ddp_saved[0], pp_saved[0]) == [] and _equal(ddp_saved[1], pp_saved[1]) == []
+    shutil.move(pp_folder, tmp_path / "pp-folder")
+    resume("--max-steps", "2", "--strategy", "fsdp")  # DDP -> FSDP
+    fsdp_saved = _folder_state(pp_folder, full)
+    assert _equal(fsdp_saved[0], ddp_saved[0]) == [] and _equal(fsdp_saved[1], ddp_saved[1]) == []
+    for pt in ckpt.glob("ckpt-*.*"):  # the .pt and its manifest
+        pt.unlink()
+    resume("--max-steps", "3", "--pp", "2", "--pp-split", "3,6")  # FSDP -> pp at another split
+    assert [r["loss"] for r in step_lines(ckpt)][-1] == pytest.approx(alone_losses[2], rel=1e-4)
+    weights, _ = _folder_state(ckpt / ckpt_folder_name(3), full)
+    reference = newest_state(alone)["model"]
+    assert weights.keys() == reference.keys()
+    for name, tensor in weights.items():
+        assert torch.allclose(tensor, reference[name], atol=1e-5), name
 
 
 def test_keep_global_batch_is_refused_only_where_the_micro_batches_do_not_divide() -> None:

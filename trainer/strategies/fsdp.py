@@ -4,10 +4,17 @@ sharded model (evaluation in lockstep: every forward all-gathers)."""
 
 from __future__ import annotations
 
+from .. import snapshot
+from ..config import Config
+from ..dist import DistContext
+from ..state import TrainState
 from .ddp import DDPStrategy
 
 
 class FSDPStrategy(DDPStrategy):
-    # state.build shards the model and snapshot.restore reads DCP folders for this config; what differs in the
-    # loop is the checkpoint format.
+    # state.build shards the model for this config; what differs in the loop is the checkpoint format.
     sharded_checkpoints = True
+
+    def restore(self, cfg: Config, ctx: DistContext, st: TrainState) -> int:
+        """A DDP .pt loads by name into the shards (FSDP2 keeps the model's parameter names and order)."""
+        return snapshot.restore(cfg, ctx, st, [n for n, _ in st.model.named_parameters()])

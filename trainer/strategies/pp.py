@@ -170,7 +170,7 @@ class PipelineStrategy(Strategy):
 
     def restore(self, cfg: Config, ctx: DistContext, st: TrainState) -> int:
         names = [n for n, _ in models.build(cfg.model).named_parameters()]  # a DDP .pt's optimizer order
-        return snapshot.resume_any(cfg, ctx, st, names)
+        return snapshot.restore(cfg, ctx, st, names)
 
     # ---- step and evaluation ----------------------------------------------------------------------------------
 
