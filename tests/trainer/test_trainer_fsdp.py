@@ -149,30 +149,6 @@ def test_an_option_fsdp_cannot_honour_is_one_error_line(data_dir: Path, tmp_path
     assert not (tmp_path / "c").exists()  # nothing started
 
 
-def test_a_ddp_checkpoint_is_refused_by_an_fsdp_resume_with_one_line(data_dir: Path, tmp_path: Path,
-                                                                      inprocess: None,
-                                                                      capsys: pytest.CaptureFixture[str]) -> None:
-    ckpt = tmp_path / "c"
-    assert main(base_args(data_dir, ckpt, "--max-steps", "1", "--batch-size", "64")) == 0
-    capsys.readouterr()
-    assert main(base_args(data_dir, ckpt, *FSDP, "--resume", "--max-steps", "2", "--batch-size", "64")) == 2
-    err = capsys.readouterr().err.strip().splitlines()
-    assert err[-1].startswith("error: checkpoint ") and "was written by --strategy ddp" in err[-1]
-
-
-def test_an_fsdp_checkpoint_is_refused_by_a_ddp_resume_with_one_line(data_dir: Path, tmp_path: Path,
-                                                                      inprocess: None,
-                                                                      capsys: pytest.CaptureFixture[str]) -> None:
-    """One process writes the same sharded folders (unsharded model, DCP checkpoint)."""
-    ckpt = tmp_path / "c"
-    assert main(base_args(data_dir, ckpt, *FSDP, "--max-steps", "1", "--batch-size", "64")) == 0
-    assert dcp_checkpoint.newest_valid(ckpt) is not None
-    capsys.readouterr()
-    assert main(base_args(data_dir, ckpt, "--resume", "--max-steps", "2", "--batch-size", "64")) == 2
-    err = capsys.readouterr().err.strip().splitlines()
-    assert err[-1].startswith("error: checkpoint ") and "was written by --strategy fsdp" in err[-1]
-
-
 @pytest.mark.slow
 def test_two_nodes_with_their_own_ckpt_dirs_leave_one_complete_checkpoint_on_node_0(data_dir: Path,
                                                                                     tmp_path: Path) -> None:

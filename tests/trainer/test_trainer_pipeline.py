@@ -149,7 +149,8 @@ def test_a_pp2_checkpoint_moves_to_ddp_then_fsdp_then_back_to_pp2_at_another_spl
                                                                                    inprocess: None) -> None:
     """`torchrun -m trainer --pp 2` end to end (the split line, rank 0's loss from the last stage, the schedule's
     evaluation, a sharded checkpoint) against one process on the same global batch (the same images, learning rate
-    and initial weights: the losses equal), then its checkpoint walks the strategies, each on 2 processes. A resume
+    and initial weights: the losses equal), then its checkpoint walks the strategies (DDP on 1 process, the others
+    on 2). A resume
     at --max-steps 2 loads the step-2 checkpoint and saves it again in its own format without a step: DDP's .pt
     holds the pp folder's weights and momentum bitwise, FSDP's folder the .pt's (each time the older format is
     moved away, so the next resume reads the new one). Last, --pp 2 at split [3, 6] takes step 3 from FSDP's
@@ -173,7 +174,9 @@ def test_a_pp2_checkpoint_moves_to_ddp_then_fsdp_then_back_to_pp2_at_another_spl
         proc = run_torchrun(2, [*common, "--resume", *extra])
         assert proc.returncode == 0, proc.stderr[-3000:]
 
-    resume("--max-steps", "2")  # pp -> DDP
+    # pp -> DDP, on one process (the same global batch): the folder read without the pipeline's process group
+    assert main([*base_args(data_dir, ckpt, "--batch-size", "16"), "--model", "resnet20-gn", "--resume",
+                 "--max-steps", "2"]) == 0
     ddp_saved = _pt_state(ckpt, names)
     assert _equal(ddp_saved[0], pp_saved[0]) == [] and _equal(ddp_saved[1], pp_saved[1]) == []
     shutil.move(pp_folder, tmp_path / "pp-folder")
