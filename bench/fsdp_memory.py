@@ -35,7 +35,7 @@ MAX_SHARE = {2: 0.55, 4: 0.3}  # 1/N of DDP's state per process, plus 10% (or 5%
 
 from bounds import Figure, finish  # noqa: E402
 
-from trainer import dcp_checkpoint, dist, parallel, snapshot, state  # noqa: E402
+from trainer import dcp_checkpoint, dist, parallel, snapshot, state, strategies  # noqa: E402
 from trainer.__main__ import exit_without_finalizing  # noqa: E402
 from trainer.config import Config  # noqa: E402
 
@@ -65,10 +65,11 @@ def _worker(ns: argparse.Namespace) -> None:
                  strategy=ns.strategy, keep_checkpoints=1)
     ctx = dist.context_from_env("cpu")
     dist.init(ctx, 600)
-    st = state.build(cfg, ctx)
+    strategy = strategies.for_config(cfg)
+    st = strategy.build(cfg, ctx)
     result: dict[str, float] = {}
     if ns.mode == "train":
-        state.wrap(cfg, ctx, st)
+        strategy.wrap(cfg, ctx, st)
         result["images_per_s"] = _train(st, ns.batch, ns.steps) * ctx.world_size
         mem = parallel.memory(st.model, st.optimizer)
         result.update(params=mem.params, grads=mem.grads, optimizer=mem.optimizer)

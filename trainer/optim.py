@@ -24,11 +24,12 @@ def apex_fused_sgd() -> type[torch.optim.Optimizer]:
     return FusedSGD
 
 
-def build(cfg: Config, params: Any) -> torch.optim.Optimizer:
-    """--optimizer over these parameters (on their device already: fused kernels need CUDA parameters)."""
+def build(cfg: Config, params: Any, sharded: bool = False) -> torch.optim.Optimizer:
+    """--optimizer over these parameters (on their device already: fused kernels need CUDA parameters).
+    `sharded`: they are (or, on one process, stand for) FSDP's DTensors (the FSDP strategy says so)."""
     kwargs: dict[str, Any] = {"lr": cfg.lr, "momentum": cfg.momentum, "weight_decay": cfg.weight_decay,
                               "nesterov": cfg.momentum > 0}
-    if cfg.optimizer == "sgd" and cfg.strategy == "fsdp":
+    if cfg.optimizer == "sgd" and sharded:
         # FSDP's parameters are DTensors, and DTensor has no sharding rule for the fused SGD kernel
         # (`aten._fused_sgd_.default does not have a sharding strategy registered`; its pointwise list has only
         # the fused Adam and AdamW). The foreach kernels are lists of pointwise ops, which it shards.

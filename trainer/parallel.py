@@ -212,15 +212,15 @@ def shard(cfg: Config, ctx: DistContext, model: nn.Module) -> nn.Module:
     return model
 
 
-def grad_scaler(cfg: Config, device: torch.device) -> torch.amp.GradScaler:
-    """fp16 under FSDP with a process group: ShardedGradScaler (found_inf agreed across ranks); otherwise
-    precision's own. One process without a group (a 1-GPU node, `python -m trainer` alone) has an unsharded model
+def grad_scaler(cfg: Config, device: torch.device, sharded: bool = False) -> torch.amp.GradScaler:
+    """`sharded`: the gradients are FSDP's shards (the FSDP strategy says so). fp16 under FSDP with a process
+    group: ShardedGradScaler (found_inf agreed across ranks); otherwise precision's own. One process without a group (a 1-GPU node, `python -m trainer` alone) has an unsharded model
     (state.build): ShardedGradScaler.unscale_ would all-reduce found_inf over the default group, which does not
     exist (`Default process group has not been initialized` at the first step); the plain scaler sees every
     gradient already. A group of one rank (the GPU tier's NCCL group) keeps the sharded scaler: its all-reduce
     is a real one-rank collective."""
     name = precision.resolve(cfg.precision, device)
-    if cfg.strategy == "fsdp" and tdist.is_available() and tdist.is_initialized():
+    if sharded and tdist.is_available() and tdist.is_initialized():
         return ShardedGradScaler(device.type, enabled=precision.precision_plan(name).scaler_enabled)
     return precision.grad_scaler(device, name)
 
@@ -263,9 +263,3 @@ def expected_memory(model: nn.Module, optimizer: torch.optim.Optimizer) -> Memor
     slots = sum(1 for g in optimizer.param_groups if g.get("momentum", 0) > 0) / max(1, len(optimizer.param_groups))
     return Memory(params, params, int(params * slots))
 
-
-def wrap(cfg: Config, ctx: DistContext, model: nn.Module) -> nn.Module:
-    """What the training step calls: the DDP wrapper (after a restore), or the sharded model itself."""
-    if cfg.strategy == "fsdp":
-        return model  # sharded in build(), before the optimizer saw its parameters
-    return wrap_ddp(cfg, ctx, model)

@@ -32,20 +32,22 @@ class TrainState:
     pos: Position
 
 
-def build(cfg: Config, ctx: DistContext) -> TrainState:
-    """Model, optimizer and scaler on this rank's device; same initial weights on every rank (seeded). FSDP
-    shards the model here, before the optimizer takes its (sharded) parameters; one process keeps it whole."""
+def build(cfg: Config, ctx: DistContext, sharded: bool = False) -> TrainState:
+    """Model, optimizer and scaler on this rank's device; same initial weights on every rank (seeded).
+    `sharded` (the FSDP strategy): the model is sharded here, before the optimizer takes its (sharded) parameters;
+    one process keeps it whole."""
     model = device.place(models.for_run(cfg), ctx.device)
-    if cfg.strategy == "fsdp" and ctx.distributed:
+    if sharded and ctx.distributed:
         model = parallel.shard(cfg, ctx, model)
-    optimizer = optim.build(cfg, model.parameters())  # after the move: fused optimizers need CUDA parameters
-    return TrainState(model, model, optimizer, parallel.grad_scaler(cfg, ctx.device), Position())
+    optimizer = optim.build(cfg, model.parameters(), sharded)  # after the move: fused optimizers need CUDA parameters
+    return TrainState(model, model, optimizer, parallel.grad_scaler(cfg, ctx.device, sharded), Position())
 
 
-def wrap(cfg: Config, ctx: DistContext, st: TrainState) -> None:
-    """Wrap in DDP after a restore (DDP's constructor broadcasts rank 0's weights); FSDP is sharded already.
-    --compile compiles what the step calls, never st.model: checkpoints and evaluation keep the plain module
-    (its own keys, no `_orig_mod.`; evaluation's eval mode and shapes would only add compilations)."""
-    st.ddp = parallel.wrap(cfg, ctx, st.model)
+def wrap(cfg: Config, ctx: DistContext, st: TrainState, sharded: bool = False) -> None:
+    """Wrap in DDP after a restore (DDP's constructor broadcasts rank 0's weights); a `sharded` model (built so)
+    is stepped as it is. --compile compiles what the step calls, never st.model: checkpoints and evaluation keep
+    the plain module (its own keys, no `_orig_mod.`; evaluation's eval mode and shapes would only add
+    compilations)."""
+    st.ddp = st.model if sharded else parallel.wrap_ddp(cfg, ctx, st.model)
     if cfg.compile != "off":
         st.ddp = torch.compile(st.ddp, backend=cfg.compile)  # type: ignore[assignment]

@@ -4,7 +4,8 @@ the config by strategies.for_config); the loop, the entry point and the self-tes
 strategy's name. A new way to parallelise is one new module there.
 
 The DDP and FSDP implementations call the functions that existed before this seam (state.build, loop.train_step,
-loop.evaluate, snapshot.restore, parallel.wrap_ddp/shard); pipelining brings its own (trainer/pipeline.py)."""
+loop.evaluate, snapshot.restore, parallel.wrap_ddp/shard), FSDP with their `sharded` argument: no module outside
+trainer/strategies/ tests the strategy's name. Pipelining brings its own (trainer/pipeline.py)."""
 
 from __future__ import annotations
 

@@ -24,7 +24,7 @@ def main() -> None:
     cfg = Config(data_dir=Path("/unused"), ckpt_dir=Path("/unused"), strategy="fsdp", precision="fp16")
     parallel.shard(cfg, DistContext(rank, rank, 2, torch.device("cpu")), model)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
-    scaler = parallel.grad_scaler(cfg, torch.device("cpu"))
+    scaler = parallel.grad_scaler(cfg, torch.device("cpu"), sharded=True)
     before = [p.to_local().clone() for p in model.parameters()]  # type: ignore[operator]
     scaler.scale(model(torch.ones(2, 4)).float().sum()).backward()
     if rank == 1:

@@ -1,4 +1,4 @@
-"""Every strategy x precision x model, built by the trainer's own `state.build` and `state.wrap`, takes two
+"""Every strategy x precision x model, built and wrapped by the trainer's own strategy object, takes two
 optimizer steps with the trainer's `train_step` and one sharded evaluation.
 
     matrix_worker.py OUT_DIR [MODEL ...]
@@ -29,7 +29,7 @@ from pathlib import Path
 import torch
 import torch.distributed as tdist
 
-from trainer import loop, parallel, state
+from trainer import loop, parallel, state, strategies
 from trainer.__main__ import exit_without_finalizing
 from trainer.config import MODEL_NAMES, PRECISIONS, STRATEGIES, Config
 from trainer.data import Split
@@ -72,8 +72,9 @@ def _case(strategy: str, precision: str, model: str, ctx: DistContext) -> str:
     cfg = Config(data_dir=Path("/unused"), ckpt_dir=Path("/unused"), strategy=strategy, precision=precision,
                  model=model, device="cpu", lr=0.05)
     torch.manual_seed(0)
-    st = state.build(cfg, ctx)
-    state.wrap(cfg, ctx, st)
+    strategy = strategies.for_config(cfg)
+    st = strategy.build(cfg, ctx)
+    strategy.wrap(cfg, ctx, st)
     before = _held(st)
     failures = _steps(cfg, st, ctx.rank)
     if all(torch.equal(a, b) for a, b in zip(before, _held(st), strict=True)):
@@ -90,8 +91,9 @@ def _reductions(cfg: Config, micro: int) -> tuple[list[torch.Tensor], int]:
     holds after it, and how many reduce-scatters it ran."""
     ctx = context_from_env("cpu")
     torch.manual_seed(0)
-    st = state.build(cfg, ctx)
-    state.wrap(cfg, ctx, st)
+    strategy = strategies.for_config(cfg)
+    st = strategy.build(cfg, ctx)
+    strategy.wrap(cfg, ctx, st)
     gen = torch.Generator().manual_seed(ctx.rank)
     x, y = torch.randn(4, 3, 32, 32, generator=gen), torch.randint(0, 10, (4,), generator=gen)
     calls, real = [0], tdist.reduce_scatter_single

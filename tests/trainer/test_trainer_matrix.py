@@ -59,7 +59,7 @@ def test_every_strategy_precision_and_model_on_2_processes_and_every_strategy_pr
 
 def test_fsdp_fp16_takes_the_sharded_scaler_only_with_a_process_group() -> None:
     """Without a process group (one process) the plain GradScaler: the sharded one all-reduces found_inf."""
-    scaler = parallel.grad_scaler(_cfg(strategy="fsdp", precision="fp16"), torch.device("cpu"))
+    scaler = parallel.grad_scaler(_cfg(precision="fp16"), torch.device("cpu"), sharded=True)
     assert type(scaler) is torch.amp.GradScaler and scaler.is_enabled()
 
 
@@ -83,8 +83,8 @@ def test_every_batch_norm_is_in_one_fsdp_group() -> None:
 @pytest.mark.parametrize("precision", PRECISIONS)
 def test_fsdp_steps_with_foreach_sgd_and_ddp_with_the_fused_kernel(precision: str) -> None:
     params = list(nn.Linear(2, 2).parameters())
-    fsdp = optim.build(_cfg(strategy="fsdp", precision=precision), params)
-    ddp = optim.build(_cfg(strategy="ddp", precision=precision), params)
+    fsdp = optim.build(_cfg(precision=precision), params, sharded=True)
+    ddp = optim.build(_cfg(precision=precision), params)
     assert fsdp.defaults["foreach"] is True and not fsdp.defaults["fused"]
     assert ddp.defaults["fused"] is True
 

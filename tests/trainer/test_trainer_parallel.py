@@ -57,9 +57,9 @@ def test_fp16_under_fsdp_gets_the_sharded_scaler_that_agrees_on_inf_across_ranks
     stands in (its query patched): one process has none, and gets the plain scaler
     (test_trainer_matrix.py::test_fsdp_fp16_takes_the_sharded_scaler_only_with_a_process_group)."""
     monkeypatch.setattr(tdist, "is_initialized", lambda: True)
-    scaler = parallel.grad_scaler(_cfg(strategy="fsdp", precision="fp16"), CPU)
+    scaler = parallel.grad_scaler(_cfg(precision="fp16"), CPU, sharded=True)
     assert isinstance(scaler, ShardedGradScaler) and scaler.is_enabled()
-    assert not parallel.grad_scaler(_cfg(strategy="fsdp", precision="bf16"), CPU).is_enabled()
+    assert not parallel.grad_scaler(_cfg(precision="bf16"), CPU, sharded=True).is_enabled()
     assert not isinstance(parallel.grad_scaler(_cfg(precision="fp16"), CPU), ShardedGradScaler)
 
 

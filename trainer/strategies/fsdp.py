@@ -4,7 +4,7 @@ sharded model (evaluation in lockstep: every forward all-gathers)."""
 
 from __future__ import annotations
 
-from .. import snapshot
+from .. import snapshot, state
 from ..config import Config
 from ..dist import DistContext
 from ..state import TrainState
@@ -12,8 +12,15 @@ from .ddp import DDPStrategy
 
 
 class FSDPStrategy(DDPStrategy):
-    # state.build shards the model for this config; what differs in the loop is the checkpoint format.
     sharded_checkpoints = True
+
+    def build(self, cfg: Config, ctx: DistContext) -> TrainState:
+        """Sharded before the optimizer sees the parameters; its SGD is foreach and its fp16 scaler the sharded
+        one (optim.py, parallel.grad_scaler say why)."""
+        return state.build(cfg, ctx, sharded=True)
+
+    def wrap(self, cfg: Config, ctx: DistContext, st: TrainState) -> None:
+        state.wrap(cfg, ctx, st, sharded=True)  # no DDP wrapper: the step calls the sharded model
 
     def restore(self, cfg: Config, ctx: DistContext, st: TrainState) -> int:
         """A DDP .pt loads by name into the shards (FSDP2 keeps the model's parameter names and order)."""

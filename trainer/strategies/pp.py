@@ -144,8 +144,9 @@ class PipelineStrategy(Strategy):
         stages = [PipelineStage(w, i, self.stages, ctx.device, group=self.pp_group) for w, i in zip(wrapped, ids,
                                                                                                       strict=True)]
         self.schedule = self._schedule(stages)
-        optimizer = optim.build(cfg, held.parameters())
-        return TrainState(held, held, optimizer, parallel.grad_scaler(cfg, ctx.device), Position())
+        inside_fsdp = cfg.strategy == "fsdp"  # the optimizer and scaler FSDP's would take (at dp 1 too, as before)
+        optimizer = optim.build(cfg, held.parameters(), inside_fsdp)
+        return TrainState(held, held, optimizer, parallel.grad_scaler(cfg, ctx.device, inside_fsdp), Position())
 
     def _inside_stage(self, cfg: Config, ctx: DistContext, dp_mesh: DeviceMesh, part: pipeline.Part) -> nn.Module:
         """DDP or FSDP2 over the stage's dp group (nothing with one replica)."""

@@ -80,7 +80,8 @@ def one_rank_nccl() -> Iterator[None]:
 def test_fsdp2_sharded_trains_in_half_precision_with_its_scaler(precision: str, one_rank_nccl: None) -> None:
     cfg = Config(data_dir=Path("/d"), ckpt_dir=Path("/c"), model="resnet20", strategy="fsdp", precision=precision)
     model = parallel.shard(cfg, DistContext(0, 0, 1, CUDA0), place(models.for_run(cfg), CUDA0))
-    st = TrainState(model, model, optim.build(cfg, model.parameters()), parallel.grad_scaler(cfg, CUDA0), Position())
+    st = TrainState(model, model, optim.build(cfg, model.parameters(), sharded=True),
+                    parallel.grad_scaler(cfg, CUDA0, sharded=True), Position())
     before = [p.full_tensor().clone() for p in model.parameters()]  # type: ignore[attr-defined]
     x, y = selftest.synthetic_batch(CUDA0, 64)
     losses = [float(loop.train_step(st, x, y, 0.05, precision).item()) for _ in range(3)]
