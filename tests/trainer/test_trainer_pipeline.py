@@ -212,7 +212,8 @@ def test_a_pp2_checkpoint_moves_to_ddp_fsdp_and_pp_and_a_killed_stage_restarts_f
 
 def _assert_as_alone(weights: dict[str, torch.Tensor], alone: dict[str, torch.Tensor]) -> None:
     """The pipelined run's weights are the single process's: float sums in another order (seen: 1e-5 after 3
-    steps, 2e-5 after 5); a step from another checkpoint moves them by 1e-3 or more."""
+    steps, 2e-5 after 5); a resume from another step moves them by far more (steps 3 to 5: every tensor by 4e-4
+    to 2e-2 at its largest element)."""
     assert weights.keys() == alone.keys()
     for name, tensor in weights.items():
         assert torch.allclose(tensor, alone[name], atol=1e-4), name
