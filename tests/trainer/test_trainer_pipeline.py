@@ -158,7 +158,7 @@ def test_a_pp2_checkpoint_moves_to_ddp_fsdp_and_pp_and_a_killed_stage_restarts_f
     folder: its loss and weights are the single process's (momentum came through: it moves the weights).
     Then a stage's process is SIGKILLed inside step 4 (tests/trainer/stage_kill_worker.py): the job fails, and the
     resume `up --max-restarts` would run takes the newest checkpoint (step 3) and finishes step 5 as one process
-    does. (Torchrun's own --max-restarts cannot restart it: its second attempt's gloo groups fail to connect.)"""
+    does. (Torchrun's own --max-restarts does not: its second attempt's process group fails to connect.)"""
     ckpt, full, names = tmp_path / "c", tmp_path / "full", [n for n, _ in models.build("resnet20-gn").named_parameters()]
     full.mkdir()
     common = [*base_args(data_dir, ckpt, "--batch-size", "8"), "--model", "resnet20-gn"]
