@@ -154,11 +154,11 @@ def test_a_pp2_checkpoint_moves_to_ddp_fsdp_and_pp_and_a_killed_stage_restarts_f
     on 2). A resume at --max-steps 2 loads the step-2 checkpoint and saves it again in its own format without a
     step: DDP's .pt
     holds the pp folder's weights and momentum bitwise, FSDP's folder the .pt's (each time the older format is
-    moved away, so the next resume reads the new one). Last, --pp 2 at split [3, 6] takes step 3 from FSDP's
-    folder: its loss and weights are the single process's (momentum came through: it moves the weights).
-    Then a stage's process is SIGKILLed inside step 4 (tests/trainer/stage_kill_worker.py): the job fails, and the
-    resume `up --max-restarts` would run takes the newest checkpoint (step 3) and finishes step 5 as one process
-    does. (Torchrun's own --max-restarts does not: its second attempt's process group fails to connect.)"""
+    moved away, so the next resume reads the new one). Last, --pp 2 at split [3, 6] resumes FSDP's folder, and
+    a stage's process is SIGKILLed inside step 3 (tests/trainer/stage_kill_worker.py): the job fails with nothing of
+    that step saved, and the resume `up --max-restarts` would run takes the newest checkpoint (FSDP's, step 2) and
+    takes step 3 as one process does: its loss and weights (momentum came through: it moves the weights).
+    (Torchrun's own --max-restarts does not: its second attempt's process group fails to connect.)"""
     ckpt, full, names = tmp_path / "c", tmp_path / "full", [n for n, _ in models.build("resnet20-gn").named_parameters()]
     full.mkdir()
     common = [*base_args(data_dir, ckpt, "--batch-size", "8"), "--model", "resnet20-gn"]
@@ -169,9 +169,6 @@ def test_a_pp2_checkpoint_moves_to_ddp_fsdp_and_pp_and_a_killed_stage_restarts_f
     assert "bubble 11.1%" in proc.stderr
     alone = tmp_path / "alone"
     assert main([*base_args(data_dir, alone, "--max-steps", "3", "--batch-size", "16"), "--model", "resnet20-gn"]) == 0
-    alone_at_3 = newest_state(alone)["model"]
-    assert main([*base_args(data_dir, alone, "--max-steps", "5", "--batch-size", "16"), "--model", "resnet20-gn",
-                 "--resume"]) == 0
     alone_losses = [r["loss"] for r in step_lines(alone)]
     assert [r["loss"] for r in step_lines(ckpt)] == pytest.approx(alone_losses[:2], rel=1e-4)
     pp_folder = ckpt / ckpt_folder_name(2)
@@ -192,31 +189,27 @@ def test_a_pp2_checkpoint_moves_to_ddp_fsdp_and_pp_and_a_killed_stage_restarts_f
     assert _equal(fsdp_saved[0], ddp_saved[0]) == [] and _equal(fsdp_saved[1], ddp_saved[1]) == []
     for pt in ckpt.glob("ckpt-*.*"):  # the .pt and its manifest
         pt.unlink()
-    resume("--max-steps", "3", "--pp", "2", "--pp-split", "3,6")  # FSDP -> pp at another split
-    assert [r["loss"] for r in step_lines(ckpt)][-1] == pytest.approx(alone_losses[2], rel=1e-4)
-    _assert_as_alone(_folder_state(ckpt / ckpt_folder_name(3), full)[0], alone_at_3)
-    pipelined = ("--max-steps", "5", "--pp", "2", "--pp-split", "3,6")
+    pipelined = ("--max-steps", "3", "--pp", "2", "--pp-split", "3,6")  # FSDP -> pp at another split
     killed = subprocess.run(torchrun_cmd(2, [*common, "--resume", *pipelined, "--dist-timeout", "30"],
                                          entry=(str(Path(__file__).with_name("stage_kill_worker.py")),)),
                             cwd=REPO, env=child_env(), capture_output=True, text=True, timeout=240)
     assert killed.returncode != 0 and "exitcode: -9" in killed.stderr, killed.stderr[-3000:]
     newest = dcp_checkpoint.newest_valid(ckpt)
-    assert newest is not None and newest.manifest.step == 3  # nothing of the killed step counts
+    assert newest is not None and newest.manifest.step == 2  # nothing of the killed step counts
     resume(*pipelined)  # what `up --max-restarts` runs on a restart
     resumes = [r["step"] for r in metrics_lines(ckpt) if r.get("event") == "resume"]
-    assert resumes[-2:] == [3, 3]  # the killed attempt's, then the restart's: from the newest checkpoint
-    assert [r["step"] for r in step_lines(ckpt)][-2:] == [4, 5]
-    assert [r["loss"] for r in step_lines(ckpt)][-2:] == pytest.approx(alone_losses[3:5], rel=1e-4)
-    _assert_as_alone(_folder_state(ckpt / ckpt_folder_name(5), full)[0], newest_state(alone)["model"])
+    assert resumes[-2:] == [2, 2]  # the killed attempt's, then the restart's: from the newest checkpoint
+    assert [r["step"] for r in step_lines(ckpt)] == [1, 2, 3]
+    assert [r["loss"] for r in step_lines(ckpt)][-1] == pytest.approx(alone_losses[2], rel=1e-4)
+    _assert_as_alone(_folder_state(ckpt / ckpt_folder_name(3), full)[0], newest_state(alone)["model"])
 
 
 def _assert_as_alone(weights: dict[str, torch.Tensor], alone: dict[str, torch.Tensor]) -> None:
-    """The pipelined run's weights are the single process's: float sums in another order (seen: 1e-5 after 3
-    steps, 2e-5 after 5); a resume from another step moves them by far more (steps 3 to 5: every tensor by 4e-4
-    to 2e-2 at its largest element)."""
+    """The pipelined run's weights are the single process's, but for float sums in another order (1e-5 holds
+    after 3 steps); momentum lost on the way would move them by about 1e-3."""
     assert weights.keys() == alone.keys()
     for name, tensor in weights.items():
-        assert torch.allclose(tensor, alone[name], atol=1e-4), name
+        assert torch.allclose(tensor, alone[name], atol=1e-5), name
 
 
 def test_keep_global_batch_is_refused_only_where_the_micro_batches_do_not_divide() -> None:
