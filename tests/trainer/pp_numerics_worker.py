@@ -83,14 +83,15 @@ def full_state(st: TrainState, gather: bool) -> dict[str, torch.Tensor]:
     return {k: v for part in every for k, v in part.items()}
 
 
-def checkpoint_case(ctx: DistContext, folder: Path, save_pp: int, load_pp: int, inside: str) -> dict[str, object]:
-    """One step at save_pp, a save (a DCP folder, or DDP's .pt at pp1 under ddp), a resume at load_pp: weights and
-    momentum bitwise equal."""
-    def cfg(pp: int) -> Config:
+def checkpoint_case(ctx: DistContext, folder: Path, save_pp: int, load_pp: int, inside: str,
+                    load_inside: str) -> dict[str, object]:
+    """One step at save_pp, a save (a DCP folder, or DDP's .pt at pp1 under ddp), a resume at load_pp (at pp1 under
+    load_inside): weights and momentum bitwise equal."""
+    def cfg(pp: int, strategy: str) -> Config:
         return Config(data_dir=Path("/unused"), ckpt_dir=folder, model="resnet20-gn", precision="fp32",
                       batch_size=BATCH, pp=pp, pp_microbatches=2 * pp, pp_split="uniform",
-                      strategy=inside if pp == 1 else "ddp")
-    before_cfg, after_cfg = cfg(save_pp), cfg(load_pp)
+                      strategy=strategy if pp == 1 else "ddp")
+    before_cfg, after_cfg = cfg(save_pp, inside), cfg(load_pp, load_inside)
     saver = strategies.for_config(before_cfg)
     st = saver.build(before_cfg, ctx)
     saver.wrap(before_cfg, ctx, st)
@@ -121,7 +122,11 @@ def checkpoint_case(ctx: DistContext, folder: Path, save_pp: int, load_pp: int, 
         live = saver.train_step(st, x[rows], y[rows], 0.1, "fp32", 0, contextlib.nullcontext)
         again = loader.train_step(resumed, x[rows], y[rows], 0.1, "fp32", 0, contextlib.nullcontext)
         same_next = torch.equal(live, again)
-    return {"case": f"ckpt-pp{save_pp}-to-pp{load_pp}-{inside}", "same_keys": sorted(saved) == sorted(loaded),
+    elif load_inside != inside:  # the resumed optimizer steps (a .pt's fused=True would fail on FSDP's DTensors)
+        loader.wrap(after_cfg, ctx, resumed)
+        loader.train_step(resumed, x[rows], y[rows], 0.1, "fp32", 0, contextlib.nullcontext)
+    moved = f"-to-{load_inside}" if load_inside != inside else ""
+    return {"case": f"ckpt-pp{save_pp}-to-pp{load_pp}-{inside}{moved}", "same_keys": sorted(saved) == sorted(loaded),
             "equal": all(torch.equal(saved[k], loaded[k]) for k in saved if k in loaded),
             "position": [resumed.pos.epoch, resumed.pos.sample, resumed.pos.step, global_batch],
             "same_next_loss": same_next}
@@ -143,9 +148,11 @@ def main() -> None:
             out.write(json.dumps(one_case(ctx, pp, schedule, inside, test)) + "\n")
             out.flush()
         if world == 4:
-            for save_pp, load_pp, inside in ((2, 1, "fsdp"), (1, 2, "fsdp"), (1, 2, "ddp"), (2, 2, "ddp")):
-                folder = Path(f"{sys.argv[1]}-ckpt-{save_pp}-{load_pp}-{inside}")
-                out.write(json.dumps(checkpoint_case(ctx, folder, save_pp, load_pp, inside)) + "\n")
+            for save_pp, load_pp, inside, load_inside in ((2, 1, "fsdp", "fsdp"), (1, 2, "fsdp", "fsdp"),
+                                                          (1, 2, "ddp", "ddp"), (2, 2, "ddp", "ddp"),
+                                                          (2, 1, "ddp", "ddp"), (1, 1, "ddp", "fsdp")):
+                folder = Path(f"{sys.argv[1]}-ckpt-{save_pp}-{load_pp}-{inside}-{load_inside}")
+                out.write(json.dumps(checkpoint_case(ctx, folder, save_pp, load_pp, inside, load_inside)) + "\n")
     dist.barrier()
     exit_without_finalizing(0)
 
