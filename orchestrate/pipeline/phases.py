@@ -10,8 +10,9 @@ from rich.console import Console
 from orchestrate.backends import backend
 from orchestrate.backends.docker_ssh import carried
 from orchestrate.backends.docker_ssh.data import make_dirs, prefetch_all
+from orchestrate.backends.docker_ssh.datasync import stage_all
 from orchestrate.backends.docker_ssh.image import ensure_images
-from orchestrate.backends.docker_ssh.staging import stage_all
+from orchestrate.backends.docker_ssh.relay import relay_address
 from orchestrate.backends.docker_ssh.start import copy_resume_checkpoint
 from orchestrate.backends.protocol import Submitted
 from orchestrate.config import UpConfig
@@ -45,7 +46,8 @@ def data(nodes: Session, plan: JobPlan, config: UpConfig, console: Console) -> N
     conns, dirs = nodes.connected(), [n.dirs for n in plan.nodes]
     kind = plan.nodes[0].data.kind  # one kind for all nodes but "present" (a verified copy already there)
     if kind == "sync":
-        for line in stage_all(conns, dirs, config.data, console):
+        for line in stage_all(conns, dirs, config.data, console, plan.relay_mode,
+                              lambda rank: relay_address(nodes, rank, plan.master)):
             console.print(line, markup=False, highlight=False)
         return
     if kind == "none":
