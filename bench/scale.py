@@ -162,7 +162,7 @@ def main() -> int:
         c.close()
         for tag in tags:
             subprocess.run(["docker", "rmi", tag], capture_output=True, check=False)
-    return report(results, args.sizes, (layer + data_bytes) / 1e6)
+    return finish(report(results, args.sizes, (layer + data_bytes) / 1e6))
 
 
 def one_up_plain(c: Cluster, work: Path, image: str, data: Path) -> None:
@@ -170,7 +170,8 @@ def one_up_plain(c: Cluster, work: Path, image: str, data: Path) -> None:
     one_up(c, work, len(c.hosts), "on", image, data, "warm")
 
 
-def report(results: dict[tuple[int, str], dict[str, float]], sizes: list[int], copy_mb: float) -> int:
+def report(results: dict[tuple[int, str], dict[str, float]], sizes: list[int], copy_mb: float) -> list[Figure]:
+    """The table printed; the figures with their bounds (at the largest size relayed)."""
     print(f"\none copy: {copy_mb:.0f} MB (the new layer and the data)")
     print(f"{'hosts':>5} | {'MB out relay/off':>17} | {'ready s relay/off':>17} | {'CPU-s relay/off':>15} | "
           f"{'SSH relay/off':>13}")
@@ -180,14 +181,14 @@ def report(results: dict[tuple[int, str], dict[str, float]], sizes: list[int], c
               f"{on['cpu_s']:6.1f} / {off['cpu_s']:6.1f} | {on['ssh']:5.0f} / {off['ssh']:5.0f}")
     big, small = max(sizes), min(sizes)
     on_big, off_big = results[(big, "on")], results[(big, "off")]
-    return finish([
+    return [
         Figure(f"bytes out at {big} hosts relayed, x one copy", on_big["out_mb"] / copy_mb, "x",
                f"--relay off {off_big['out_mb'] / copy_mb:.2f}x", GOAL_BYTES, higher_is_better=False),
         Figure(f"time until every node is ready, {big} hosts / {small} relayed",
                on_big["ready_s"] / results[(small, "on")]["ready_s"], "x",
                f"--relay off {off_big['ready_s'] / results[(small, 'off')]['ready_s']:.2f}x", GOAL_TIME,
                higher_is_better=False),
-    ])
+    ]
 
 
 if __name__ == "__main__":
