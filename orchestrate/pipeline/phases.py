@@ -54,9 +54,10 @@ def data(nodes: Session, plan: JobPlan, config: UpConfig, console: Console) -> N
         fan_out("dirs", list(range(len(conns))), lambda r: make_dirs(conns[r], dirs[r]), lambda r: conns[r].host.label)
         return
     fetches = [n.fetch for n in plan.nodes]  # none where a verified copy is present
-    for res in prefetch_all(nodes, dirs, fetches, config.data, console):
+    for res in prefetch_all(nodes, dirs, fetches, config.data, console, plan.relay_mode, plan.master):
         what = {"present": "verified copy present, nothing moved", "downloaded": f"downloaded {res.bytes_moved} bytes",
                 "sent": f"sent {res.bytes_moved} bytes",
+                "relayed": f"archive fetched from the relay on {res.shared_with}, 0 bytes sent from here",
                 "shared": f"same folder as on {res.shared_with} (shared storage), nothing moved"}[res.action]
         console.print(f"data on {res.label}: {what}", markup=False, highlight=False)
 

@@ -60,12 +60,23 @@ def test_the_new_layer_leaves_once_and_the_other_nodes_fetch_it_from_node_0(
     h0, h1, h2 = target.hosts
     (tag, image_id), (tag2, image_id2) = images
     layers = len(docker.from_env().images.get(tag).attrs["RootFS"]["Layers"])
+    # the CIFAR archive from here (--data-from) into a data dir no other test fills: relayed like the layer
+    archive_hosts = target.write_hosts_file(work / "hosts-archive.txt",
+                                            keys={h.index: {"data_dir": "/home/ddp/relay-archive"} for h in target.hosts})
+    args = up_args(archive_hosts, data, "relay", "--image", tag, trainer=("--epochs", "1"))
+    at = args.index("--data-url")
+    args[at:at + 2] = ["--data-from", str(data.archive)]
     before = _bytes_out(target)
-    res = orchestrate(target, work / "state", *up_args(hosts, data, "relay", "--image", tag, trainer=("--epochs", "1")))
+    res = orchestrate(target, work / "state", *args)
     out = _bytes_out(target) - before
     assert res.returncode == 0
-    print(f"bytes out of this machine: {out / 1e6:.1f} MB for a {LAYER / 1e6:.0f} MB layer to 3 nodes")
-    assert LAYER <= out <= 1.3 * LAYER  # sent to every node from here: 3x
+    sent = LAYER + data.archive.stat().st_size
+    print(f"bytes out of this machine: {out / 1e6:.1f} MB for a {LAYER / 1e6:.0f} MB layer and a "
+          f"{data.archive.stat().st_size / 1e6:.1f} MB archive to 3 nodes")
+    assert sent <= out <= 1.3 * sent  # sent to every node from here: 3x
+    assert f"data on {h0.name}: sent {data.archive.stat().st_size} bytes" in res.stdout
+    for h in (h1, h2):
+        assert f"data on {h.name}: archive fetched from the relay on {h0.name}, 0 bytes sent from here" in res.stdout
     assert re.search(rf"image {re.escape(tag)} on {h0.name}: sent ([\d.]+) MB \(1 of {layers} layers\)", res.stdout)
     for h in (h1, h2):
         assert f"image {tag} on {h.name}: 1 of {layers} layers fetched from the relay on {h0.name}, 0 MB sent from " \

@@ -68,7 +68,7 @@ def test_the_dry_run_says_who_gets_the_data_from_where(tmp_path: Path) -> None:
         return job_plan(config, Attempt(0), HOSTS[:nodes], "10.0.0.1", facts, LOCAL, ("torchrun",))
 
     text = render_job_plan(plan("auto", 3))
-    assert ("# data (--data-from): the files the nodes lack sent once from here to node 0, which serves them to "
+    assert ("# data (--data-from): what the nodes lack sent once from here to node 0, which serves it to "
             "node(s) 1, 2 for the transfer's time (--relay auto)") in text
     assert text.count(f"#   data: {tmp_path} synced, from node 0") == 2
     assert text.count(f"#   data: {tmp_path} synced, from here") == 1
