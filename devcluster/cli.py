@@ -18,8 +18,11 @@ from .layout import known_states
 def cmd_up(args: argparse.Namespace) -> int:
     t0 = time.monotonic()
     c = Cluster.create(args.hosts, args.name, persistent=True, root_login=args.root_login,
-                       no_sftp=args.no_sftp, shared=args.shared, gpus=args.gpus, slurm=args.slurm)
+                       no_sftp=args.no_sftp, shared=args.shared, gpus=args.gpus, slurm=args.slurm,
+                       images=args.images)
     print(f"cluster {c.name}: {len(c.hosts)} hosts on {c.subnet} in {time.monotonic() - t0:.1f} s")
+    if args.images:
+        print(f"each host starts with {', '.join(args.images)} loaded (seed.py)")
     print(f"state folder: {c.dir}")
     print(f"login user: {c.user}" + (f"; {c.shared} is one folder on every host ({c.dir / 'shared'})"
                                      if c.shared else ""))
@@ -98,6 +101,9 @@ def parser() -> argparse.ArgumentParser:
                          "orchestrate's --gpus-on-cpu)")
     up.add_argument("--slurm", action="store_true",
                     help="a real Slurm: slurmctld on this machine, slurmd on each host (GPUs as gres with --gpus)")
+    up.add_argument("--images", nargs="+", default=[], metavar="IMAGE",
+                    help="local images every host starts with, as if loaded there by hand (e.g. ddp-cifar:cpu; "
+                         "made once per image build, then hard links: docs/devcluster.md, Seeded hosts)")
     up.set_defaults(func=cmd_up)
     down = sub.add_parser("down", help="remove one cluster")
     down.add_argument("--name", required=True)

@@ -330,7 +330,8 @@ class Delivery:
                               "only new layers are compressed), 'off' = one docker save stream (the whole image is "
                               "read every time), 'auto' = on when docker-registry is installed, else off",
                               choices=LAYER_CACHE_MODES)
-    relay: str = option("auto", "--relay", "how the layers the nodes lack reach them: 'on' = sent once from here to "
+    relay: str = option("auto", "--relay", "how the image layers and the --data-from files or archive the nodes lack "
+                        "reach them: 'on' = sent once from here to "
                         "the first node that lacks some, which serves them to the others inside the cluster for the "
                         "transfer's time; 'off' = sent from here to each node; 'auto' = on from "
                         f"{RELAY_AUTO_FROM} such nodes", choices=RELAY_MODES)

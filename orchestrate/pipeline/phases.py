@@ -10,8 +10,9 @@ from rich.console import Console
 from orchestrate.backends import backend
 from orchestrate.backends.docker_ssh import carried
 from orchestrate.backends.docker_ssh.data import make_dirs, prefetch_all
+from orchestrate.backends.docker_ssh.datasync import stage_all
 from orchestrate.backends.docker_ssh.image import ensure_images
-from orchestrate.backends.docker_ssh.staging import stage_all
+from orchestrate.backends.docker_ssh.relay import relay_address
 from orchestrate.backends.docker_ssh.start import copy_resume_checkpoint
 from orchestrate.backends.protocol import Submitted
 from orchestrate.config import UpConfig
@@ -45,16 +46,18 @@ def data(nodes: Session, plan: JobPlan, config: UpConfig, console: Console) -> N
     conns, dirs = nodes.connected(), [n.dirs for n in plan.nodes]
     kind = plan.nodes[0].data.kind  # one kind for all nodes but "present" (a verified copy already there)
     if kind == "sync":
-        for line in stage_all(conns, dirs, config.data, console):
+        for line in stage_all(conns, dirs, config.data, console, plan.relay_mode,
+                              lambda rank: relay_address(nodes, rank, plan.master)):
             console.print(line, markup=False, highlight=False)
         return
     if kind == "none":
         fan_out("dirs", list(range(len(conns))), lambda r: make_dirs(conns[r], dirs[r]), lambda r: conns[r].host.label)
         return
     fetches = [n.fetch for n in plan.nodes]  # none where a verified copy is present
-    for res in prefetch_all(nodes, dirs, fetches, config.data, console):
+    for res in prefetch_all(nodes, dirs, fetches, config.data, console, plan.relay_mode, plan.master):
         what = {"present": "verified copy present, nothing moved", "downloaded": f"downloaded {res.bytes_moved} bytes",
                 "sent": f"sent {res.bytes_moved} bytes",
+                "relayed": f"archive fetched from the relay on {res.shared_with}, 0 bytes sent from here",
                 "shared": f"same folder as on {res.shared_with} (shared storage), nothing moved"}[res.action]
         console.print(f"data on {res.label}: {what}", markup=False, highlight=False)
 

@@ -55,11 +55,12 @@ def planted(target: Cluster) -> Iterator[tuple[Path, Path]]:
 def test_trains_to_the_end_without_sftp_with_status_and_logs_beside(
         target: Cluster, work: Path, data: Data, hosts: Path, planted: tuple[Path, Path]) -> None:
     state, job = work / "state", "stock"
-    # The archive is sent from here (file writes without SFTP on host 2), 2 processes per node, and enough epochs
+    # The archive is sent from here to every node (file writes without SFTP on host 2: --relay off, else host 2
+    # would fetch it from node 0), 2 processes per node, and enough epochs
     # that `status` sees the job train STATUS_RUNS times beside the attached `up` (30 epochs trained for 5 s, a
     # `status` took 0.7 s; both slow down alike on a loaded machine), with `logs -f` following the job to its end.
     up = start(target, state, *up_args(hosts, data, job, "--nproc-per-node", "2", "--data-from", str(data.archive),
-                                       "--timings", trainer=("--epochs", "30")))
+                                       "--relay", "off", "--timings", trainer=("--epochs", "30")))
     follow = None
     try:
         wait_for(lambda: len([c for _, c in job_containers(target, job) if c.status == "running"])

@@ -4,6 +4,7 @@ as the dry run shows it."""
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 from kit.units import SSH, job_plan
@@ -56,6 +57,25 @@ def test_the_dry_run_says_who_gets_the_layers_from_where() -> None:
     assert froms == ["here", "node 0", None, "node 0"]
     off = render_job_plan(_plan("off", [None, None, None]))
     assert "# image layers" not in off and off.count("uncompressed, from here") == 3
+
+
+def test_the_dry_run_says_who_gets_the_data_from_where(tmp_path: Path) -> None:
+    def plan(relay: str, nodes: int):  # type: ignore[no-untyped-def]
+        config = UpConfig.of(ssh=SSH, job="p", image="ddp-cifar:cpu", gpus=0, relay=relay,  # type: ignore[arg-type]
+                             data_from=tmp_path, entry="-m x")
+        facts = [NodeFacts(iface="eth0", addr=f"10.0.0.{i + 1}", dirs=DIRS, image_id=LOCAL.id, layers_held=5)
+                 for i in range(nodes)]
+        return job_plan(config, Attempt(0), HOSTS[:nodes], "10.0.0.1", facts, LOCAL, ("torchrun",))
+
+    text = render_job_plan(plan("auto", 3))
+    assert ("# data (--data-from): what the nodes lack sent once from here to node 0, which serves it to "
+            "node(s) 1, 2 for the transfer's time (--relay auto)") in text
+    assert text.count(f"#   data: {tmp_path} synced, from node 0") == 2
+    assert text.count(f"#   data: {tmp_path} synced, from here") == 1
+    assert [n["data"]["from"] for n in plan_json(plan("auto", 3))["nodes"]] == ["here", "node 0", "node 0"]
+    two = render_job_plan(plan("auto", 2))  # under auto's threshold: each node is sent its files from here
+    assert "# data (--data-from)" not in two and two.count("synced, from here") == 2
+    assert render_job_plan(plan("on", 2)).count("synced, from node 0") == 1
 
 
 def test_an_unknown_relay_mode_is_refused() -> None:

@@ -20,17 +20,17 @@ TOKEN = b"0123456789abcdef"
 
 
 def _fake_docker(tmp: Path) -> dict[str, str]:
-    """A `docker` on PATH whose `load -q -i FILE` copies FILE to tmp/loaded (what the daemon would read)."""
+    """A `docker` on PATH whose `load -q` copies its stdin to tmp/loaded (what the daemon would read)."""
     bin_dir = tmp / "bin"
     bin_dir.mkdir(exist_ok=True)
-    (bin_dir / "docker").write_text(f'#!/bin/sh\ncp "$4" {tmp}/loaded\n')
+    (bin_dir / "docker").write_text(f'#!/bin/sh\ncat > {tmp}/loaded\n')
     (bin_dir / "docker").chmod(0o755)
     return {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}"}
 
 
 def _fetch(port: int, payload: bytes, tmp: Path, token: bytes = TOKEN) -> subprocess.CompletedProcess[str]:
     return subprocess.run([sys.executable, "-c", RELAY_SCRIPT, "fetch", "127.0.0.1", str(port),
-                           hashlib.sha256(payload).hexdigest(), str(len(payload)), str(tmp / "in")],
+                           hashlib.sha256(payload).hexdigest(), str(len(payload)), str(tmp / "in"), "docker", "load", "-q"],
                           input=token.decode() + "\n", capture_output=True, text=True, timeout=60,
                           env=_fake_docker(tmp))
 

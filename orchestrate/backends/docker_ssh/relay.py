@@ -1,5 +1,7 @@
 """The image layers relayed inside the cluster (`--relay`, plan/relay.py decides who gets what from where).
 
+The same mechanism carries the `--data-from` files (staging.py): only what lands the archive differs.
+
 One archive (the layers the node holding the fewest lacks) goes from here to the relay node over SSH, into a file
 in its ~/.cache/ddp-cifar/relay, its sha256 computed here as it goes; the relay node loads it. Then a stdlib
 server (remote/scripts/relay.py, the host's python3) serves that file on a free port of the relay node, to clients
@@ -15,7 +17,8 @@ from __future__ import annotations
 import hashlib
 import secrets
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 import paramiko
@@ -31,7 +34,8 @@ RELAY_DIR = ".cache/ddp-cifar/relay"
 SERVER_START_S = 30.0
 SERVER_END_S = 15.0
 LOAD_S = 3600.0
-FETCH_EXITS = {3: "cannot reach the relay", 4: "the bytes fetched do not match", 5: "docker load refused them",
+LOAD_IMAGE = ("docker", "load", "-q")  # how a node lands the image archive (on its stdin)
+FETCH_EXITS = {3: "cannot reach the relay", 4: "the bytes fetched do not match", 5: "the node could not load them",
                127: "no python3 on the node"}
 
 
@@ -105,44 +109,68 @@ def _stop(chan: paramiko.Channel) -> None:
         chan.close()
 
 
-def relay(nodes: Session, plan: RelayPlan, chunks: Iterator[bytes], address: str) -> Relayed:
-    """Send `chunks` (the archive) to the relay node, load it there, and have the plan's other nodes fetch and load
-    it; `address`: the relay node's address as the nodes reach it. RelayError: the relay node failed (nothing
-    fetched); a node whose fetch failed is in the result's `unfetched`, with why."""
-    assert plan.relay is not None
-    conn = nodes.conn(plan.relay)
+@dataclass(frozen=True)
+class Served:
+    """An archive the relay node holds and serves: where (port), to whom (token), what (size, sha256)."""
+
+    port: int
+    token: str
+    size: int
+    sha256: str
+
+
+@contextmanager
+def serving(conn: Connection, chunks: Iterator[bytes], land: Sequence[str], what: str) -> Iterator[Served]:
+    """`chunks` (the archive) into a file on the relay node, landed there (`land`: the command that takes it on stdin,
+    e.g. `docker load -q`), then served to token holders until the block ends: then the server stops and the file is
+    removed. RelayError: the relay node could not be sent, land or serve it (`what` names the archive)."""
     token = secrets.token_hex(16)
     folder = f"{conn.identity().home}/{RELAY_DIR}"
-    path = f"{folder}/image-{token[:12]}.tar"
+    path = f"{folder}/{what}-{token[:12]}.tar"
     try:
         conn.run(["mkdir", "-p", "--", folder], timeout=30, check=True)
         size, sha256 = _put(conn, chunks, path)
-        loaded = conn.run(["docker", "load", "-q", "-i", path], env=_docker_env(conn), timeout=LOAD_S)
-        if loaded.rc != 0:
-            raise RelayError(f"docker load of the archive failed: {_why(loaded.err, loaded.rc)}")
+        landed = conn.run(["sh", "-c", 'f=$1; shift; "$@" < "$f"', "land", path, *land], env=_docker_env(conn),
+                          timeout=LOAD_S)
+        if landed.rc != 0:
+            raise RelayError(f"{land[0]} of the archive failed: {_why(landed.err, landed.rc)}")
         chan, port = _serve(conn, path, token)
     except SSHError as err:
         _remove(conn, path)
         raise RelayError(str(err)) from None
-    unfetched: dict[int, str] = {}
-
-    def fetch(rank: int) -> None:
-        there = nodes.conn(rank)
-        try:
-            res = there.run(["python3", "-c", RELAY_SCRIPT, "fetch", address, str(port), sha256, str(size),
-                             f"{there.identity().home}/{RELAY_DIR}"], env=_docker_env(there), timeout=LOAD_S,
-                            stdin=token.encode() + b"\n")
-            if res.rc != 0:
-                unfetched[rank] = _why(res.err, res.rc)
-        except SSHError as err:
-            unfetched[rank] = str(err)
-
     try:
-        fan_out("image relay", list(plan.fetch), fetch, lambda r: nodes.hosts[r].label)
+        yield Served(port, token, size, sha256)
     finally:
         _stop(chan)
         _remove(conn, path)
-    return Relayed(size, unfetched)
+
+
+def fetch_from(there: Connection, served: Served, address: str, land: Sequence[str]) -> str | None:
+    """The node behind `there` fetches the served archive from `address`, checks its size and sha256, lands it.
+    Returns None, or why it could not (the caller sends it the bytes from here)."""
+    try:
+        res = there.run(["python3", "-c", RELAY_SCRIPT, "fetch", address, str(served.port), served.sha256,
+                         str(served.size), f"{there.identity().home}/{RELAY_DIR}", *land], env=_docker_env(there),
+                        timeout=LOAD_S, stdin=served.token.encode() + b"\n")
+    except SSHError as err:
+        return str(err)
+    return _why(res.err, res.rc) if res.rc != 0 else None
+
+
+def relay(nodes: Session, plan: RelayPlan, chunks: Iterator[bytes], address: str) -> Relayed:
+    """Send `chunks` (the image archive) to the relay node, load it there, and have the plan's other nodes fetch and
+    load it; `address`: the relay node's address as the nodes reach it. RelayError: the relay node failed (nothing
+    fetched); a node whose fetch failed is in the result's `unfetched`, with why."""
+    assert plan.relay is not None
+    unfetched: dict[int, str] = {}
+    with serving(nodes.conn(plan.relay), chunks, LOAD_IMAGE, "image") as served:
+        def fetch(rank: int) -> None:
+            why = fetch_from(nodes.conn(rank), served, address, LOAD_IMAGE)
+            if why is not None:
+                unfetched[rank] = why
+
+        fan_out("image relay", list(plan.fetch), fetch, lambda r: nodes.hosts[r].label)
+    return Relayed(served.size, unfetched)
 
 
 def _remove(conn: Connection, path: str) -> None:

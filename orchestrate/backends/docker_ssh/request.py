@@ -114,12 +114,18 @@ def render_job_plan(plan: JobPlan) -> str:
         lines.append(f"# image layers: sent once from here to node {relay.relay}, which serves them to node(s) "
                      f"{', '.join(map(str, relay.fetch))} for the transfer's time (--relay {plan.relay_mode}); a node "
                      "that cannot fetch them is sent them from here")
+    data_relay = data_relay_of(plan)
+    if data_relay.relay is not None:
+        lines.append(f"# data (--data-from): what the nodes lack sent once from here to node {data_relay.relay}, "
+                     f"which serves it to node(s) {', '.join(map(str, data_relay.fetch))} for the transfer's time "
+                     f"(--relay {plan.relay_mode}); a node that cannot fetch it is sent it from here")
     for n in plan.nodes:
         lines.append(f"# node {n.rank} on {n.host.label}: container {n.container.name}")
         lines.append("#   dirs: " + ", ".join(f"{k} {v}" for k, v in n.dirs.items()))
         lines.append(f"#   image: {_image_text(n.image)}" + (f", from {relay.source(n.rank)}"
                                                              if n.image.kind == "send" else ""))
-        lines.append(f"#   data: {_data_text(n.data)}")
+        lines.append(f"#   data: {_data_text(n.data)}" + (f", from {data_relay.source(n.rank)}"
+                                                           if n.data.kind in RELAYED_DATA else ""))
         lines.append("#   leftovers removed: " + (", ".join(n.leftovers) or "none"))
         lines.append("#   checks: " + ", ".join(f"{v.check} {'ok' if v.ok else 'FAILED'} ({v.text})"
                                                 for v in n.verdicts))
@@ -132,6 +138,16 @@ def render_job_plan(plan: JobPlan) -> str:
 def relay_of(plan: JobPlan) -> RelayPlan:
     """Who gets the layers from where, as planned (the nodes' bases pulled as planned)."""
     return plan_relay(plan.relay_mode, {n.rank: n.image.sent_from for n in plan.nodes if n.image.kind == "send"})
+
+
+RELAYED_DATA = ("sync", "send")  # the data kinds that --data-from sends from here: a folder synced, an archive
+
+
+def data_relay_of(plan: JobPlan) -> RelayPlan:
+    """Who gets the --data-from files or archive from where: the nodes that sync the folder (each is sent what it
+    lacks, known only when the nodes are read, so the plan counts every syncing node) or lack a verified copy of
+    the archive's data. A node on shared storage with another gets nothing, said then."""
+    return plan_relay(plan.relay_mode, {n.rank: 0 for n in plan.nodes if n.data.kind in RELAYED_DATA})
 
 
 def _image_text(action: ImageAction) -> str:
@@ -169,7 +185,8 @@ def _node_json(plan: JobPlan, node: NodePlan) -> dict[str, Any]:
              "from": relay_of(plan).source(node.rank) if node.image.kind == "send" else None}
     return {"rank": node.rank, "host": node.host.label, "dirs": dict(node.dirs),
             "checks": [dataclasses.asdict(v) for v in node.verdicts], "image": image,
-            "data": dataclasses.asdict(node.data), "leftovers": list(node.leftovers),
+            "data": {**dataclasses.asdict(node.data),
+                     "from": data_relay_of(plan).source(node.rank) if node.data.kind in RELAYED_DATA else None}, "leftovers": list(node.leftovers),
             **container_json(node.container),
             **{key: container_json(short) if short else None for key, short in _short(node)}}
 

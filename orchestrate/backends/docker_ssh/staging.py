@@ -16,14 +16,11 @@ import json
 import os
 import posixpath
 import tarfile
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from rich.console import Console
-
 from orchestrate.backends.docker_ssh.datalock import data_lock
-from orchestrate.config import Data
 from orchestrate.errors import ConfigError, SSHError
 from orchestrate.remote import scripts
 from orchestrate.remote.ssh import Connection
@@ -53,11 +50,15 @@ class StageResult:
     label: str
     files: int  # in the source
     changed: list[str]
-    bytes_sent: int
+    bytes_sent: int  # from here
+    via: str | None = None  # the relay node it fetched the changed files from (--relay)
 
     def describe(self) -> str:
         if not self.changed:
             return f"up to date, nothing moved ({self.files} files)"
+        if self.via is not None:
+            return f"{len(self.changed)} of {self.files} files changed, fetched from the relay on {self.via}, " \
+                   "0 bytes sent from here"
         return f"{len(self.changed)} of {self.files} files changed, {self.bytes_sent} bytes sent"
 
 
@@ -166,40 +167,54 @@ def tar_stream(source: Path, rels: list[str], progress: Callable[[int], None]) -
     yield b"\0" * (2 * tarfile.BLOCKSIZE)
 
 
+Put = Callable[[list[str], int], str | None]  # sends the changed files (and their total size); the relay it used
+
+
 def stage_node(conn: Connection, data_dir: str, source: Path, local: dict[str, Entry],
-               progress: Callable[[int, int], None], say: Callable[[str], None]) -> StageResult:
+               progress: Callable[[int, int], None], say: Callable[[str], None], put: Put | None = None
+               ) -> StageResult:
     """Bring the node's data dir up to `local` under the folder's lock (another `up` staging there is waited
-    for, then only what still differs moves); record what it now holds for the next `up`."""
+    for, then only what still differs moves); record what it now holds for the next `up`. `put`: how the changed
+    files get there (default: sent from here; relay.py's fetch with --relay), checked here as they landed."""
+    via = None
     with data_lock(conn, data_dir, say) as held:
         changed = changed_files(local, node_state(conn, data_dir))
         if changed and not held.writable:
             raise held.refuse(data_dir, f"{len(changed)} files of --data-from differ there")
         total = sum(local[rel].size for rel in changed)
         if changed:
-            _put(conn, data_dir, source, changed, total, progress)
+            if put is None:
+                send_changed(conn, data_dir, source, changed, total, progress)
+            else:
+                via = put(changed, total)
             after = node_state(conn, data_dir)
             wrong = [rel for rel in changed if after.get(rel) != local[rel]]
             if wrong:
                 raise SSHError(f"{wrong[0]} in {data_dir} does not match the source after the copy")
         if held.writable:
             _write_record(conn, data_dir, local)
-    return StageResult(conn.host.label, len(local), changed, total)
+    return StageResult(conn.host.label, len(local), changed, 0 if via else total, via)
 
 
-def _put(conn: Connection, data_dir: str, source: Path, changed: list[str], total: int,
+def send_changed(conn: Connection, data_dir: str, source: Path, changed: list[str], total: int,
          progress: Callable[[int, int], None]) -> None:
     """Send the changed files when the folder can hold them; a failed unpack leaves nothing partial (PUT_SCRIPT
     removes its temporary folder), and one that ran out of room says how much was needed."""
-    _check_space(conn, data_dir, total)
-    res = conn.run_streaming(["sh", "-c", PUT_SCRIPT, "put", data_dir, STAGING_PREFIX],
+    check_space(conn, data_dir, total)
+    res = conn.run_streaming(unpack_command(data_dir),
                              tar_stream(source, changed, lambda n: progress(min(n, total), total)),
                              timeout=24 * 3600)
     if res.rc != 0:
-        _check_space(conn, data_dir, total)  # the disk filled meanwhile: say so, with the figures
+        check_space(conn, data_dir, total)  # the disk filled meanwhile: say so, with the figures
         raise SSHError(f"unpacking into {data_dir} failed: {res.err.strip()[-300:]}")
 
 
-def _check_space(conn: Connection, data_dir: str, need: int) -> None:
+def unpack_command(data_dir: str) -> list[str]:
+    """The node's command that unpacks a tar of changed files (on its stdin) into `data_dir`, whole files only."""
+    return ["sh", "-c", PUT_SCRIPT, "put", data_dir, STAGING_PREFIX]
+
+
+def check_space(conn: Connection, data_dir: str, need: int) -> None:
     free = free_bytes(conn, data_dir)
     if need > free:
         raise NoSpaceError(f"data staging into {data_dir} failed: no space left for the changed "
@@ -226,35 +241,3 @@ def _write_record(conn: Connection, data_dir: str, local: dict[str, Entry]) -> N
         if rel in local and int(size) == local[rel].size:
             record[rel] = [int(size), mtime, local[rel].sha256]
     conn.write_file(posixpath.join(data_dir, NODE_MANIFEST), iter((json.dumps(record).encode(),)), timeout=60)
-
-
-def stage_all(conns: list[Connection], dirs: Sequence[Mapping[str, str]], data: Data,
-              console: Console) -> list[str]:
-    """Dirs on every node, then one sync per distinct data folder (shared storage gets it once), in parallel
-    with a progress bar per node; one line per node saying what moved."""
-    from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn
-
-    from orchestrate.backends.docker_ssh.data import make_dirs, shared_folders
-    from orchestrate.remote.ssh import fan_out
-
-    assert data.data_from is not None
-    local = local_manifest(data.data_from)
-    ranks = list(range(len(conns)))
-    fan_out("data dirs", ranks, lambda i: make_dirs(conns[i], dirs[i]), lambda i: conns[i].host.label)
-    leaders = shared_folders(conns, [d["data"] for d in dirs])
-    syncing = [i for i, lead in enumerate(leaders) if lead == i]
-    with Progress(TextColumn("data {task.description}"), BarColumn(), DownloadColumn(), console=console,
-                  transient=True) as bars:
-        tasks = {i: bars.add_task(conns[i].host.label, total=None) for i in syncing}
-
-        def say(line: str) -> None:
-            bars.console.print(line, markup=False, highlight=False)
-        results = dict(zip(syncing, fan_out(
-            "data staging", syncing,
-            lambda i: stage_node(conns[i], dirs[i]["data"], data.data_from, local,  # type: ignore[arg-type]
-                                 lambda done, total: bars.update(tasks[i], completed=done, total=total or None),
-                                 say),
-            lambda i: conns[i].host.label), strict=True))
-    return [f"data on {conns[i].host.label}: " + (results[i].describe() if i in results else
-            f"same folder as on {conns[leaders[i]].host.label} (shared storage), nothing moved")
-            for i in range(len(conns))]

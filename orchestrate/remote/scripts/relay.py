@@ -4,10 +4,11 @@
                         to each client that first sends the line "DDP-RELAY <token>"; the token is the first line of
                         stdin (never on a command line, where any account of the node reads it). Ends, FILE removed,
                         when stdin closes: when the orchestrator is done, or its SSH connection is gone.
-    fetch ADDR PORT SHA256 SIZE DIR
+    fetch ADDR PORT SHA256 SIZE DIR LAND...
                         on another node: fetch the archive from the relay into a new file in DIR (the token: the
-                        first line of stdin), check its size and sha256, `docker load` it, remove the file.
-Exit 3: the relay cannot be reached; 4: the bytes fetched are short or have another digest; 5: `docker load` failed.
+                        first line of stdin), check its size and sha256, run the command LAND... with it on stdin
+                        (`docker load -q` for image layers, the data's unpack script for --data-from), remove the file.
+Exit 3: the relay cannot be reached; 4: the bytes fetched are short or have another digest; 5: LAND failed.
 The reason is the last line on stderr.
 """
 
@@ -62,7 +63,7 @@ def fail(code, why):
     sys.exit(code)
 
 
-def fetch(addr, port, sha256, size, folder):
+def fetch(addr, port, sha256, size, folder, *land):
     token = sys.stdin.buffer.readline().strip()
     try:
         conn = socket.create_connection((addr, int(port)), timeout=CONNECT_S)
@@ -87,11 +88,12 @@ def fetch(addr, port, sha256, size, folder):
         os.unlink(path)
         fail(4, f"got {got} of {size} bytes, sha256 {digest.hexdigest()[:12]}, expected {sha256[:12]}")
     try:
-        loaded = subprocess.run(["docker", "load", "-q", "-i", path], capture_output=True, text=True)
+        with open(path, "rb") as archive:
+            landed = subprocess.run(list(land), stdin=archive, capture_output=True, text=True)
     finally:
         os.unlink(path)
-    if loaded.returncode != 0:
-        fail(5, (loaded.stderr.strip().splitlines() or ["docker load failed"])[-1])
+    if landed.returncode != 0:
+        fail(5, (landed.stderr.strip().splitlines() or [f"{land[0]} failed"])[-1])
 
 
 if __name__ == "__main__":
