@@ -65,6 +65,14 @@ def check_host(nodes: Session, rank: int, config: UpConfig, master_addr: str, ma
                       frozenset(listening_ports(probed.get("listening", ""))) if rank == 0 else frozenset())
 
 
+def _transport_settled(reports: list[HostReport], config: UpConfig) -> list[HostReport]:
+    """The reports with each `net` cell as the whole job's transport leaves it (plan/verdicts.py's settle_transport;
+    a host whose daemon did not answer has no cell, and no InfiniBand known)."""
+    nets = settle_transport([Network(r.ib, r.checks.get("net", Check(True, ""))) for r in reports], config.resources)
+    return [replace_field(r, checks={**r.checks, "net": n.check}) if "net" in r.checks else r
+            for r, n in zip(reports, nets, strict=True)]
+
+
 def run_preflight(nodes: Session, config: UpConfig, master_addr: str, local_image_id: str | None,
                   console: Console, may_fail: bool = False, replace: bool = False) -> list[HostReport]:
     """Check all hosts in parallel; print the table; raise PreflightError (one line per host) on any failure,
@@ -81,11 +89,7 @@ def run_preflight(nodes: Session, config: UpConfig, master_addr: str, local_imag
     except MultiHostError as err:
         raise PreflightError("preflight could not run on every host; nothing was started:\n  "
                              + "\n  ".join(err.lines())) from None
-    settled = settle_transport([Network(r.ib, r.checks["net"]) for r in reports if "net" in r.checks],
-                               config.resources)
-    nets = iter(settled)
-    reports = [replace_field(r, checks={**r.checks, "net": next(nets).check}) if "net" in r.checks else r
-               for r in reports]
+    reports = _transport_settled(reports, config)
     console.print(render_table(reports))
     for line in clock_warnings(reports):
         console.print(line, markup=False)
