@@ -20,20 +20,21 @@ from orchestrate.config import UpConfig
 from orchestrate.errors import ConfigError
 from orchestrate.hosts import Host, match_exec_blocks, parse_hosts_file, ssh_config_path
 from orchestrate.jobs import stops
+from orchestrate.outcome import End, Outcome
 from orchestrate.pipeline import phases
 from orchestrate.pipeline.attempt import plan_attempt
 from orchestrate.pipeline.attend import watch
 from orchestrate.pipeline.ready import connect_and_preflight
-from orchestrate.plan import gpus
+from orchestrate.plan import gpus, restarts
 from orchestrate.plan.jobplan import UNKNOWN, Attempt, JobPlan, container_specs, pipeline_layout
+from orchestrate.plan.restarts import AttemptResult
 from orchestrate.probe.hostboot import await_hosts
 from orchestrate.probe.resume import newest_step
 from orchestrate.remote.session import Session
-from orchestrate.restart import AttemptResult, restart_or_raise
+from orchestrate.restart import back_off
 from orchestrate.terminal import console_for
 from orchestrate.timings import Timings
 from orchestrate.watch.hangup import Hangup
-from orchestrate.watch.outcome import End, Outcome
 from orchestrate.watch.report import summary
 
 
@@ -83,18 +84,16 @@ def _up(config: UpConfig, console: Console, timings: Timings, hangup: Hangup) ->
     if config.mode.dry_run_hosts:
         _print_probed(config, hosts, console)
         return 0
-    attempt, previous = Attempt.first(config.resilience), None
+    attempt, history = Attempt.first(config.resilience), list[AttemptResult]()
     while True:
-        result = _attempt(config, attempt, hosts, console, timings, hangup)
+        result = _attempt(config, attempt, hosts, console, timings, hangup, history)
         if result.outcome.ok:
             return 0
-        restart_or_raise(config.program, config.resilience, config.ssh, attempt.number, result, previous, hosts,
-                         console)
-        if not config.resilience.min_nodes:
-            # Without --min-nodes every host is needed: a rebooting host or a restarting daemon is waited for. Also
-            # after another node's exit: a host going down is often first seen as its peers losing contact.
-            await_hosts(hosts, config.ssh.accept_new_host_keys, console)
-        previous = result
+        decision = restarts.decide(config.program.job, history, result, None, config.resilience)
+        back_off(decision, config.program.job, config.ssh, hosts, console)
+        if decision.next is restarts.Next.WAIT_FOR_HOSTS:
+            await_hosts(hosts, config.ssh.accept_new_host_keys, console, decision.wait_s)
+        history.append(result)
         attempt = Attempt(attempt.number + 1, result.outcome.cause, resume=True)
 
 
@@ -154,10 +153,11 @@ def check(config: UpConfig, console: Console) -> int:
 
 
 def _attempt(config: UpConfig, attempt: Attempt, hosts: list[Host], console: Console, timings: Timings,
-             hangup: Hangup) -> AttemptResult:
+             hangup: Hangup, history: Sequence[AttemptResult]) -> AttemptResult:
+    """One start of the job; `history`: how the attempts before it ended (a restart's hosts are decided on it)."""
     if attempt.number:
         console.print(f"--- restart {attempt.number} of {config.resilience.max_restarts} ---", markup=False)
-    ready = connect_and_preflight(config, attempt, hosts, console, timings)
+    ready = connect_and_preflight(config, attempt, hosts, console, timings, history)
     nodes = ready.nodes
     try:
         if not attempt.number:  # only a kill typed while this `up` runs stops it (jobs/stops.py)
@@ -203,6 +203,6 @@ def _watched(nodes: Session, plan: JobPlan, handles: Sequence[Any], config: UpCo
             summary(nodes, specs, console)
     if outcome.failed_rank is not None:  # the rank in this attempt's plan: say which host it was
         outcome = replace(outcome, host=specs[outcome.failed_rank].host.label)
-    if outcome.ok or not outcome.end.restartable:
+    if outcome.ok or outcome.end not in restarts.RESTARTABLE:  # no restart follows: no checkpoint to look for
         return AttemptResult(outcome, resumed_from)
     return AttemptResult(outcome, resumed_from, newest_step(nodes, specs))

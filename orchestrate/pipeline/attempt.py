@@ -17,7 +17,7 @@ from orchestrate.plan import shortlived
 from orchestrate.plan.jobplan import Attempt, ContainerSpec, JobPlan, plan_job
 from orchestrate.probe.facts import local_data, node_facts
 from orchestrate.probe.imagecheck import CHECK_IMAGE, FIND_PYTHON, check_image
-from orchestrate.probe.observations import NodeFacts, ResumePoint
+from orchestrate.probe.observations import CheckResult, HostReport, NodeFacts, ResumePoint
 from orchestrate.probe.resume import find_resume_checkpoint
 from orchestrate.timings import Timings
 from trainer.contract import ENV_RESUME
@@ -38,9 +38,14 @@ def plan_attempt(config: UpConfig, attempt: Attempt, ready: Ready, console: Cons
         launcher, on = _launcher(config, ready, on_hosts, check)
         plan = plan_job(config.program, config.resources, config.where, config.data, config.delivery, attempt,
                         ready.nodes.hosts, ready.master, facts, image, launcher, resume, archive_bytes, from_folder,
-                        ready.port)
+                        ready.port, [_verdicts(r) for r in ready.reports])
         return shortlived.with_short_containers(plan, config.program, config.resources, config.data, config.checks,
                                                 scripts, check, on), facts
+
+
+def _verdicts(report: HostReport) -> tuple[CheckResult, ...]:
+    """Preflight's verdicts on a host, in the table's order, as the plan carries them."""
+    return tuple(CheckResult(name, c.ok, c.text, c.warn) for name, c in report.checks.items())
 
 
 def short_scripts() -> shortlived.Scripts:

@@ -14,10 +14,10 @@ from rich.console import Console
 from orchestrate.backends import backend
 from orchestrate.backends.docker_ssh.replicate import Replicator
 from orchestrate.config import UpConfig, secret_values
+from orchestrate.outcome import End, Outcome
 from orchestrate.plan.jobplan import ContainerSpec
 from orchestrate.remote.session import Session
 from orchestrate.watch.hangup import Hangup, TerminalGone
-from orchestrate.watch.outcome import End, Outcome
 from orchestrate.watch.progress import ProgressView
 from orchestrate.watch.report import report_failure
 from orchestrate.watch.watcher import (

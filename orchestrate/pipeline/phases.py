@@ -70,12 +70,11 @@ def start(nodes: Session, plan: JobPlan, facts: list[NodeFacts], ready: Ready, c
     copy_resume_checkpoint(nodes, plan)
     remember(config)  # the user's options: a port preflight chose is not kept
     launcher = plan.launcher or ("torchrun",)
-    present = [r.present for r in ready.reports]
 
     def replan(found: Sequence[Holdings]) -> tuple[int | None, list[ContainerSpec]]:
         # `config` is the user's: its master port None when preflight chose one (a lost claim chooses again).
-        port, new_facts = regrant(config.resources, config.where, nodes.hosts, facts, present,
-                                  ready.reports[0].listening, found)
+        port, new_facts = regrant(config.resources, config.where, nodes.hosts, facts, ready.reports[0].listening,
+                                  found)
         return port, container_specs(config.program, config.resources, config.where, plan.attempt, nodes.hosts,
                                      ready.master, new_facts, launcher, port)
 

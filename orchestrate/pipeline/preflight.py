@@ -3,14 +3,18 @@ observes (probe/preflight.py), the plan judges (plan/verdicts.py); this composes
 
 from __future__ import annotations
 
+from dataclasses import replace as replace_field
+
 from rich.console import Console
 
 from orchestrate.backends import backend
 from orchestrate.config import UpConfig, socket_exposure
 from orchestrate.errors import MultiHostError, PreflightError, SSHError
-from orchestrate.plan.gpus import granted_here
+from orchestrate.plan.gpuset import decide_gpus
 from orchestrate.plan.jobplan import host_dirs
+from orchestrate.plan.ports import listening_ports
 from orchestrate.plan.verdicts import (
+    Network,
     judge_disk,
     judge_gpus,
     judge_image,
@@ -20,41 +24,53 @@ from orchestrate.plan.verdicts import (
     judge_transport,
     settle_transport,
 )
-from orchestrate.probe.observations import HostReport
+from orchestrate.probe.observations import Check, GpuSeen, HostReport, gpu_seen
 from orchestrate.probe.preflight import clock_skew, clock_warnings, probe_host, render_table
 from orchestrate.remote.session import Session
 
 
 def check_host(nodes: Session, rank: int, config: UpConfig, master_addr: str, master_ssh_port: int,
                local_image_id: str | None, replace: bool) -> HostReport:
-    """Run every check on one host; a failed check is recorded, never raised, so the table shows them all."""
+    """Observe one host, then judge it: every check runs, a failed one is recorded, never raised, so the table
+    shows them all."""
     conn, daemons = nodes.conn(rank), backend()
-    report = HostReport(conn.host.label, identity=conn.identity())
-    report.dirs = host_dirs(config.where, config.program.job, conn.host, report.identity.home)  # type: ignore[union-attr]
-    report.add("ssh", True, f"{report.identity.name}@{conn.peer_address}")  # type: ignore[union-attr]
+    identity = conn.identity()
+    dirs = host_dirs(config.where, config.program.job, conn.host, identity.home)
+    ssh = Check(True, f"{identity.name}@{conn.peer_address}")
     try:
-        report.add("docker", True, daemons.daemon_version(nodes, rank))
+        version = daemons.daemon_version(nodes, rank)
     except SSHError as err:
-        report.add("docker", False, str(err).split(": ", 1)[-1])
-        return report
-    facts = probe_host(conn, config.resources, rank, master_addr, master_ssh_port, report.dirs)
-    report.clock_skew = clock_skew(facts)
-    report.holdings = daemons.holdings(nodes, rank, config.program.job, report.identity.uid)  # type: ignore[union-attr]
-    report.containers = daemons.job_containers(nodes, rank, config.program.job, report.identity.uid)  # type: ignore[union-attr]
-    report.image_id = daemons.image_id(nodes, rank, config.program.image)
-    judge_gpus(facts, report, granted_here(config.resources, conn.host), conn.host.slots)
-    judge_transport(facts, report, config.resources)
-    exposed = socket_exposure(report.dirs, conn.host.docker_host)
-    if exposed:
-        report.add("disk", False, exposed)
-    else:
-        judge_disk(facts, report, config.resources, report.dirs)
-    replaced = judge_job(report, config.program.job, replace)
-    if rank == 0:
-        judge_port(facts, report, config.where.master_port, replaced)
-    judge_master(facts, report, rank, master_addr, master_ssh_port, conn.host.iface)
-    judge_image(report, config.delivery, config.program, local_image_id)
-    return report
+        return HostReport(conn.host.label, {"ssh": ssh, "docker": Check(False, str(err).split(": ", 1)[-1])},
+                          identity=identity, dirs=dirs)
+    probed = probe_host(conn, config.resources, rank, master_addr, master_ssh_port, dirs)
+    holdings = daemons.holdings(nodes, rank, config.program.job, identity.uid)
+    containers = tuple(daemons.job_containers(nodes, rank, config.program.job, identity.uid))
+    image_id = daemons.image_id(nodes, rank, config.program.image)
+    gpu = (gpu_seen(probed) or GpuSeen("missing")) if config.resources.gpus else None  # asked only for GPUs
+    checks = {"ssh": ssh, "docker": Check(True, version),
+              "gpus": judge_gpus(decide_gpus(config.resources, conn.host, gpu, holdings))}
+    net = judge_transport(probed, config.resources)
+    checks["net"] = net.check
+    exposed = socket_exposure(dirs, conn.host.docker_host)
+    checks["disk"] = Check(False, exposed) if exposed else judge_disk(probed, config.resources, dirs)
+    replaced, checks["job"] = judge_job(containers, config.program.job, replace)
+    port = judge_port(probed, holdings, config.where.master_port, replaced) if rank == 0 else None
+    if port is not None:
+        checks["port"] = port.check
+    master = judge_master(probed, rank, master_addr, master_ssh_port, conn.host.iface)
+    checks.update(master.checks)
+    checks["image"] = judge_image(image_id, config.delivery, config.program, local_image_id)
+    return HostReport(conn.host.label, checks, master.iface, master.addr, gpu, net.ib, image_id, containers, identity,
+                      dirs, clock_skew(probed), holdings, port.port if port is not None else None,
+                      frozenset(listening_ports(probed.get("listening", ""))) if rank == 0 else frozenset())
+
+
+def _transport_settled(reports: list[HostReport], config: UpConfig) -> list[HostReport]:
+    """The reports with each `net` cell as the whole job's transport leaves it (plan/verdicts.py's settle_transport;
+    a host whose daemon did not answer has no cell, and no InfiniBand known)."""
+    nets = settle_transport([Network(r.ib, r.checks.get("net", Check(True, ""))) for r in reports], config.resources)
+    return [replace_field(r, checks={**r.checks, "net": n.check}) if "net" in r.checks else r
+            for r, n in zip(reports, nets, strict=True)]
 
 
 def run_preflight(nodes: Session, config: UpConfig, master_addr: str, local_image_id: str | None,
@@ -73,7 +89,7 @@ def run_preflight(nodes: Session, config: UpConfig, master_addr: str, local_imag
     except MultiHostError as err:
         raise PreflightError("preflight could not run on every host; nothing was started:\n  "
                              + "\n  ".join(err.lines())) from None
-    settle_transport(reports, config.resources)
+    reports = _transport_settled(reports, config)
     console.print(render_table(reports))
     for line in clock_warnings(reports):
         console.print(line, markup=False)

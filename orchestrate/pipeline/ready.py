@@ -4,6 +4,7 @@ remain."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
@@ -14,7 +15,9 @@ from orchestrate.config import UpConfig
 from orchestrate.errors import JobError
 from orchestrate.hosts import Host
 from orchestrate.pipeline.preflight import run_preflight
+from orchestrate.plan import restarts
 from orchestrate.plan.jobplan import Attempt
+from orchestrate.plan.restarts import AttemptResult, Next, Reachable
 from orchestrate.probe.daemons import Local
 from orchestrate.probe.observations import HostReport
 from orchestrate.probe.platforms import require_same
@@ -35,15 +38,16 @@ class Ready:
 
 
 def connect_and_preflight(config: UpConfig, attempt: Attempt, hosts: list[Host], console: Console,
-                          timings: Timings) -> Ready:
-    """Connect and preflight (the table; nothing starts unless it passes)."""
+                          timings: Timings, history: Sequence[AttemptResult] = ()) -> Ready:
+    """Connect and preflight (the table; nothing starts unless it passes). `history`: how the attempts before this
+    one ended (a restart's: with --min-nodes, which hosts it runs on is decided on it, plan/restarts.py)."""
     with timings.phase("connect"), ThreadPoolExecutor(1) as pool:
         local_lookup = pool.submit(_local_image, config, console)  # the local daemon, while SSH handshakes run
-        nodes = _connect(config, attempt, hosts, console)
+        nodes = _connect(config, attempt, hosts, console, history)
         local, local_id = local_lookup.result()
     try:
         with timings.phase("preflight"):
-            nodes, reports, master = _preflight(nodes, config, attempt, local_id, console)
+            nodes, reports, master = _preflight(nodes, config, attempt, local_id, console, history)
             if not config.delivery.pull:  # what is sent must run there (a pull picks the node's platform itself)
                 _same_platform(nodes, reports, config.program.image, local)
     except BaseException:
@@ -68,32 +72,34 @@ def _same_platform(nodes: Session, reports: list[HostReport], image: str, local:
         require_same(image, platform, [(r.label, p) for r, p in zip(reports, found, strict=True)])
 
 
-def _connect(config: UpConfig, attempt: Attempt, hosts: list[Host], console: Console) -> Session:
+def _connect(config: UpConfig, attempt: Attempt, hosts: list[Host], console: Console,
+             history: Sequence[AttemptResult]) -> Session:
     """Every host, or (a restart with --min-nodes) every host that answers while enough do."""
     if not (attempt.number and config.resilience.min_nodes):
         return Session.connect(hosts, config.ssh.accept_new_host_keys)
     nodes, unreachable = Session.connect_reachable(hosts, config.ssh.accept_new_host_keys)
     for label, why in unreachable.items():
         console.print(f"leaving out {label}: {why}", markup=False, highlight=False)
-    return _keep(nodes, nodes.reachable(), config, attempt, "reachable")
+    return _keep(nodes, Reachable(tuple(nodes.reachable()), len(nodes.hosts), "reachable"), config, history)
 
 
-def _keep(nodes: Session, keep: list[int], config: UpConfig, attempt: Attempt, what: str) -> Session:
-    assert config.resilience.min_nodes is not None
-    if len(keep) < config.resilience.min_nodes:
+def _keep(nodes: Session, usable: Reachable, config: UpConfig, history: Sequence[AttemptResult]) -> Session:
+    """The hosts the restart runs on, as plan/restarts.py decides from the ones `usable`: all of them, fewer, or
+    none (JobError: nothing starts)."""
+    decision = restarts.decide(config.program.job, history[:-1], history[-1], usable, config.resilience)
+    if decision.next is Next.GIVE_UP:
         nodes.close()
-        raise JobError(f"restart {attempt.number}: only {len(keep)} host(s) {what}, fewer than --min-nodes "
-                       f"{config.resilience.min_nodes}; the job was stopped on all nodes; fix the hosts, then 'up --resume'")
-    if len(keep) == len(nodes.hosts):
+        raise JobError(decision.why)
+    if decision.next is not Next.SHRINK:
         return nodes
     for i, conn in enumerate(nodes.conns):
-        if i not in keep and conn is not None:
+        if i not in decision.keep and conn is not None:
             conn.close()
-    return Session([nodes.hosts[i] for i in keep], [nodes.conns[i] for i in keep])
+    return Session([nodes.hosts[i] for i in decision.keep], [nodes.conns[i] for i in decision.keep])
 
 
-def _preflight(nodes: Session, config: UpConfig, attempt: Attempt, local_id: str | None,
-               console: Console) -> tuple[Session, list[HostReport], str]:
+def _preflight(nodes: Session, config: UpConfig, attempt: Attempt, local_id: str | None, console: Console,
+               history: Sequence[AttemptResult]) -> tuple[Session, list[HostReport], str]:
     """Preflight (all must pass), or on a restart with --min-nodes: hosts that fail are left out while enough
     remain, then the rest is checked again (node 0 and the master may have changed). --replace is the first
     start's only: a restart finds no job of its own running."""
@@ -106,7 +112,7 @@ def _preflight(nodes: Session, config: UpConfig, attempt: Attempt, local_id: str
     for r in reports:
         if r.problems:
             console.print(f"leaving out {r.label}: " + "; ".join(r.problems), markup=False, highlight=False)
-    nodes = _keep(nodes, passed, config, attempt, "passed preflight")
+    nodes = _keep(nodes, Reachable(tuple(passed), len(reports), "passed preflight"), config, history)
     master = config.where.master_addr or nodes.conn(0).peer_address
     reports = run_preflight(nodes, config, master, local_id, console, replace=replace)
     return nodes, reports, master

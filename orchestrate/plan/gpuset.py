@@ -20,8 +20,10 @@ import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
-from orchestrate.config import GPUS_ALL
-from orchestrate.probe.observations import Held
+from orchestrate.config import GPUS_ALL, Resources
+from orchestrate.hosts import Host
+from orchestrate.plan import gpus
+from orchestrate.probe.observations import GpuSeen, Held, Holdings
 
 _FRACTION = re.compile(r"\.([0-9]+)")
 
@@ -67,6 +69,62 @@ def allocate(count: int, ids: Sequence[int], present: Sequence[int], others: Seq
         return Grant(problem=f"--gpus {count}: {len(free)} of {len(present)} GPU(s) free here, held by "
                              f"{holders_of(present, others)}; ask for fewer or wait until they are free")
     return Grant(tuple(free[:count]))
+
+
+@dataclass(frozen=True)
+class GpuSet:
+    """The GPUs one node gets, and why: what the container's device request, its label and its process count are
+    built from, what preflight's `gpus` cell says and what `--dry-run=hosts` prints."""
+
+    ids: tuple[int, ...] = ()  # the device indices (empty: CPU, Docker's first N, every GPU, or refused)
+    why: str = ""  # one line: why these (or, refused, why the node cannot run the job)
+    refused: bool = False
+    held: bool = False  # chosen from the node's own nvidia-smi and labels: the containers carry it as their claim
+    busy: str | None = None  # a warning: the GPUs chosen already run compute processes (another job's, most likely)
+
+
+def decide_gpus(resources: Resources, host: Host, seen: GpuSeen | None, holdings: Holdings) -> GpuSet:
+    """PURE: which GPUs node `host` gets, and why; the one place that decides it. From the request (`--gpus`, or the
+    host's own `gpu_ids=`, a scheduler's grant, which stands for it there), what nvidia-smi listed there (`seen`;
+    None: not probed, the offline dry run) and what the other jobs' containers there hold (their labels; a restart
+    keeps the set this job held while it is free). After a lost claim it is asked again with the labels then."""
+    if not resources.gpus:
+        return GpuSet(why="CPU mode")
+    asked = gpus.granted_here(resources, host)
+    if seen is None:
+        return _not_probed(asked, host)
+    if seen.smi == "missing":
+        return _refused("nvidia-smi not found (no NVIDIA driver); install it, or use --gpus 0 for CPU")
+    if seen.smi != "ok":
+        return _refused(f"nvidia-smi failed: {' '.join(seen.smi.split())[:120]}")
+    need = max(asked.gpus, host.slots or 0, 1)
+    if seen.count < need:
+        return _refused(f"{seen.count} GPU(s) visible, {need} needed; lower --gpus or slots=")
+    absent = gpus.absent_indices(asked.gpu_ids, seen.gpu_list)
+    if absent:
+        return _refused(absent)
+    present = gpus.gpu_indices(seen.gpu_list)
+    grant = allocate(asked.gpus, asked.gpu_ids, present, holdings.others, holdings.own_gpus)
+    if grant.problem:
+        return _refused(grant.problem)
+    rest = holders_of(present, holdings.others)
+    busy = gpus.busy_warning(asked.gpus, grant.gpus, seen.gpu_list, seen.compute_apps)
+    return GpuSet(grant.gpus, f"GPU {gpus.gpus_text(grant.gpus)} of {seen.count}" + (f"; others: {rest}" if rest else ""),
+                  held=True, busy=busy)
+
+
+def _refused(why: str) -> GpuSet:
+    return GpuSet(why=why, refused=True)
+
+
+def _not_probed(asked: Resources, host: Host) -> GpuSet:
+    """The offline dry run's answer: the indices asked for, or what Docker will give, nothing checked."""
+    if asked.gpu_ids:
+        source = f"gpu_ids= of {host.source}" if host.gpu_ids else "--gpus"
+        return GpuSet(asked.gpu_ids, f"GPU {gpus.gpus_text(asked.gpu_ids)} as {source} lists them (not probed)")
+    if asked.gpus == GPUS_ALL:
+        return GpuSet(why="every GPU of the node (--gpus all; not probed)")
+    return GpuSet(why=f"the first {asked.gpus} GPU(s) the node's Docker gives (not probed)")
 
 
 def created_key(h: Held) -> tuple[str, str]:

@@ -37,7 +37,7 @@ from orchestrate.labels import (
     container_name,
     owner_labels,
 )
-from orchestrate.plan import gpus, transport
+from orchestrate.plan import gpus, gpuset, transport
 from orchestrate.probe.observations import CheckResult, LocalImage, NodeFacts, ResumePoint, lacks_base
 from orchestrate.version import __version__
 from trainer.contract import (
@@ -125,11 +125,17 @@ def user_env(facts: NodeFacts) -> dict[str, str]:
     return env
 
 
+def gpu_set(resources: Resources, host: Host, facts: NodeFacts) -> gpuset.GpuSet:
+    """The GPUs the node gets, and why (plan/gpuset.py's decide_gpus, from the node's observations)."""
+    return gpuset.decide_gpus(resources, host, facts.gpu, facts.holdings)
+
+
 def nproc_for(resources: Resources, host: Host, facts: NodeFacts) -> int | str:
     if resources.nproc_per_node is not None:
         return resources.nproc_per_node
-    if facts.gpu_set:  # one process per GPU granted, on CPU too (--gpus-on-cpu)
-        return len(facts.gpu_set)
+    held = gpu_set(resources, host, facts)
+    if held.held:  # one process per GPU granted, on CPU too (--gpus-on-cpu)
+        return len(held.ids)
     if resources.cpu_mode:
         return host.slots or 1
     if host.gpu_ids:  # the line's own grant is what preflight will grant (the offline dry run has no facts)
@@ -262,9 +268,11 @@ def _node(program: Program, resources: Resources, where: Where, attempt: Attempt
         # recorder dumped first; 1 would skip the dump). The dumps go to the node's log dir, not the container's
         # /tmp that goes away with it.
         env["TORCH_FR_DUMP_TEMP_FILE"] = f"{LOG_MOUNT}/{FR_DUMP_PREFIX}"
-    env.update(_simulated_devices(resources, facts.gpu_set))
+    gpus_here = gpu_set(resources, host, facts)
+    held = gpus_here.ids if gpus_here.held else ()  # what the containers claim with their label
+    env.update(_simulated_devices(resources, held))
     env.update(program.env_dict)  # the user's --env last: it may override the defaults on purpose
-    ids = facts.gpu_set or (host.gpu_ids if resources.gpus else ()) or resources.gpu_ids
+    ids = gpus_here.ids
     n_gpus = 0 if resources.cpu_mode else len(ids) if ids else resources.gpus if resources.gpus > 0 else host.slots or GPUS_ALL
     return ContainerSpec(
         rank=rank, host=host, name=container_name(program.job, rank, facts.login), image=program.image, command=tuple(command),
@@ -273,7 +281,7 @@ def _node(program: Program, resources: Resources, where: Where, attempt: Attempt
                 Mount(dirs["log"], LOG_MOUNT)),
         labels={JOB_LABEL: program.job, RANK_LABEL: str(rank), NNODES_LABEL: str(nnodes), VERSION_LABEL: __version__,
                 RESTART_LABEL: str(attempt.number), RESTART_CAUSE_LABEL: attempt.cause,
-                **owner_labels(facts.user, facts.login), **_claim_labels(rank, facts.gpu_set, master_port)},
+                **owner_labels(facts.user, facts.login), **_claim_labels(rank, held, master_port)},
         gpus=n_gpus, gpu_ids=ids, ipc_mode=None if resources.shm_size else "host", shm_size=resources.shm_size,
         memory=resources.memory, dirs=dirs,
         ulimits=CPU_ULIMITS if resources.cpu_mode else GPU_ULIMITS, user=facts.user,
@@ -340,7 +348,8 @@ class NodePlan:
     rank: int
     host: Host
     dirs: Mapping[str, str]  # data/ckpt/log folders on the host, ~ resolved
-    verdicts: tuple[CheckResult, ...]
+    verdicts: tuple[CheckResult, ...]  # preflight's (plan/verdicts.py), in the table's order
+    gpus: gpuset.GpuSet  # the GPUs the node gets, and why
     image: ImageAction
     data: DataAction
     leftovers: tuple[str, ...]  # containers of the job there, removed before the start
@@ -430,14 +439,18 @@ def data_action(data: Data, is_trainer: bool, node: NodeFacts, archive_bytes: in
 def plan_job(program: Program, resources: Resources, where: Where, data: Data, delivery: Delivery, attempt: Attempt,
              hosts: Sequence[Host], master_addr: str, facts: Sequence[NodeFacts], local: LocalImage | None,
              launcher: Sequence[str] | None, resume: ResumePoint | None, archive_bytes: int | None = None,
-             from_folder: bool = False, master_port: int | None = None) -> JobPlan:
+             from_folder: bool = False, master_port: int | None = None,
+             verdicts: Sequence[tuple[CheckResult, ...]] | None = None) -> JobPlan:
     """PURE: the attempt's plan from the config's sections, the hosts and what the probe found (the facts of every
-    node and of this machine: the local image, the --data-from archive's size or whether it is a folder); its short
-    containers are added by plan/shortlived.py's `with_short_containers`."""
+    node and of this machine: the local image, the --data-from archive's size or whether it is a folder) and
+    preflight's verdicts on each node (None: none made); its short containers are added by plan/shortlived.py's
+    `with_short_containers`."""
     specs = container_specs(program, resources, where, attempt, hosts, master_addr, facts, launcher or ("torchrun",),
                             master_port)
     pipeline_layout(program.pipeline_stages, [nproc_for(resources, h, f) for h, f in zip(hosts, facts, strict=True)])
-    nodes = tuple(NodePlan(rank, spec.host, spec.dirs, f.verdicts, image_action(delivery, local, f),
+    judged = list(verdicts) if verdicts is not None else [() for _ in hosts]
+    nodes = tuple(NodePlan(rank, spec.host, spec.dirs, judged[rank], gpu_set(resources, spec.host, f),
+                           image_action(delivery, local, f),
                            data_action(data, program.is_trainer, f, archive_bytes, from_folder), f.leftovers, spec)
                   for rank, (spec, f) in enumerate(zip(specs, facts, strict=True)))
     port = master_port if master_port is not None else where.master_port

@@ -9,6 +9,7 @@ naming who holds it.
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
+from collections.abc import Set as AbstractSet
 
 from orchestrate.probe.observations import Held
 
@@ -27,7 +28,7 @@ def claimed(others: Iterable[Held]) -> dict[int, str]:
     return {h.port: h.who for h in others if h.port is not None}
 
 
-def choose(given: int | None, listening: set[int], others: Sequence[Held], keep: int | None = None,
+def choose(given: int | None, listening: AbstractSet[int], others: Sequence[Held], keep: int | None = None,
            replaced: bool = False) -> tuple[int | None, str]:
     """PURE: (the port, the preflight cell), or (None, the problem as one line). `replaced`: the caller's own job
     of this name runs on node 0 and `--replace` removes it first, so a given port it listens on is not taken."""

@@ -11,7 +11,6 @@ from orchestrate.probe.daemons import Daemons
 from orchestrate.probe.datacopy import has_verified_copy
 from orchestrate.probe.layers import held_prefix
 from orchestrate.probe.observations import (
-    CheckResult,
     HostReport,
     LocalBase,
     LocalImage,
@@ -62,9 +61,10 @@ def _facts(r: HostReport, layers_held: int, data_present: bool, base_reach: str)
     ident = r.identity
     return NodeFacts(iface=r.iface, gpus=r.gpus, home=ident.home if ident else None,
                      user=ident.user_spec if ident else None, login=ident.name if ident else None, addr=r.addr,
-                     ib=r.ib, gpu_set=r.gpu_set, dirs=dict(r.dirs) or None, image_id=r.image_id, layers_held=layers_held,
-                     base_reach=base_reach, data_present=data_present, leftovers=tuple(c.name for c in r.containers),
-                     verdicts=tuple(CheckResult(name, c.ok, c.text, c.warn) for name, c in r.checks.items()))
+                     ib=r.ib, gpu=r.gpu, holdings=r.holdings, dirs=dict(r.dirs) or None, image_id=r.image_id,
+                     layers_held=layers_held, base_reach=base_reach, data_present=data_present,
+                     leftovers=tuple(c.name for c in r.containers))
+
 
 
 def local_data(data: Data) -> tuple[int | None, bool]:

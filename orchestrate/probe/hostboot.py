@@ -16,7 +16,6 @@ from orchestrate.remote.ssh import Connection, fan_out
 
 SCRIPT = scripts.text("boot.sh")
 PROBE_TIMEOUT_S = 8.0
-BACK_WAIT_S = 120.0  # a restart waits this long at most for a rebooted host or a stopped daemon to answer again
 
 
 @dataclass(frozen=True)
@@ -88,10 +87,9 @@ def _answers(host: Host, accept_new_host_keys: bool) -> bool:
         conn.close()
 
 
-def await_hosts(hosts: Sequence[Host], accept_new_host_keys: bool, console: Console,
-                timeout: float = BACK_WAIT_S) -> None:
-    """Until every host answers over SSH and its Docker daemon does too, at most `timeout`; then the restart goes
-    on either way (its preflight names a host that is still down)."""
+def await_hosts(hosts: Sequence[Host], accept_new_host_keys: bool, console: Console, timeout: float) -> None:
+    """Until every host answers over SSH and its Docker daemon does too, at most `timeout` (plan/restarts.py says
+    how long); then the restart goes on either way (its preflight names a host that is still down)."""
     deadline = time.monotonic() + timeout
     waiting = list(hosts)
     while True:

@@ -62,8 +62,27 @@ class CheckResult:
 
 
 @dataclass(frozen=True)
+class GpuSeen:
+    """What nvidia-smi said on a node, as it said it (the plan decides the GPU set from it: plan/gpuset.py)."""
+
+    smi: str  # "ok", "missing" (no nvidia-smi), else what it printed when it failed
+    count: int = 0  # GPUs visible
+    gpu_list: str = ""  # `--query-gpu=index,uuid --format=csv,noheader`
+    compute_apps: str = ""  # `--query-compute-apps=gpu_uuid,pid,process_name --format=csv,noheader`
+
+
+def gpu_seen(probed: Mapping[str, str]) -> GpuSeen | None:
+    """PURE: nvidia-smi's answer in the probe script's output (None: not asked, a CPU job)."""
+    if "smi" not in probed:
+        return None
+    return GpuSeen(probed["smi"], int(probed.get("gpus") or 0), probed.get("gpu_list", ""),
+                   probed.get("compute_apps", ""))
+
+
+@dataclass(frozen=True)
 class NodeFacts:
-    """What the probe learned about a node and the plan needs (read-only: nothing was changed to learn it)."""
+    """What the probe observed on a node and the plan needs (read-only: nothing was changed to learn it). Only
+    observations: the GPU set, the port and the actions are the plan's decisions, preflight's verdicts its own."""
 
     iface: str | None = None  # interface carrying the master address on this node
     gpus: int | None = None  # GPUs visible on the node (None: not queried)
@@ -72,9 +91,9 @@ class NodeFacts:
     login: str | None = None  # the login's name, for programs that ask who they are (getpass)
     addr: str | None = None  # the node's address toward the master (its peers see connections from it)
     ib: bool | None = None  # an active InfiniBand/RoCE port and its verbs devices (None: not probed)
-    gpu_set: tuple[int, ...] = ()  # the device indices granted here beside the other jobs' (gpuset.py)
+    gpu: GpuSeen | None = None  # what nvidia-smi said (None: not asked, a CPU job, or not probed)
+    holdings: Holdings = field(default_factory=lambda: Holdings())  # what the containers on its daemon hold
     dirs: Mapping[str, str] | None = None  # data/ckpt/log folders resolved by preflight (None: not probed)
-    verdicts: tuple[CheckResult, ...] = ()  # preflight's checks, in the table's order
     image_id: str | None = None  # the job's image on the node (None: missing)
     layers_held: int = 0  # how many leading layers of the local image the node's daemon holds
     base_reach: str = "the node was not asked"  # "": its daemon reaches the registry of the image's base; else why not
@@ -156,36 +175,39 @@ class ContainerSeen:
     name: str = ""  # read for the caller's own containers (preflight's job check), not for the claims
 
 
-@dataclass
+@dataclass(frozen=True)
 class Check:
+    """One cell of preflight's table: a verdict of plan/verdicts.py."""
+
     ok: bool
     text: str
     warn: bool = False  # passed, but worth a look (shown yellow)
 
 
-@dataclass
+@dataclass(frozen=True)
 class HostReport:
-    """Everything preflight learned about one host; `problems` empty means it passed."""
+    """Preflight's row for one host, built once (pipeline/preflight.py): what the probe observed there and the
+    verdicts on it (`checks`, plan/verdicts.py's); `problems` empty means it passed."""
 
     label: str
-    checks: dict[str, Check] = field(default_factory=dict)
+    checks: Mapping[str, Check] = field(default_factory=dict)
     iface: str | None = None
     addr: str | None = None  # this node's address toward the master: what its peers see it connect from
-    gpus: int | None = None
+    gpu: GpuSeen | None = None  # what nvidia-smi said (None: not asked)
     ib: bool | None = None  # an InfiniBand/RoCE port NCCL can use (None: not probed)
     image_id: str | None = None
-    containers: list[ContainerSeen] = field(default_factory=list)  # the caller's own of this job
+    containers: tuple[ContainerSeen, ...] = ()  # the caller's own of this job
     identity: Identity | None = None  # the SSH login there: containers run as it, ~ in the dirs is its home
-    dirs: dict[str, str] = field(default_factory=dict)  # the data/ckpt/log dirs, ~ resolved
+    dirs: Mapping[str, str] = field(default_factory=dict)  # the data/ckpt/log dirs, ~ resolved
     clock_skew: float = 0.0  # seconds the host's clock is ahead (+) or behind (-) this machine's, at least
     holdings: Holdings = field(default_factory=Holdings)  # what the containers on the daemon hold (labels)
-    present: tuple[int, ...] = ()  # the device indices nvidia-smi lists
-    gpu_set: tuple[int, ...] = ()  # the device indices this job gets here (empty: CPU, or refused)
     port: int | None = None  # node 0: the master port chosen or given (None: refused, or not node 0)
-    listening: set[int] = field(default_factory=set)  # node 0: ports something listens on
+    listening: frozenset[int] = frozenset()  # node 0: ports something listens on
 
-    def add(self, name: str, ok: bool, text: str, warn: bool = False) -> None:
-        self.checks[name] = Check(ok, text, warn)
+    @property
+    def gpus(self) -> int | None:
+        """GPUs visible (None: nvidia-smi not asked, or it failed)."""
+        return self.gpu.count if self.gpu is not None and self.gpu.smi == "ok" else None
 
     @property
     def problems(self) -> list[str]:

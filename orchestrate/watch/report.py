@@ -10,12 +10,12 @@ from rich.console import Console
 
 from orchestrate.config import Program
 from orchestrate.loglines import print_lines
+from orchestrate.outcome import End, Outcome
 from orchestrate.plan.jobplan import ContainerSpec
 from orchestrate.probe.checkpoints import last_metrics, newest_valid
 from orchestrate.probe.heartbeat import Beat
 from orchestrate.remote.session import Session
 from orchestrate.watch.health import RankStack, culprits, flight_recorder_lines, read_fr_dumps
-from orchestrate.watch.outcome import End, Outcome
 from trainer.contract import METRICS_FILE, STOP_LINE
 
 

@@ -6,10 +6,20 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from orchestrate import cli
-from orchestrate.config import SSHOptions, UpConfig
+from orchestrate.config import Resources, SSHOptions, UpConfig
 from orchestrate.hosts import Host
+from orchestrate.plan.gpuset import GpuSet, decide_gpus
 from orchestrate.plan.jobplan import Attempt, ContainerSpec, JobPlan, container_specs, plan_job
-from orchestrate.probe.observations import LocalImage, NodeFacts
+from orchestrate.plan.verdicts import judge_gpus
+from orchestrate.probe.observations import (
+    Check,
+    CheckResult,
+    GpuSeen,
+    Holdings,
+    LocalImage,
+    NodeFacts,
+    gpu_seen,
+)
 
 SSH = SSHOptions(Path("hosts"), None, False)  # a hosts file that is never read
 HOSTS = [Host(name="gpu1", hostname="10.0.0.11", port=22, user="u", slots=None),
@@ -33,7 +43,25 @@ def job_specs(config: UpConfig, hosts: Sequence[Host], master_addr: str, facts: 
 
 
 def job_plan(config: UpConfig, attempt: Attempt, hosts: Sequence[Host], master_addr: str, facts: Sequence[NodeFacts],
-             local: LocalImage | None, launcher: Sequence[str] | None) -> JobPlan:
+             local: LocalImage | None, launcher: Sequence[str] | None,
+             verdicts: Sequence[tuple[CheckResult, ...]] | None = None) -> JobPlan:
     """The planner's JobPlan for a whole config (no resume point), handed its sections as the pipeline hands them."""
     return plan_job(config.program, config.resources, config.where, config.data, config.delivery, attempt, hosts,
-                    master_addr, facts, local, launcher, None)
+                    master_addr, facts, local, launcher, None, verdicts=verdicts)
+
+
+def gpus_judged(probed: dict[str, str], resources: Resources, slots: int | None = None,
+                holdings: Holdings | None = None, host: Host | None = None) -> tuple[GpuSet, Check]:
+    """The GPU set a node gets and preflight's `gpus` cell, from the probe script's records (`probed`) as
+    pipeline/preflight.py judges them: nvidia-smi is asked only for a GPU job."""
+    where = host if host is not None else Host(name="h0", hostname="10.0.0.9", port=22, user=None, slots=slots)
+    seen = (gpu_seen(probed) or GpuSeen("missing")) if resources.gpus else None
+    decided = decide_gpus(resources, where, seen, holdings if holdings is not None else Holdings())
+    return decided, judge_gpus(decided)
+
+
+def gpu_facts(count: int, ids: Sequence[int], **fields: object) -> NodeFacts:
+    """A node's facts where nvidia-smi listed `count` GPUs, of which this job holds `ids` (its containers' label):
+    the plan, asked again, keeps them (the rest held by nobody)."""
+    listed = "\n".join(f"{i}, GPU-{i}" for i in range(count))
+    return NodeFacts(gpu=GpuSeen("ok", count, listed), holdings=Holdings(own_gpus=tuple(ids)), **fields)  # type: ignore[arg-type]

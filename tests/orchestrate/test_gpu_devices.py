@@ -11,15 +11,14 @@ from pathlib import Path
 
 import pytest
 from kit.probe import probe_facts
-from kit.units import HOSTS, SSH, job_specs, parse
+from kit.units import HOSTS, SSH, gpus_judged, job_specs, parse
 
 from orchestrate import cli
 from orchestrate.backends.docker_ssh.request import docker_run_argv, sdk_kwargs
 from orchestrate.config import GPUS_ALL, UpConfig
 from orchestrate.errors import ConfigError
-from orchestrate.plan.verdicts import judge_gpus, judge_transport, settle_transport
+from orchestrate.plan.verdicts import Network, judge_transport, settle_transport
 from orchestrate.probe.observations import NodeFacts
-from orchestrate.probe.preflight import HostReport
 
 # Real outputs. `nvidia-smi --query-gpu=index,uuid --format=csv,noheader` on an 8-GPU node, and
 # `nvidia-smi --query-compute-apps=gpu_uuid,pid,process_name --format=csv,noheader` with one process on GPU 1.
@@ -117,19 +116,18 @@ def test_indices_survive_a_job_file_and_the_stored_job(tmp_path: Path) -> None:
 
 def test_preflight_refuses_indices_the_host_lacks_and_warns_on_busy_gpus() -> None:
     facts = {"smi": "ok", "gpus": "4", "gpu_list": "\n".join(GPU_LIST.splitlines()[:4])}
-    r = HostReport("h0")
-    judge_gpus(facts, r, parse("--gpus", "2-5").resources, None)
-    assert r.problems == ["gpus: --gpus 2,3,4,5: GPU 4,5 not on this host (it has 0,1,2,3); choose among those"]
-    r = HostReport("h0")
-    judge_gpus({**facts, "gpus": "8", "gpu_list": GPU_LIST, "compute_apps": APPS}, r, parse("--gpus", "0-3").resources, None)
-    assert not r.problems and r.checks["gpus"].warn
-    assert r.checks["gpus"].text == "GPU 0,1,2,3 of 8; busy: GPU 1 (pid 48121 /usr/bin/python3)"
-    r = HostReport("h0")  # GPU 1 is not ours: no warning
-    judge_gpus({**facts, "gpus": "8", "gpu_list": GPU_LIST, "compute_apps": APPS}, r, parse("--gpus", "4-7").resources, None)
-    assert r.checks["gpus"].text == "GPU 4,5,6,7 of 8" and not r.checks["gpus"].warn
-    r = HostReport("h0")  # a count means Docker's first N: GPU 1 is among the first 2
-    judge_gpus({**facts, "gpus": "8", "gpu_list": GPU_LIST, "compute_apps": APPS}, r, parse("--gpus", "2").resources, None)
-    assert r.checks["gpus"].warn
+    decided, cell = gpus_judged(facts, parse("--gpus", "2-5").resources)
+    assert not cell.ok and cell.text == "--gpus 2,3,4,5: GPU 4,5 not on this host (it has 0,1,2,3); choose among those"
+    assert decided.refused and decided.ids == ()
+    busy = {**facts, "gpus": "8", "gpu_list": GPU_LIST, "compute_apps": APPS}
+    decided, cell = gpus_judged(busy, parse("--gpus", "0-3").resources)
+    assert cell.ok and cell.warn and decided.ids == (0, 1, 2, 3)
+    assert cell.text == "GPU 0,1,2,3 of 8; busy: GPU 1 (pid 48121 /usr/bin/python3)"
+    assert decided.why == "GPU 0,1,2,3 of 8"  # the dry run's reason: the warning is the table's
+    _, cell = gpus_judged(busy, parse("--gpus", "4-7").resources)  # GPU 1 is not ours: no warning
+    assert cell.text == "GPU 4,5,6,7 of 8" and not cell.warn
+    _, cell = gpus_judged(busy, parse("--gpus", "2").resources)  # a count means Docker's first N: GPU 1 is among them
+    assert cell.warn
 
 
 def test_the_probe_script_reports_gpus_and_rdma_ports_in_the_formats_parsed(tmp_path: Path) -> None:
@@ -156,34 +154,35 @@ def test_the_probe_finds_rdma_devices_where_they_are(tmp_path: Path) -> None:
                         wrap=["unshare", "-m", "--propagation", "private", "sh", str(stand_in), str(tmp_path)])
     assert facts["ib_devs"].split() == ["rdma_cm", "umad0", "uverbs0"]
     assert facts["rdma_ports"].splitlines() == ["mlx5_0/1 InfiniBand 4: ACTIVE", "mlx5_1/1 Ethernet 1: DOWN"]
-    r = HostReport("gpu9")
-    judge_transport(facts, r, parse("--nccl-transport", "ib").resources)
-    assert r.ib and not r.problems and r.checks["net"].text == "IB mlx5_0"
+    net = judge_transport(facts, parse("--nccl-transport", "ib").resources)
+    assert net.ib and net.check.ok and net.check.text == "IB mlx5_0"
 
 
-def transport_of(devs: str, ports: str, choice: str = "auto") -> HostReport:
-    r = HostReport("gpu9")
-    judge_transport({"ib_devs": devs, "rdma_ports": ports}, r, parse("--nccl-transport", choice).resources)
-    return r
+def transport_of(devs: str, ports: str, choice: str = "auto") -> Network:
+    return judge_transport({"ib_devs": devs, "rdma_ports": ports}, parse("--nccl-transport", choice).resources)
+
+
+def problems(net: Network) -> list[str]:
+    return [] if net.check.ok else [f"net: {net.check.text}"]
 
 
 def test_preflight_shows_the_transport_per_node_and_refuses_forced_ib_without_it() -> None:
-    assert transport_of(IB_DEVS, IB_PORTS).checks["net"].text == "IB mlx5_0" and transport_of(IB_DEVS, IB_PORTS).ib
-    assert transport_of(IB_DEVS, ROCE_PORTS).checks["net"].text == "RoCE mlx5_bond_0"
+    assert transport_of(IB_DEVS, IB_PORTS).check.text == "IB mlx5_0" and transport_of(IB_DEVS, IB_PORTS).ib
+    assert transport_of(IB_DEVS, ROCE_PORTS).check.text == "RoCE mlx5_bond_0"
     no_port = transport_of(IB_DEVS, "mlx5_0/1 InfiniBand 1: DOWN\n")
-    assert no_port.checks["net"].text == "sockets (RDMA device, no active port)" and no_port.ib is False
-    assert transport_of("", "").checks["net"].text == "sockets" and not transport_of("", "").problems
-    assert transport_of("", "", "ib").problems == [
+    assert no_port.check.text == "sockets (RDMA device, no active port)" and no_port.ib is False
+    assert transport_of("", "").check.text == "sockets" and not problems(transport_of("", ""))
+    assert problems(transport_of("", "", "ib")) == [
         "net: --nccl-transport ib, but no InfiniBand/RoCE device (/dev/infiniband has no uverbs*) here; "
         "use --nccl-transport auto or socket"]
-    assert "no active RDMA port" in transport_of(IB_DEVS, "mlx5_0/1 InfiniBand 1: DOWN\n", "ib").problems[0]
-    assert transport_of(IB_DEVS, IB_PORTS, "socket").checks["net"].text == "sockets (--nccl-transport socket)"
+    assert "no active RDMA port" in problems(transport_of(IB_DEVS, "mlx5_0/1 InfiniBand 1: DOWN\n", "ib"))[0]
+    assert transport_of(IB_DEVS, IB_PORTS, "socket").check.text == "sockets (--nccl-transport socket)"
 
 
 def test_one_node_without_ib_puts_the_job_on_sockets_and_the_table_says_so() -> None:
-    with_ib, without = transport_of(IB_DEVS, IB_PORTS), transport_of("", "")
-    settle_transport([with_ib, without], parse().resources)
-    assert with_ib.checks["net"].text == "sockets (IB mlx5_0 idle: not every node has IB)" and not with_ib.problems
+    with_ib, without = settle_transport([transport_of(IB_DEVS, IB_PORTS), transport_of("", "")], parse().resources)
+    assert with_ib.check.text == "sockets (IB mlx5_0 idle: not every node has IB)" and with_ib.check.ok
+    assert with_ib.check.warn and without == transport_of("", "")
 
 
 def test_ib_nodes_get_the_devices_and_ipc_lock() -> None:

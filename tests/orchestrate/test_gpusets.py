@@ -4,19 +4,22 @@ tests/cluster/test_gpu_sets.py runs them on real daemons. Only a GPU node shows 
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 import pytest
-from kit.units import HOSTS, job_specs, parse
+from kit.units import HOSTS, gpu_facts, gpus_judged, job_plan, job_specs, parse
 
 from orchestrate.backends.docker_ssh.owner import gpus_of
-from orchestrate.backends.docker_ssh.request import docker_run_argv, sdk_kwargs
+from orchestrate.backends.docker_ssh.request import docker_run_argv, plan_json, render_job_plan, sdk_kwargs
 from orchestrate.config import GPUS_ALL
 from orchestrate.errors import ConfigError
+from orchestrate.hosts import Host
 from orchestrate.plan import gpuset, ports
-from orchestrate.plan.gpuset import allocate, yields_to
-from orchestrate.plan.verdicts import judge_gpus, judge_port
-from orchestrate.probe.observations import Held, Holdings, HostReport, NodeFacts, held
+from orchestrate.plan.gpuset import GpuSet, allocate, decide_gpus, yields_to
+from orchestrate.plan.jobplan import Attempt
+from orchestrate.plan.verdicts import judge_port
+from orchestrate.probe.observations import GpuSeen, Held, Holdings, held
 
 FOUR = (0, 1, 2, 3)
 BOB = Held("b1", "bob/cifar", (0, 1), 29500, "2026-11-24T08:00:00.5Z")
@@ -76,19 +79,17 @@ def test_the_port_is_free_on_node_0_and_claimed_by_no_other_job() -> None:
 
 def test_preflight_shows_the_set_and_the_holders_and_node_0_the_port() -> None:
     facts = {"smi": "ok", "gpus": "4", "gpu_list": GPU_LIST, "ss_ok": "1", "listening": "0.0.0.0:22 [::]:29500"}
-    r = HostReport("h0", holdings=Holdings([BOB]))
-    judge_gpus(facts, r, parse("--gpus", "2").resources, None)
-    judge_port(facts, r, None)
-    assert r.gpu_set == (2, 3) and r.checks["gpus"].text == "GPU 2,3 of 4; others: bob/cifar (GPU 0,1)"
-    assert r.port == 29501 and r.checks["port"].text == "29501 (chosen: free)"  # 29500 listens, bob's label
-    r = HostReport("h0", holdings=Holdings([BOB]))
-    judge_gpus(facts, r, parse("--gpus", "all").resources, None)
-    assert r.problems == ["gpus: --gpus all: held by bob/cifar (GPU 0,1); ask for a count of free GPUs "
-                          "(--gpus N), or wait until they are free"]
+    decided, cell = gpus_judged(facts, parse("--gpus", "2").resources, holdings=Holdings([BOB]))
+    port = judge_port(facts, Holdings([BOB]), None)
+    assert decided.ids == (2, 3) and decided.held and cell.text == "GPU 2,3 of 4; others: bob/cifar (GPU 0,1)"
+    assert port.port == 29501 and port.check.text == "29501 (chosen: free)"  # 29500 listens, bob's label
+    decided, cell = gpus_judged(facts, parse("--gpus", "all").resources, holdings=Holdings([BOB]))
+    assert decided.refused and not cell.ok and cell.text == (
+        "--gpus all: held by bob/cifar (GPU 0,1); ask for a count of free GPUs (--gpus N), or wait until they are free")
 
 
 def test_the_granted_set_goes_to_docker_as_device_ids_with_labels_and_nproc() -> None:
-    facts = [NodeFacts("eth0", 4, user="1000:1000", login="ann", gpu_set=(2, 3))] * 2
+    facts = [gpu_facts(4, (2, 3), iface="eth0", gpus=4, user="1000:1000", login="ann")] * 2
     n0, n1 = job_specs(parse("--gpus", "2", "--master-port", "29501"), HOSTS, "10.0.0.11", facts)
     (request,) = sdk_kwargs(n0)["device_requests"]
     assert request["DeviceIDs"] == ["2", "3"] and request["Count"] == 0  # never a count: Docker's would be 0,1
@@ -100,7 +101,7 @@ def test_the_granted_set_goes_to_docker_as_device_ids_with_labels_and_nproc() ->
 
 
 def test_gpus_on_cpu_holds_the_set_and_passes_it_as_a_gpu_node_would() -> None:
-    facts = [NodeFacts("eth0", 4, user="1000:1000", login="ann", gpu_set=(1, 3))] * 2
+    facts = [gpu_facts(4, (1, 3), iface="eth0", gpus=4, user="1000:1000", login="ann")] * 2
     n0, _ = job_specs(parse("--gpus", "2", "--gpus-on-cpu", "--master-port", "29501"), HOSTS, "10.0.0.11", facts)
     assert sdk_kwargs(n0)["device_requests"] is None  # a CPU host's daemon has no GPU driver to ask
     assert n0.env["NVIDIA_VISIBLE_DEVICES"] == "1,3" and n0.env["CUDA_VISIBLE_DEVICES"] == "0,1"
@@ -131,3 +132,33 @@ def test_devcluster_nvidia_smi_prints_the_formats_the_probe_reads(tmp_path: Path
                           capture_output=True, text=True, check=True).stdout
     assert gpus.gpu_indices(listed) == [0, 1, 2, 3] and apps == "" and gpus.busy_gpus(listed, apps) == {}
     assert listed.splitlines()[1] == "1, GPU-00000001-0000-4000-8000-000000000001"
+
+
+def test_one_function_says_which_gpus_each_node_gets_and_why() -> None:
+    """plan/gpuset.py's decide_gpus answers for every source of a GPU set: CPU, the offline dry run (the line's
+    gpu_ids=, --gpus indices, a count), the probed node beside other jobs (a restart keeps its own set), a refusal;
+    the plan carries the answer and --dry-run=hosts prints it."""
+    line = Host(name="n1", hostname="10.0.0.12", port=22, user=None, slots=None, gpu_ids=(2, 3), source="hosts:2")
+    plain = HOSTS[0]
+
+    def decided(host: Host, *argv: str, seen: GpuSeen | None = None, holdings: Holdings | None = None) -> GpuSet:
+        return decide_gpus(parse(*argv).resources, host, seen, holdings or Holdings())
+
+    listed = GpuSeen("ok", 4, "0, GPU-0\n1, GPU-1\n2, GPU-2\n3, GPU-3")
+    assert decided(plain, "--gpus", "0") == GpuSet(why="CPU mode")
+    assert decided(line) == GpuSet((2, 3), "GPU 2,3 as gpu_ids= of hosts:2 lists them (not probed)")
+    assert decided(plain, "--gpus", "1,2") == GpuSet((1, 2), "GPU 1,2 as --gpus lists them (not probed)")
+    assert decided(plain, "--gpus", "2") == GpuSet(why="the first 2 GPU(s) the node's Docker gives (not probed)")
+    assert decided(plain, "--gpus", "2", seen=listed, holdings=Holdings([BOB])) == GpuSet(
+        (2, 3), "GPU 2,3 of 4; others: bob/cifar (GPU 0,1)", held=True)
+    assert decided(plain, "--gpus", "2", seen=listed, holdings=Holdings(own_gpus=(3, 1))).ids == (3, 1)  # kept
+    assert decided(line, seen=listed, holdings=Holdings([BOB])).ids == (2, 3)  # the line's own grant, not 0,1
+    refused = decided(plain, "--gpus", "3", seen=listed, holdings=Holdings([BOB]))
+    assert refused.refused and refused.why.startswith("--gpus 3: 2 of 4 GPU(s) free here, held by bob/cifar")
+
+    facts = [dataclasses.replace(gpu_facts(4, (), iface="eth0", gpus=4, user="1000:1000", login="ann"),
+                                 holdings=Holdings([BOB]))] * 2
+    plan = job_plan(parse("--gpus", "2"), Attempt(), HOSTS, "10.0.0.11", facts, None, ("torchrun",))
+    assert [n.gpus.ids for n in plan.nodes] == [(2, 3), (2, 3)] and plan.nodes[0].container.gpu_ids == (2, 3)
+    assert "#   GPUs: GPU 2,3 of 4; others: bob/cifar (GPU 0,1)" in render_job_plan(plan)
+    assert plan_json(plan)["nodes"][1]["gpus"] == {"ids": [2, 3], "why": "GPU 2,3 of 4; others: bob/cifar (GPU 0,1)"}

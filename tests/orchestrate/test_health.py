@@ -3,24 +3,17 @@ when a failure is restarted."""
 
 from __future__ import annotations
 
-import io
 import json
 import os
 import pickle
 from pathlib import Path
 
 import pytest
-from rich.console import Console
 
-from orchestrate import restart
 from orchestrate.backends.docker_ssh.stamps import docker_time
-from orchestrate.config import SSHOptions, UpConfig
-from orchestrate.errors import JobError
-from orchestrate.jobs import stops
 from orchestrate.probe.heartbeat import Beat
-from orchestrate.restart import AttemptResult
 from orchestrate.watch.health import RankStack, StallClock, culprits, flight_recorder_lines, last_collective
-from orchestrate.watch.outcome import End, Outcome, diverged_line
+from orchestrate.watch.outcome import diverged_line
 from trainer.contract import PEER_WAIT_FUNCTION
 
 BEAT = {"state": "training", "step": 120, "epoch": 3, "ckpt_step": 80, "loss": 1.23456, "images_per_s": 412.4,
@@ -120,49 +113,6 @@ def test_the_node_outside_the_collective_is_blamed() -> None:
     assert culprits(busy) == [1]
     assert culprits([RankStack(0, 0, waiting), RankStack(1, 1, waiting)]) == []  # all wait: nobody to blame
     assert culprits([RankStack(0, 0, ""), RankStack(1, 1, "")]) == []  # nothing to compare with
-
-
-def test_what_is_restarted() -> None:
-    assert {e for e in End if e.restartable} == {End.EXITED, End.UNREACHABLE, End.STALLED, End.HOST}
-    failed = Outcome(False, End.EXITED, 1, "exited with code 1", host="b")
-    assert failed.cause == "node 1 (b) exited with code 1"
-    assert AttemptResult(failed, resumed_from=None, newest_step=8).progressed
-    assert not AttemptResult(failed, resumed_from=8, newest_step=8).progressed
-    assert not AttemptResult(failed, resumed_from=None, newest_step=None).progressed
-
-
-def test_restart_or_raise(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path))
-    monkeypatch.setattr(restart, "BACKOFF_S", 0.2)
-    cfg = UpConfig.of(ssh=SSHOptions(None, None, False), job="j", max_restarts=2)
-    sections = (cfg.program, cfg.resilience, cfg.ssh)  # what the restart policy reads
-    console = Console(file=io.StringIO(), width=200)
-    failed = Outcome(False, End.EXITED, 1, "exited with code 1", host="b")
-    restart.restart_or_raise(*sections, 0, AttemptResult(failed, None, 8), None, [], console)  # restarted, after a backoff
-    assert "restart 1 of 2 in 0 s" in console.file.getvalue()  # type: ignore[attr-defined]
-    with pytest.raises(JobError, match=r"node 0 removed; the job was stopped on all nodes$"):
-        restart.restart_or_raise(*sections, 0, AttemptResult(Outcome(False, End.REMOVED, 0, "removed"), None, 8), None, [],
-                                 console)
-    second = 1  # the first automatic restart ended
-    with pytest.raises(JobError, match="same failure repeated before any new checkpoint"):
-        restart.restart_or_raise(*sections, second, AttemptResult(failed, 8, 8), AttemptResult(failed, None, 8), [], console)
-    never = AttemptResult(failed, None, None)  # twice before the first checkpoint: the second started over
-    with pytest.raises(JobError, match=r"before any new checkpoint was written: not restarting again"):
-        restart.restart_or_raise(*sections, second, never, never, [], console)
-    # The same kind on another node (a crash takes its peers down; which exit is seen first varies): a repeat.
-    elsewhere = Outcome(False, End.EXITED, 0, "exited with code 1", host="a")
-    with pytest.raises(JobError, match="same failure repeated"):
-        restart.restart_or_raise(*sections, second, AttemptResult(elsewhere, 8, 8), AttemptResult(failed, None, 8), [], console)
-    # Another kind of failure without progress, or the same after progress: restarted.
-    other = Outcome(False, End.UNREACHABLE, 0, "host unreachable for 15 s", host="a")
-    restart.restart_or_raise(*sections, second, AttemptResult(other, 8, 8), AttemptResult(failed, None, 8), [], console)
-    restart.restart_or_raise(*sections, second, AttemptResult(failed, 8, 16), AttemptResult(failed, None, 8), [], console)
-    with pytest.raises(JobError, match=r"after 2 automatic restart\(s\)"):
-        restart.restart_or_raise(*sections, 2, AttemptResult(failed, 16, 24), None, [], console)
-    # A kill's stop record on a host (jobs/stops.py; on real hosts in tests/cluster/test_self_healing.py).
-    monkeypatch.setattr(stops, "seen", lambda nodes, job: job == "j")
-    with pytest.raises(JobError, match="stopped with 'kill' during the restart backoff"):
-        restart.restart_or_raise(*sections, 0, AttemptResult(failed, None, 8), None, [], console)
 
 
 def _real_dump(tmp_path: Path, collectives: int) -> bytes:

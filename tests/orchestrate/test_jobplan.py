@@ -90,13 +90,15 @@ def test_the_data_action_follows_the_config_and_the_verified_copy(tmp_path: Path
 
 
 def _facts(**kw: object) -> list[NodeFacts]:
-    return [NodeFacts(iface="eth0", addr=f"10.0.0.{i + 1}", dirs=DIRS, verdicts=(CheckResult("ssh", True, "u@h"),),
-                      **kw) for i in range(2)]  # type: ignore[arg-type]
+    return [NodeFacts(iface="eth0", addr=f"10.0.0.{i + 1}", dirs=DIRS, **kw) for i in range(2)]  # type: ignore[arg-type]
+
+
+SSH_OK = [(CheckResult("ssh", True, "u@h"),)] * 2  # preflight's verdicts on each node
 
 
 def test_the_plan_uses_the_probed_folders_and_says_the_attempt() -> None:
     attempt = Attempt(1, "node 1 (h1) exited with code 1", resume=True)
-    plan = job_plan(config(), attempt, HOSTS, "10.0.0.1", _facts(leftovers=("p-node0",)), LOCAL, ("torchrun",))
+    plan = job_plan(config(), attempt, HOSTS, "10.0.0.1", _facts(leftovers=("p-node0",)), LOCAL, ("torchrun",), SSH_OK)
     node = plan.nodes[0]
     assert node.dirs == DIRS and [m.source for m in node.container.mounts] == list(DIRS.values())
     assert node.leftovers == ("p-node0",) and node.image.kind == "send"
@@ -107,6 +109,7 @@ def test_the_plan_uses_the_probed_folders_and_says_the_attempt() -> None:
     assert data["nodes"][0]["image"]["layers_sent"] == 5 and data["nodes"][0]["leftovers"] == ["p-node0"]
     text = render_job_plan(plan)
     assert "#   image: send 5 of 5 layers, 0.0 MB uncompressed" in text and "leftovers removed: p-node0" in text
+    assert "#   checks: ssh ok (u@h)" in text and data["nodes"][0]["checks"][0]["text"] == "u@h"
 
 
 def test_a_launcher_found_after_a_pull_changes_only_the_commands_head() -> None:

@@ -33,3 +33,25 @@ def test_a_scheduler_is_named_only_in_its_folder_and_its_registration() -> None:
                     if "slurm" in line.lower()]
     assert registration == ["from orchestrate.backends.slurm import Slurm",
                             "SCHEDULERS: tuple[Scheduler, ...] = (Slurm(),)"]
+
+
+def test_every_decision_in_the_docs_table_is_made_where_it_says() -> None:
+    """docs/orchestrate.md's "Where is X decided": each row's file exists under orchestrate/ and defines the
+    function (or constant) it names first; a function moved or renamed without the table fails here."""
+    import ast
+    import re
+
+    root = Path(__file__).resolve().parents[2]
+    text = (root / "docs" / "orchestrate.md").read_text()
+    table = text.split("### Where is X decided", 1)[1].split("\n\n", 2)[2].split("\n\n", 1)[0]
+    rows = [line for line in table.splitlines() if line.startswith("| ") and not line.startswith("| decision")]
+    assert len(rows) >= 10
+    for row in rows:
+        _, file_cell, function_cell = [c.strip() for c in row.strip("|").rsplit("|", 2)]
+        path = root / "orchestrate" / file_cell.strip("`")
+        name = re.match(r"`([A-Za-z_][A-Za-z0-9_]*)`", function_cell)
+        assert path.is_file() and name, row
+        tree = ast.parse(path.read_text())
+        defined = {n.name for n in tree.body if isinstance(n, ast.FunctionDef | ast.ClassDef)}
+        defined |= {t.id for n in tree.body if isinstance(n, ast.Assign) for t in n.targets if isinstance(t, ast.Name)}
+        assert name.group(1) in defined, f"{file_cell} defines no {name.group(1)}"

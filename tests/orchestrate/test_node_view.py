@@ -13,7 +13,7 @@ from rich.console import Console
 from orchestrate.backends.docker_ssh.jobview import ended_line, running_lines
 from orchestrate.probe.gpuusage import GpuUse, index_ranges, parse_usage, read_usage, usage_text
 from orchestrate.probe.heartbeat import Beat
-from orchestrate.probe.observations import HostReport
+from orchestrate.probe.observations import Check, HostReport
 from orchestrate.probe.preflight import COLUMNS, render_table
 from orchestrate.watch.progress import ProgressView
 from trainer.contract import STRAGGLER_WINDOWS, streaks
@@ -147,11 +147,8 @@ def test_the_preflight_table_fits_100_columns_and_wraps_between_words() -> None:
     refused = "ckpt dir /home/ddp/ck not writable (/home/ddp); choose another dir or fix permissions"
     reports = []
     for i in range(3):
-        r = HostReport(f"dc-demo-h{i}")
-        for col in COLUMNS:
-            r.add(col, True, texts[col])
-        reports.append(r)
-    reports[1].add("disk", False, refused)
+        reports.append(HostReport(f"dc-demo-h{i}", {col: Check(True, texts[col]) for col in COLUMNS}))
+    reports[1] = HostReport("dc-demo-h1", {**reports[1].checks, "disk": Check(False, refused)})
     for width in (100, 72):
         out = io.StringIO()
         Console(file=out, width=width).print(render_table(reports))

@@ -7,11 +7,11 @@ from pathlib import Path
 
 import pytest
 from kit.probe import probe_facts
-from kit.units import SSH
+from kit.units import SSH, gpus_judged
 
 from orchestrate.config import UpConfig
-from orchestrate.plan.verdicts import judge_disk, judge_gpus, judge_master, judge_port
-from orchestrate.probe.observations import HostReport
+from orchestrate.plan.verdicts import judge_disk, judge_master, judge_port
+from orchestrate.probe.observations import Check, Holdings, HostReport, gpu_seen
 from orchestrate.probe.preflight import clock_skew, clock_warnings
 
 DIRS = {"data": "/d", "ckpt": "/c/j", "log": "/l"}
@@ -20,66 +20,52 @@ DISK_OK = {"data_base": "/", "data_isdir": "1", "data_writable": "1", "data_free
            "log_base": "/", "log_isdir": "1", "log_writable": "1"}
 
 
-def report() -> HostReport:
-    return HostReport("h0")
+def problems(name: str, cell: Check) -> list[str]:
+    return [] if cell.ok else [f"{name}: {cell.text}"]
 
 
 def test_gpus_too_few_missing_and_ok() -> None:
-    r = report()
-    judge_gpus({"smi": "ok", "gpus": "2"}, r, UpConfig.of(ssh=SSH, gpus=4).resources, None)
-    assert r.problems == ["gpus: 2 GPU(s) visible, 4 needed; lower --gpus or slots="]
-    r = report()
-    judge_gpus({"smi": "missing"}, r, UpConfig.of(ssh=SSH, gpus=1).resources, None)
-    assert "nvidia-smi not found" in r.problems[0]
-    r = report()
-    judge_gpus({"smi": "ok", "gpus": "8"}, r, UpConfig.of(ssh=SSH).resources, 8)
-    assert not r.problems and r.gpus == 8
-    r = report()
-    judge_gpus({}, r, UpConfig.of(ssh=SSH, gpus=0).resources, None)
-    assert r.checks["gpus"].text == "CPU mode" and not r.problems
+    _, cell = gpus_judged({"smi": "ok", "gpus": "2"}, UpConfig.of(ssh=SSH, gpus=4).resources)
+    assert problems("gpus", cell) == ["gpus: 2 GPU(s) visible, 4 needed; lower --gpus or slots="]
+    _, cell = gpus_judged({"smi": "missing"}, UpConfig.of(ssh=SSH, gpus=1).resources)
+    assert "nvidia-smi not found" in cell.text and not cell.ok
+    _, cell = gpus_judged({"smi": "ok", "gpus": "8"}, UpConfig.of(ssh=SSH).resources, slots=8)
+    assert cell.ok and HostReport("h0", gpu=gpu_seen({"smi": "ok", "gpus": "8"})).gpus == 8
+    _, cell = gpus_judged({}, UpConfig.of(ssh=SSH, gpus=0).resources)
+    assert cell.text == "CPU mode" and cell.ok
 
 
 def test_disk() -> None:
-    r = report()
-    judge_disk(DISK_OK, r, UpConfig.of(ssh=SSH, gpus=0).resources, DIRS)
-    assert not r.problems and r.checks["disk"].text == "data 50G ckpt 50G"
-    r = report()
-    judge_disk(DISK_OK | {"ckpt_free_kb": "1024"}, r, UpConfig.of(ssh=SSH, gpus=0).resources, DIRS)
-    assert r.problems == ["disk: ckpt dir /c/j: 0.0 GB free, 1 GB needed; free space or choose another dir"]
-    r = report()
-    judge_disk(DISK_OK | {"data_writable": "0", "data_base": "/ro"}, r, UpConfig.of(ssh=SSH, gpus=0).resources, DIRS)
-    assert "data dir /d not writable (/ro)" in r.problems[0]
+    cell = judge_disk(DISK_OK, UpConfig.of(ssh=SSH, gpus=0).resources, DIRS)
+    assert cell.ok and cell.text == "data 50G ckpt 50G"
+    cell = judge_disk(DISK_OK | {"ckpt_free_kb": "1024"}, UpConfig.of(ssh=SSH, gpus=0).resources, DIRS)
+    assert problems("disk", cell) == ["disk: ckpt dir /c/j: 0.0 GB free, 1 GB needed; free space or choose another dir"]
+    cell = judge_disk(DISK_OK | {"data_writable": "0", "data_base": "/ro"}, UpConfig.of(ssh=SSH, gpus=0).resources, DIRS)
+    assert "data dir /d not writable (/ro)" in cell.text and not cell.ok
     # A folder of the chain that another account owns (e.g. made first in a world-writable /var/tmp) is refused.
-    r = report()
-    judge_disk(DISK_OK | {"log_foreign": "/var/tmp/ddp-cifar (owned by mallory)"}, r, UpConfig.of(ssh=SSH, gpus=0).resources, DIRS)
-    assert r.problems == ["disk: log dir /l: /var/tmp/ddp-cifar (owned by mallory) belongs to another account, which "
-                          "could replace what the job reads or writes; choose a dir of your own or have that folder "
-                          "removed"]
+    cell = judge_disk(DISK_OK | {"log_foreign": "/var/tmp/ddp-cifar (owned by mallory)"},
+                      UpConfig.of(ssh=SSH, gpus=0).resources, DIRS)
+    assert problems("disk", cell) == ["disk: log dir /l: /var/tmp/ddp-cifar (owned by mallory) belongs to another "
+                                      "account, which could replace what the job reads or writes; choose a dir of "
+                                      "your own or have that folder removed"]
 
 
 def test_port_and_master() -> None:
-    r = report()
-    judge_port({"ss_ok": "1", "listening": "0.0.0.0:22 [::]:29500 "}, r, 29500)
-    assert "already in use on node 0" in r.problems[0]
-    r = report()  # up --replace on a running job: its own torchrun holds the port, and goes first
-    judge_port({"ss_ok": "1", "listening": "0.0.0.0:22 [::]:29500 "}, r, 29500, replaced=True)
-    assert not r.problems
-    r = report()
-    judge_port({"ss_ok": "1", "listening": "0.0.0.0:22 127.0.0.1:295000"}, r, 29500)
-    assert not r.problems
+    port = judge_port({"ss_ok": "1", "listening": "0.0.0.0:22 [::]:29500 "}, Holdings(), 29500)
+    assert "already in use on node 0" in port.check.text and not port.check.ok and port.port is None
+    # up --replace on a running job: its own torchrun holds the port, and goes first
+    port = judge_port({"ss_ok": "1", "listening": "0.0.0.0:22 [::]:29500 "}, Holdings(), 29500, replaced=True)
+    assert port.check.ok and port.port == 29500
+    assert judge_port({"ss_ok": "1", "listening": "0.0.0.0:22 127.0.0.1:295000"}, Holdings(), 29500).check.ok
     # Node 0 holds the address: the interface that has it, never lo from `ip route get`.
-    r = report()
-    judge_master({"held": "eth0@if12", "route": "local 10.0.0.2 dev lo src 10.0.0.2"}, r, 0, "10.0.0.2", 22, None)
-    assert r.iface == "eth0" and r.addr == "10.0.0.2" and not r.problems
-    r = report()
-    judge_master({"route": "10.0.0.2 dev ib0 src 10.0.0.3", "probe": "1"}, r, 1, "10.0.0.2", 22, None)
-    assert r.iface == "ib0" and r.addr == "10.0.0.3" and not r.problems
-    r = report()
-    judge_master({"route": "10.0.0.2 dev ib0 src 10.0.0.3", "probe": "0"}, r, 1, "10.0.0.2", 22, None)
-    assert "not reachable from this node" in r.problems[0]
-    r = report()
-    judge_master({"route": "10.0.0.2 dev ib0 src 10.0.0.3", "probe": "1"}, r, 1, "10.0.0.2", 22, "eth5")
-    assert r.iface == "eth5"  # the hosts file's iface= wins
+    m = judge_master({"held": "eth0@if12", "route": "local 10.0.0.2 dev lo src 10.0.0.2"}, 0, "10.0.0.2", 22, None)
+    assert m.iface == "eth0" and m.addr == "10.0.0.2" and all(c.ok for _, c in m.checks)
+    m = judge_master({"route": "10.0.0.2 dev ib0 src 10.0.0.3", "probe": "1"}, 1, "10.0.0.2", 22, None)
+    assert m.iface == "ib0" and m.addr == "10.0.0.3" and [n for n, c in m.checks if c.ok] == ["master", "iface"]
+    m = judge_master({"route": "10.0.0.2 dev ib0 src 10.0.0.3", "probe": "0"}, 1, "10.0.0.2", 22, None)
+    assert [n for n, _ in m.checks] == ["master"] and "not reachable from this node" in m.checks[0][1].text
+    m = judge_master({"route": "10.0.0.2 dev ib0 src 10.0.0.3", "probe": "1"}, 1, "10.0.0.2", 22, "eth5")
+    assert m.iface == "eth5"  # the hosts file's iface= wins
 
 
 def test_probe_script_runs_locally_and_quotes_nothing_into_code(tmp_path: Path) -> None:
@@ -100,10 +86,8 @@ def test_the_preflight_table_fits_80_and_120_columns() -> None:
 
     reports = []
     for i in range(3):
-        r = HostReport(f"gpu-node-{i}.cluster.example.org")
-        for col in COLUMNS:
-            r.add(col, True, f"{col} fine: a fairly long explanation of the check on this host {i}")
-        reports.append(r)
+        reports.append(HostReport(f"gpu-node-{i}.cluster.example.org", {
+            col: Check(True, f"{col} fine: a fairly long explanation of the check on this host {i}") for col in COLUMNS}))
     for width in (80, 120):
         out = io.StringIO()
         Console(file=out, width=width).print(render_table(reports))

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import json
 
-from kit.units import HOSTS, SSH, job_plan
+from kit.units import HOSTS, SSH, gpu_facts, job_plan
 
 from orchestrate.backends.docker_ssh.request import plan_json, render_job_plan, sdk_kwargs
 from orchestrate.config import UpConfig
@@ -13,7 +13,6 @@ from orchestrate.labels import DATA_MARKER, IMAGE_CHECK_LABEL, JOB_LABEL, PREFET
 from orchestrate.pipeline.attempt import short_scripts
 from orchestrate.plan import shortlived
 from orchestrate.plan.jobplan import Attempt, JobPlan
-from orchestrate.probe.observations import NodeFacts
 from trainer.contract import ARCHIVE_NAME, BASE_FOLDER
 
 DIRS = {"data": "/home/u/data", "ckpt": "/home/u/ck", "log": "/home/u/logs"}
@@ -26,8 +25,8 @@ FIRST = Attempt()
 
 def planned(attempt: Attempt = FIRST, **kw: object) -> JobPlan:
     config = UpConfig.of(ssh=SSH, job="p", image="img:1", data_url=URL, **kw)  # type: ignore[arg-type]
-    facts = [NodeFacts(iface="eth0", addr=f"10.0.0.{i + 11}", dirs=DIRS, user="1000:1000", login="alice",
-                       gpu_set=(0, 1) if config.resources.gpus else ()) for i in range(2)]
+    facts = [gpu_facts(2, (0, 1), iface="eth0", addr=f"10.0.0.{i + 11}", dirs=DIRS, user="1000:1000", login="alice")
+             for i in range(2)]
     plan = job_plan(config, attempt, HOSTS, "10.0.0.11", facts, None, ("torchrun",))
     check = shortlived.image_check(config.program, HOSTS[0], SCRIPTS)
     return shortlived.with_short_containers(plan, config.program, config.resources, config.data, config.checks, SCRIPTS,

@@ -8,7 +8,7 @@ import os
 from pathlib import Path
 
 import pytest
-from kit.units import SSH, job_specs
+from kit.units import SSH, gpu_facts, gpus_judged, job_specs
 
 from orchestrate import cli
 from orchestrate.backends.docker_ssh import carried
@@ -16,11 +16,9 @@ from orchestrate.backends.slurm import commands, records, script
 from orchestrate.config import UpConfig
 from orchestrate.errors import ConfigError, PreflightError
 from orchestrate.hosts import parse_hosts_file
-from orchestrate.plan.gpus import granted_here
+from orchestrate.plan.gpuset import decide_gpus
 from orchestrate.plan.regrant import regrant
-from orchestrate.plan.verdicts import judge_gpus
 from orchestrate.probe.observations import Held, Holdings, NodeFacts
-from orchestrate.probe.preflight import HostReport
 
 DATA = Path(__file__).parent / "data" / "slurm"
 GPU_LIST = "0, GPU-0aaa\n1, GPU-1bbb"  # nvidia-smi --query-gpu=index,uuid of a 2-GPU node
@@ -66,9 +64,8 @@ def test_the_allocation_is_a_hosts_file_with_each_nodes_grant(tmp_path: Path) ->
                                                                                 ("dc-slm-h1", (0,), 1)]
     config = UpConfig.of(ssh=SSH, gpus=1, gpus_on_cpu=True)
     for host in hosts:
-        report = HostReport(host.name)
-        judge_gpus({"smi": "ok", "gpus": "2", "gpu_list": GPU_LIST}, report, granted_here(config.resources, host), host.slots)
-        assert report.gpu_set == host.gpu_ids, report.cells
+        decided, cell = gpus_judged({"smi": "ok", "gpus": "2", "gpu_list": GPU_LIST}, config.resources, host=host)
+        assert decided.ids == host.gpu_ids and decided.held, cell
     assert records.hosts_text("9", ["a", "b"], {})[1] == 0  # no GPU granted: CPU
     for bad in ("3-1", "0,0", "1,x"):
         (tmp_path / "hosts").write_text(f"a gpu_ids={bad}\n")
@@ -258,15 +255,16 @@ def test_a_lost_gpu_claim_is_planned_again_within_each_nodes_slurm_grant(tmp_pat
     (tmp_path / "ssh_config").write_text("")
     hosts = parse_hosts_file(tmp_path / "hosts", tmp_path / "ssh_config")
     config = UpConfig.of(ssh=SSH, gpus=1, gpus_on_cpu=True)
-    facts, present = [NodeFacts("eth0", 1)] * 2, [(0, 1, 2, 3)] * 2  # 4-GPU nodes, one granted on each
+    facts = [gpu_facts(4, (), iface="eth0", gpus=4)] * 2  # 4-GPU nodes, one granted on each
 
     def bob(*gpus: int) -> Held:
         return Held("c1", "bob/other", gpus, None, "2026-01-01T00:00:00Z")
 
-    _, new = regrant(config.resources, config.where, hosts, facts, present, set(), [Holdings(), Holdings([bob(0, 1)])])
-    assert [f.gpu_set for f in new] == [(1,), (3,)]  # not the lowest free ones, 0 and 2
+    _, new = regrant(config.resources, config.where, hosts, facts, set(), [Holdings(), Holdings([bob(0, 1)])])
+    assert [decide_gpus(config.resources, h, f.gpu, f.holdings).ids for h, f in zip(hosts, new, strict=True)] == [
+        (1,), (3,)]  # not the lowest free ones, 0 and 2
     with pytest.raises(PreflightError, match=r"dc-slm-h1: --gpus 3: held by bob/other"):
-        regrant(config.resources, config.where, hosts, facts, present, set(), [Holdings(), Holdings([bob(3)])])
+        regrant(config.resources, config.where, hosts, facts, set(), [Holdings(), Holdings([bob(3)])])
 
 
 def test_status_and_kill_ask_slurm_only_about_a_job_submit_sent(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,

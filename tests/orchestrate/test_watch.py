@@ -17,10 +17,11 @@ from orchestrate.backends.docker_ssh.ranks import ContainerRanks
 from orchestrate.config import SSHOptions, UpConfig
 from orchestrate.errors import SSHError
 from orchestrate.hosts import Host
+from orchestrate.outcome import End
+from orchestrate.plan.restarts import RESTARTABLE
 from orchestrate.probe.observations import NodeFacts
 from orchestrate.watch import progress
 from orchestrate.watch import watcher as watching
-from orchestrate.watch.outcome import End
 
 GONE: dict[str, Any] = {"gone": True}  # the daemon answers, but the container was removed
 
@@ -188,7 +189,7 @@ def test_a_restarted_daemon_or_a_rebooted_host_is_named_at_once_not_unreachable(
     w.nodes.boots[1] = now  # type: ignore[attr-defined]
     outcome = w.poll()  # the first poll whose API call fails: the host answers over SSH and tells why
     assert outcome is not None and (outcome.end, outcome.failed_rank, outcome.reason) == (End.HOST, 1, cause)
-    assert outcome.end.restartable
+    assert outcome.end in RESTARTABLE
 
 
 def test_a_quick_restart_answering_the_next_poll_is_still_the_restart_not_an_exit_code() -> None:

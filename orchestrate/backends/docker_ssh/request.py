@@ -122,6 +122,7 @@ def render_job_plan(plan: JobPlan) -> str:
     for n in plan.nodes:
         lines.append(f"# node {n.rank} on {n.host.label}: container {n.container.name}")
         lines.append("#   dirs: " + ", ".join(f"{k} {v}" for k, v in n.dirs.items()))
+        lines.append(f"#   GPUs: {n.gpus.why}")
         lines.append(f"#   image: {_image_text(n.image)}" + (f", from {relay.source(n.rank)}"
                                                              if n.image.kind == "send" else ""))
         lines.append(f"#   data: {_data_text(n.data)}" + (f", from {data_relay.source(n.rank)}"
@@ -184,6 +185,7 @@ def _node_json(plan: JobPlan, node: NodePlan) -> dict[str, Any]:
     image = {**dataclasses.asdict(node.image), "layers_sent": node.image.layers_sent,
              "from": relay_of(plan).source(node.rank) if node.image.kind == "send" else None}
     return {"rank": node.rank, "host": node.host.label, "dirs": dict(node.dirs),
+            "gpus": {"ids": list(node.gpus.ids), "why": node.gpus.why},
             "checks": [dataclasses.asdict(v) for v in node.verdicts], "image": image,
             "data": {**dataclasses.asdict(node.data),
                      "from": data_relay_of(plan).source(node.rank) if node.data.kind in RELAYED_DATA else None}, "leftovers": list(node.leftovers),
