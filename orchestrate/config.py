@@ -47,6 +47,8 @@ GPUS_ALL = -1
 DEFAULT_STALL_TIMEOUT_S = 300.0
 MIN_STALL_TIMEOUT_S = 10.0
 MAX_RESTARTS = 100
+DEFAULT_RESTART_BACKOFF_S = 10.0
+MAX_RESTART_BACKOFF_S = 3600.0
 TRAINER_ENTRY = "-m trainer"
 MODULE_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$")
 
@@ -361,6 +363,10 @@ class Resilience:
     max_restarts: int = option(0, "--max-restarts", "after a failure (a node exits non-zero, is OOM-killed, stops "
                                "answering or stalls), stop everywhere and start again from the newest valid "
                                "checkpoint, up to N times", type=int)
+    # the wait before the first automatic restart: a daemon restarting or a host rebooting gets that long to come back
+    restart_backoff: float = option(DEFAULT_RESTART_BACKOFF_S, "--restart-backoff", "seconds before the first "
+                                    "automatic restart (a kill or Ctrl-C meanwhile ends it all), doubled at each "
+                                    "further one, at most 6x", type=float)
     min_nodes: int | None = option(None, "--min-nodes", "at a restart, leave out hosts that fail preflight while this "
                                    "many remain (default: every host); the global batch stays the run's own", type=int)
     # no new step for this long (heartbeat) is a failure; 0: off
@@ -376,6 +382,9 @@ class Resilience:
             raise ConfigError("--resume and --replace together: kill the job first, then 'up --resume'")
         if not 0 <= self.max_restarts <= MAX_RESTARTS:
             raise ConfigError(f"--max-restarts {self.max_restarts} must be between 0 and {MAX_RESTARTS}")
+        if not math.isfinite(self.restart_backoff) or not 0 <= self.restart_backoff <= MAX_RESTART_BACKOFF_S:
+            raise ConfigError(f"--restart-backoff {self.restart_backoff} must be between 0 and "
+                              f"{MAX_RESTART_BACKOFF_S:g} seconds")
         if self.min_nodes is not None and self.min_nodes < 1:
             raise ConfigError(f"--min-nodes {self.min_nodes} must be at least 1")
         if self.min_nodes is not None and self.max_restarts == 0:

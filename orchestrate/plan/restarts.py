@@ -12,8 +12,7 @@ from dataclasses import dataclass
 from orchestrate.config import Resilience
 from orchestrate.outcome import End, Outcome
 
-BACKOFF_S = 10.0  # before the first automatic restart; doubled each time, at most MAX_BACKOFF_S
-MAX_BACKOFF_S = 60.0
+MAX_BACKOFF_FACTOR = 6  # --restart-backoff doubled at each further restart, at most this many times itself
 BACK_WAIT_S = 120.0  # a restart waits this long at most for a rebooted host or a stopped daemon to answer again
 # Failures of the job itself; a user's kill or Ctrl-C is never undone by a restart.
 RESTARTABLE = frozenset({End.EXITED, End.UNREACHABLE, End.STALLED, End.HOST})
@@ -73,8 +72,8 @@ def decide(job: str, history: Sequence[AttemptResult], ended: AttemptResult, rea
         since = "" if ended.resumed_from is None else f" (step {ended.resumed_from})"
         return Decision(Next.GIVE_UP, f"{failure}; the same failure repeated before any new checkpoint was written"
                                       f"{since}: not restarting again, fix the cause then 'up --resume'")
-    backoff = min(BACKOFF_S * 2 ** number, MAX_BACKOFF_S)
-    line = (f"restart {number + 1} of {resilience.max_restarts} in {backoff:.0f} s, from the newest valid checkpoint; "
+    backoff = resilience.restart_backoff * min(2 ** number, MAX_BACKOFF_FACTOR)
+    line = (f"restart {number + 1} of {resilience.max_restarts} in {backoff:g} s, from the newest valid checkpoint; "
             f"cause: {outcome.cause}")
     if not resilience.min_nodes:
         # Every host is needed: a rebooting host or a restarting daemon is waited for. Also after another node's

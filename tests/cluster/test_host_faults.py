@@ -41,10 +41,13 @@ def newest_manifest_step(cluster: Cluster, node: int, job: str) -> int:
 
 def test_a_daemon_restart_then_a_reboot_under_the_job_are_named_and_the_job_continues(
         target: Cluster, work: Path, data: Data, hosts: Path) -> None:
+    """--restart-backoff 1 (1 s, then 2 s): the default's 10 and 20 s only waited; the backoff's own length and
+    doubling are tests/orchestrate/test_restarts.py's, a host down past it test_a_host_down_past_the_backoff_...'s."""
     job, state, h1 = "host-faults", work / "state-host", target.hosts[1]
     # 10 epochs of 8 steps: the reboot, after the first checkpoint that follows restart 1, lands with epochs still to
     # train (with 6, a faster step once let the job reach its last checkpoint first: nothing trained after restart 2).
-    up = Up(start(target, state, *up_args(hosts, data, job, "--max-restarts", "2", trainer=("--epochs", "10"))))
+    up = Up(start(target, state, *up_args(hosts, data, job, "--max-restarts", "2", "--restart-backoff", "1",
+                                                 trainer=("--epochs", "10"))))
     try:
         wait_for(lambda: newest_manifest_step(target, 0, job) >= 8, 600, "a checkpoint", every=0.5)
         h1.stop_docker()  # a daemon restart (an upgrade, an admin): its containers end with it
@@ -73,7 +76,7 @@ def test_a_daemon_restart_then_a_reboot_under_the_job_are_named_and_the_job_cont
         (up.first(f"node 1 ({h1.name}) failed", at) - at, up.first("[rank 0] INFO epoch", up.first(mark, at)) - at)
         for at, mark in ((restarted, "--- restart 1"), (rebooted, "--- restart 2"))]
     print(f"daemon restart: detected after {seen_1:.1f} s, training again after {again_1:.1f} s; "
-          f"reboot: detected after {seen_2:.1f} s, training again after {again_2:.1f} s (10-20 s the backoff)")
+          f"reboot: detected after {seen_2:.1f} s, training again after {again_2:.1f} s (1-2 s the backoff)")
     cleaned = orchestrate(target, state, "kill", "--job", job, "--grace", "5")
     assert cleaned.returncode == 0 and job_containers(target, job) == []
 

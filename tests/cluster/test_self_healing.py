@@ -53,8 +53,10 @@ def node_container(cluster: Cluster, job: str, node: int):  # type: ignore[no-un
 
 def test_a_killed_container_is_restarted_and_the_run_ends_as_an_uninterrupted_one(
         target: Cluster, work: Path, data: Data, hosts: Path) -> None:
+    """--restart-backoff 1: the default 10 s only waited (its length is tests/orchestrate/test_restarts.py's, a kill during it test_kill_during_the_backoff_...'s)."""
     job, state = "heal-kill", work / "state-kill"
-    up = Up(start(target, state, *up_args(hosts, data, job, "--max-restarts", "2", trainer=("--epochs", "20"))))
+    up = Up(start(target, state, *up_args(hosts, data, job, "--max-restarts", "2", "--restart-backoff", "1",
+                                          trainer=("--epochs", "20"))))
     ckpt, beats = job_dir(target, 0, job), []
 
     def progressing() -> bool:
@@ -77,7 +79,7 @@ def test_a_killed_container_is_restarted_and_the_run_ends_as_an_uninterrupted_on
     detected, training = up.first("failed: exited", killed), up.first("[rank 0] INFO epoch", up.first("--- restart"))
     lost = (at_kill or {}).get("step", 0) - restarts[0]["step"]
     print(f"killed container: detected after {detected - killed:.1f} s, training again after "
-          f"{training - killed:.1f} s (10 s of it the backoff), about {lost} step(s) trained again")
+          f"{training - killed:.1f} s (1 s of it the backoff: --restart-backoff 1), about {lost} step(s) trained again")
     assert epochs_of(records) == list(range(1, 21))  # continuous: what was trained again is recorded once
     # Progress: the heartbeat advanced, each beat with an ETA for the steps left, and it ends at the totals. The
     # ETA follows this shared machine's pace, so it may rise between two beats (CI: 16.8 s at step 8, 17.5 s at
@@ -93,8 +95,9 @@ def test_a_killed_container_is_restarted_and_the_run_ends_as_an_uninterrupted_on
 
 def test_a_crash_that_repeats_without_progress_is_not_restarted_again(
         target: Cluster, work: Path, data: Data, hosts: Path) -> None:
+    """--restart-backoff 1: the default 10 s only waited (its length is tests/orchestrate/test_restarts.py's, a kill during it test_kill_during_the_backoff_...'s)."""
     job, state = "heal-crash", work / "state-crash"
-    res = orchestrate(target, state, *up_args(hosts, data, job, "--max-restarts", "3",
+    res = orchestrate(target, state, *up_args(hosts, data, job, "--max-restarts", "3", "--restart-backoff", "1",
                                               "--env", "CRASH_AT_STEP=20", trainer=("--epochs", "5"),
                                               image=crash_image()),
                       timeout=600)
@@ -109,9 +112,10 @@ def test_a_diverging_run_is_named_and_not_restarted_into_the_same_divergence(
         target: Cluster, work: Path, data: Data, hosts: Path) -> None:
     """A huge --lr: every rank stops at the same agreement with exit 3 (torchrun's own code is 1), the cause
     says the training diverged, and the restart (from the beginning: nothing was saved before step 8)
-    diverges again before any checkpoint: the same-failure rule stops it. No checkpoint exists on any node."""
+    diverges again before any checkpoint: the same-failure rule stops it. No checkpoint exists on any node.
+    --restart-backoff 1: the default 10 s only waited."""
     job, state = "heal-diverge", work / "state-diverge"
-    res = orchestrate(target, state, *up_args(hosts, data, job, "--max-restarts", "3",
+    res = orchestrate(target, state, *up_args(hosts, data, job, "--max-restarts", "3", "--restart-backoff", "1",
                                               trainer=("--epochs", "5", "--lr", "1e12", "--warmup-epochs", "0")),
                       timeout=600)
     assert res.returncode == 1, res.stdout[-3000:] + res.stderr[-3000:]
@@ -172,11 +176,12 @@ def test_a_rank_stopped_as_training_starts_is_found_as_a_stall_and_the_job_start
         target: Cluster, work: Path, data: Data, hosts: Path) -> None:
     """Rank 1 stops right after rank 0's first beat: rank 0 then waits in its first step, the beat never
     changes, and `up` reads one beat only. It is this run's by its time, so the stall is still found (a check
-    armed only by a change saw nothing until --dist-timeout); with no checkpoint yet, training starts over."""
+    armed only by a change saw nothing until --dist-timeout); with no checkpoint yet, training starts over.
+    --restart-backoff 1: the default 10 s only waited."""
     job, state = "heal-stall", work / "state-stall"
     # One checkpoint, at the end: 8 s after the first beat here, where one every epoch comes after 0.6 s, so a
     # test process scheduled late on a busy machine still stops rank 1 before any checkpoint.
-    up = Up(start(target, state, *up_args(hosts, data, job, "--max-restarts", "1", "--stall-timeout", "15",
+    up = Up(start(target, state, *up_args(hosts, data, job, "--max-restarts", "1", "--restart-backoff", "1", "--stall-timeout", "15",
                                           trainer=("--epochs", "20", "--ckpt-every", "20"))))
     worker = rank_1_worker(target, job)
     heartbeat = job_dir(target, 0, job) / "heartbeat.json"
@@ -242,13 +247,14 @@ def test_node_0s_host_cut_off_the_job_finishes_on_the_others_from_the_replica(th
     passed over for the one before it, which 2 ranks load resharded. What a DDP cut would add is proven
     elsewhere: a .pt replicated and verified on node 1 (test_a_killed_container_is_restarted...), a corrupted .pt
     replica passed over by the real size and sha256 check (tests/orchestrate/test_resume_search.py), a DDP
-    resume on another world size (tests/trainer/test_trainer_distributed.py)."""
+    resume on another world size (tests/trainer/test_trainer_distributed.py). --restart-backoff 1: the default 10 s
+    only waited."""
     job, state = "heal-cut", work / "state-cut"
     # Data of its own: the stock-hosts test on these hosts sends its archive into the default data dir.
     hosts = three.write_hosts_file(work / "hosts3.txt", keys={h.index: {"data_dir": f"{h.home}/heal-cut-data"}
                                                               for h in three.hosts})
     with serve_data(work / "served3", three.gateway) as data3:
-        up = Up(start(three, state, *up_args(hosts, data3, job, "--max-restarts", "1", "--min-nodes", "2",
+        up = Up(start(three, state, *up_args(hosts, data3, job, "--max-restarts", "1", "--restart-backoff", "1", "--min-nodes", "2",
                                              trainer=("--epochs", "20", "--strategy", "fsdp"))))
         replica = job_dir(three, 1, job)
         # two replicas: one to corrupt, one to resume from

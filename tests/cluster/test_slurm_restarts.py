@@ -100,9 +100,10 @@ def test_a_killed_container_in_the_batch_job_restarts_from_the_newest_checkpoint
     """`submit --max-restarts 1`; once rank 0 has saved a checkpoint, node 1's container is SIGKILLed (docker kill
     on its host): the batch script's `up` restarts on both nodes of the allocation from the newest checkpoint
     (the one seen, or one saved since), trains to the end, and Slurm says COMPLETED 0:0. The restart's containers
-    carry ORCHESTRATE_SLURM_JOB=<id>, as the first start's."""
+    carry ORCHESTRATE_SLURM_JOB=<id>, as the first start's. --restart-backoff 1 (and in the next test): the default
+    10 s only waited; its length is tests/orchestrate/test_restarts.py's."""
     c, job = target, "heal"
-    job_id = submit(c, data, job, "--max-restarts", "1", epochs=EPOCHS_KILLED)
+    job_id = submit(c, data, job, "--max-restarts", "1", "--restart-backoff", "1", epochs=EPOCHS_KILLED)
     victim = container_on(c, job, 1)  # found first: at the checkpoint only the kill is left to do
     seen = first_checkpoint(c, job)
     victim.kill()  # type: ignore[attr-defined]  # SIGKILL, through host 1's local socket
@@ -126,7 +127,8 @@ def test_a_node_failing_preflight_at_the_restart_is_left_out_with_min_nodes(targ
     lost) is seen before host 1's daemon is, `up` waits up to 60 s for that daemon to come back before it names it
     (watcher.HOST_BACK_S), which is most of this test's time then."""
     c, job = target, "shrink"
-    job_id = submit(c, data, job, "--max-restarts", "1", "--min-nodes", "1", epochs=EPOCHS_SHRUNK)
+    job_id = submit(c, data, job, "--max-restarts", "1", "--restart-backoff", "1", "--min-nodes", "1",
+                    epochs=EPOCHS_SHRUNK)
     first_checkpoint(c, job)
     try:
         c.hosts[1].stop_docker()

@@ -12,7 +12,7 @@ from rich.console import Console
 
 from orchestrate import restart
 from orchestrate.config import Resilience, SSHOptions, UpConfig
-from orchestrate.errors import JobError
+from orchestrate.errors import ConfigError, JobError
 from orchestrate.jobs import stops
 from orchestrate.outcome import End, Outcome
 from orchestrate.plan.restarts import RESTARTABLE, AttemptResult, Decision, Next, Reachable, decide
@@ -26,9 +26,9 @@ REMOVED = Outcome(False, End.REMOVED, 0, "removed")
 INTERRUPTED = Outcome(False, End.INTERRUPTED, None, "interrupted (Ctrl-C)")
 
 
-def resilience(max_restarts: int = 2, min_nodes: int | None = None) -> Resilience:
+def resilience(max_restarts: int = 2, min_nodes: int | None = None, **more: object) -> Resilience:
     return UpConfig.of(ssh=SSHOptions(None, None, False), job="j", max_restarts=max_restarts,
-                       min_nodes=min_nodes).resilience
+                       min_nodes=min_nodes, **more).resilience
 
 
 class Story(NamedTuple):
@@ -115,6 +115,22 @@ STORIES = [
 @pytest.mark.parametrize("story", STORIES, ids=[s.story for s in STORIES])
 def test_what_follows_a_failed_attempt(story: Story) -> None:
     assert decide("j", story.history, story.ended, story.reachable, story.resilience) == story.expected
+
+
+def test_restart_backoff_sets_the_first_wait_and_each_further_one_doubles_it_up_to_6x() -> None:
+    """--restart-backoff (default 10 s: 10, 20, 40, 60, 60 s); before it, every restart waited 10 s at least."""
+    waits = [decide("j", (AttemptResult(EXITED, None, 8),) * n, AttemptResult(EXITED, None, 8 + n), None,
+                    resilience(8, restart_backoff=backoff)).backoff_s
+             for backoff in (10.0, 0.5) for n in (0, 1, 2, 3, 4)]
+    assert waits == [10.0, 20.0, 40.0, 60.0, 60.0, 0.5, 1.0, 2.0, 3.0, 3.0]
+    first = decide("j", (), AttemptResult(EXITED, None, 8), None, resilience(restart_backoff=0.5))
+    assert first.why.startswith("restart 1 of 2 in 0.5 s, from the newest valid checkpoint")
+
+
+@pytest.mark.parametrize("bad", [-1.0, float("nan"), 3601.0])
+def test_a_restart_backoff_out_of_range_is_refused(bad: float) -> None:
+    with pytest.raises(ConfigError, match=r"^--restart-backoff .* must be between 0 and 3600 seconds$"):
+        resilience(restart_backoff=bad)
 
 
 def test_what_is_restarted_and_what_counts_as_progress() -> None:
