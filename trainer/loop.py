@@ -43,7 +43,7 @@ def lr_at(run: RunSettings, progress: float) -> float:
     """Linear warmup to the (scaled) peak, then cosine to 0, as a function of epochs done (fractional).
 
     A pure function of the position in the data, so a resume with the same global batch continues with exactly
-    the learning rate the uninterrupted run would have used (another global batch scales it by the linear rule).
+    the learning rate the uninterrupted run would have used (another global batch scales it by defaults.scaled_lr).
     """
     if run.warmup_epochs > 0 and progress < run.warmup_epochs:
         return run.lr * progress / run.warmup_epochs
