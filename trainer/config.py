@@ -22,7 +22,7 @@ PRECISIONS = ("fp32", "bf16", "fp16")
 # "auto": bf16 on a GPU with bf16 tensor cores, fp32 elsewhere (trainer/defaults.py resolves it at start).
 PRECISION_CHOICES = ("auto", *PRECISIONS)
 CKPT_ASYNC = ("auto", "on", "off")
-# The global batch --lr is given for on GPU when --lr-ref-batch is auto (the linear rule of Goyal et al. 2017).
+# The global batch --lr is given for on GPU when --lr-ref-batch is auto (defaults.scaled_lr: linear below it, square root past it).
 LR_REF_BATCH = 256
 MAX_DIST_TIMEOUT_S = 7 * 24 * 3600
 COMPRESSIONS = ("none", "fp16", "bf16")
@@ -56,13 +56,13 @@ class Config:
     batch_size: int = 128
     """Per process; the global batch is batch_size x world size."""
     lr: float = 0.1
-    """Peak learning rate for a global batch of lr_ref_batch (the linear rule), reached after the warmup, then
-    decayed with a cosine to 0 at the last epoch."""
+    """Peak learning rate for a global batch of lr_ref_batch (scaled to the run's by defaults.scaled_lr), reached
+    after the warmup, then decayed with a cosine to 0 at the last epoch."""
     lr_ref_batch: int | None = None
-    """The global batch --lr is given for: the run uses lr x global batch / this. None: auto (256 on GPU; on
-    CPU --lr as given). 0: --lr as given."""
+    """The global batch --lr is given for: the run uses lr x global batch / this up to it, lr x sqrt(global batch /
+    this) past it (defaults.scaled_lr). None: auto (256 on GPU; on CPU --lr as given). 0: --lr as given."""
     warmup_epochs: float | None = None
-    """Linear warmup; None: auto (1 epoch, 5 when the linear rule raises the lr, at most half the run)."""
+    """Linear warmup; None: auto (1 epoch, 5 when --lr-ref-batch raises the lr, at most half the run)."""
     momentum: float = 0.9
     weight_decay: float = 5e-4
     model: str = "resnet18"
@@ -341,10 +341,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--lr", type=float, default=d["lr"].default,
                    help="peak learning rate for a global batch of --lr-ref-batch")
     p.add_argument("--lr-ref-batch", type=_ref_batch, default=d["lr_ref_batch"].default, metavar="N|none|auto",
-                   help="the run uses lr x global batch / N (the linear rule); none: --lr as given; "
+                   help="the run uses lr x global batch / N up to N images, lr x sqrt(global batch / N) past "
+                        "them; none: --lr as given; "
                         f"auto (None): {LR_REF_BATCH} on GPU, none on CPU")
     p.add_argument("--warmup-epochs", type=float, default=d["warmup_epochs"].default,
-                   help="linear warmup, then cosine decay to 0; auto (None): 1, or 5 when the linear rule raises "
+                   help="linear warmup, then cosine decay to 0; auto (None): 1, or 5 when --lr-ref-batch raises "
                         "the lr (at most half the run)")
     p.add_argument("--momentum", type=float, default=d["momentum"].default, help="SGD (Nesterov) momentum")
     p.add_argument("--weight-decay", type=float, default=d["weight_decay"].default, help="L2 weight decay")

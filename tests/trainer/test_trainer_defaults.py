@@ -21,8 +21,9 @@ def test_a_gpu_job_gets_bf16_time_based_async_checkpoints_and_evaluations() -> N
     run = _resolve(device=H100, global_batch=4096)
     assert (run.precision, run.ckpt_every, run.ckpt_every_s, run.ckpt_async) == ("bf16", 0, 300.0, True)
     assert (run.eval_every, run.eval_every_s) == (0, 60.0)
-    assert run.describe().startswith("settings: precision bf16 (auto: a GPU with bf16 tensor cores); lr 1.6 "
-                                     "(0.1 x global batch 4096 / 256, linear rule, ref auto), warmup 5 epochs")
+    assert run.describe().startswith("settings: precision bf16 (auto: a GPU with bf16 tensor cores); lr 0.4 "
+                                     "(0.1 x sqrt of global batch 4096 / 256, square root rule, ref auto), "
+                                     "warmup 5 epochs")
 
 
 def test_a_cpu_job_keeps_the_old_defaults() -> None:
@@ -43,21 +44,26 @@ def test_every_option_the_user_gives_wins(device: tuple[str, bool]) -> None:
     run = _resolve("--precision", "fp16", "--lr", "0.2", "--lr-ref-batch", "512", "--warmup-epochs", "0.5",
                    "--ckpt-every", "2", "--ckpt-every-minutes", "0", "--ckpt-async", "off", "--eval-every", "3",
                    "--eval-every-minutes", "7", device=device, global_batch=1024)
-    assert (run.precision, run.lr, run.warmup_epochs) == ("fp16", 0.4, 0.5)
+    assert (run.precision, run.lr, run.warmup_epochs) == ("fp16", pytest.approx(0.2 * 2 ** 0.5), 0.5)
     assert (run.ckpt_every, run.ckpt_every_s, run.ckpt_async) == (2, 0.0, False)
     assert (run.eval_every, run.eval_every_s) == (3, 420.0)
     assert "(given)" in run.describe() and "auto" not in run.describe()
 
 
-def test_the_linear_rule_and_its_warmup() -> None:
-    """lr x global / ref; warmup 5 epochs when the rule raises the lr, at most half the run, at least 1."""
+def test_the_batch_rule_and_its_warmup() -> None:
+    """lr x global / ref up to ref, lr x sqrt(global / ref) past it (16 x 256 on GPU: 0.4, not the linear rule's
+    1.6, which bench/lr_scale.py shows driving the loss back above its start); warmup 5 epochs when the rule raises
+    the lr (16 x 256: 60 steps of 12 an epoch), at most half the run, at least 1."""
     assert _resolve(device=H100, global_batch=256).lr == 0.1
     assert _resolve(device=H100, global_batch=256).warmup_epochs == 1.0  # not raised: the usual 1 epoch
     assert _resolve(device=H100, global_batch=128).lr == 0.05
+    assert _resolve(device=H100, global_batch=1024).lr == pytest.approx(0.2)
+    assert _resolve(device=H100, global_batch=4096).lr == pytest.approx(0.4)
+    assert _resolve(device=H100, global_batch=4096).warmup_epochs == 5.0
     assert _resolve("--epochs", "4", device=H100, global_batch=1024).warmup_epochs == 2.0
     assert _resolve("--epochs", "1", device=H100, global_batch=1024).warmup_epochs == 1.0
     assert _resolve("--lr-ref-batch", "none", device=H100, global_batch=4096).lr == 0.1
-    assert _resolve("--lr-ref-batch", "64", global_batch=128).lr == 0.2  # on CPU when asked for
+    assert _resolve("--lr-ref-batch", "64", global_batch=128).lr == pytest.approx(0.1 * 2 ** 0.5)  # CPU, asked
 
 
 def test_a_checkpoint_keeps_what_the_user_wrote_so_a_resume_resolves_again() -> None:
