@@ -248,17 +248,31 @@ def test_node_0s_host_cut_off_the_job_finishes_on_the_others_from_the_replica(th
     elsewhere: a .pt replicated and verified on node 1 (test_a_killed_container_is_restarted...), a corrupted .pt
     replica passed over by the real size and sha256 check (tests/orchestrate/test_resume_search.py), a DDP
     resume on another world size (tests/trainer/test_trainer_distributed.py). --restart-backoff 1: the default 10 s
-    only waited."""
+    only waited. The first attempt runs at a quarter of a core per container (docker update), so that the cut lands
+    mid-run on a machine of any speed; the restart's containers are new and unthrottled."""
     job, state = "heal-cut", work / "state-cut"
     # Data of its own: the stock-hosts test on these hosts sends its archive into the default data dir.
     hosts = three.write_hosts_file(work / "hosts3.txt", keys={h.index: {"data_dir": f"{h.home}/heal-cut-data"}
                                                               for h in three.hosts})
     with serve_data(work / "served3", three.gateway) as data3:
-        up = Up(start(three, state, *up_args(hosts, data3, job, "--max-restarts", "1", "--restart-backoff", "1", "--min-nodes", "2",
-                                             trainer=("--epochs", "20", "--strategy", "fsdp"))))
+        up = Up(start(three, state, *up_args(hosts, data3, job, "--max-restarts", "1", "--restart-backoff", "1",
+                                             "--min-nodes", "2", trainer=("--epochs", "20", "--strategy", "fsdp"))))
         replica = job_dir(three, 1, job)
-        # two replicas: one to corrupt, one to resume from
-        wait_for(lambda: len(manifests(replica)) >= 2, PATIENCE, "replicas of checkpoints on node 1", every=0.5)
+        # The first attempt's containers get a quarter of a core each (the job's 100 steps took ~6 s on one
+        # thread each, ending before two replicas were copied and verified): the cut lands while it trains.
+        wait_for(lambda: len([c for _, c in job_containers(three, job) if c.status == "running"]) == 3, PATIENCE,
+                 "the job's 3 containers to run", every=0.2)
+        for host in three.hosts:
+            client = host.docker_client()
+            try:
+                for container in client.containers.list(filters={"label": f"ddp-cifar.job={job}"}):
+                    container.update(cpu_period=100_000, cpu_quota=25_000)
+            finally:
+                client.close()
+        # two replicas copied and verified (not merely their manifests there): one to corrupt, one to resume from
+        wait_for(lambda: len(re.findall(r"^checkpoint step \d+ copied to node 1 \(.*sha256 verified$", up.text, re.M))
+                 >= 2, PATIENCE, "two verified replicas of checkpoints on node 1", every=0.5)
+        assert "finished: epochs=" not in up.text, "the job ended before the cut: slow it more"
         three.hosts[0].link_down()
         cut = time.monotonic()
         replicated, bad = corrupt_newest(replica)

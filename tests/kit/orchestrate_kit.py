@@ -163,9 +163,12 @@ def start(cluster: Cluster, state: Path, *args: str) -> subprocess.Popen[str]:
 
 
 def up_args(hosts: Path, data: Data, job: str, *extra: str, trainer: tuple[str, ...] = (),
-            image: str = IMAGE) -> list[str]:
+            image: str = IMAGE, one_thread: bool = True) -> list[str]:
+    """`one_thread=False`: torch's own thread count (and, with 2 processes per node, torchrun's warning that it sets
+    OMP_NUM_THREADS, a line from every node)."""
     return ["up", "--hosts", str(hosts), "--job", job, "--gpus", "0", "--image", image, "--data-url", data.url,
-            "--data-md5", data.md5, "--grace", "30", *SHARED_CORES, *extra, "--", *TRAIN, *trainer]
+            "--data-md5", data.md5, "--grace", "30", *(SHARED_CORES if one_thread else ()), *extra, "--", *TRAIN,
+            *trainer]
 
 
 def job_containers(cluster: Cluster, job: str) -> list[tuple[str, object]]:
