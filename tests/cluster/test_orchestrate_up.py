@@ -23,6 +23,7 @@ from kit.orchestrate_kit import (
     orchestrate,
     sigterm_step,
     start,
+    throttle_job,
     up_args,
     wait_for,
 )
@@ -107,6 +108,10 @@ def test_kill_status_logs_then_resume(fresh: Cluster, work: Path, data: Data, ho
     assert res_a.returncode == 0 and res_b.returncode == 0
     ckpt = job_dir(fresh, 0, "victim")
     try:
+        # The bystander only has to stay untouched (running) until the end: a quarter of a core per container.
+        wait_for(lambda: len([c for _, c in job_containers(fresh, "bystander") if c.status == "running"]) == 2,
+                 PATIENCE, "the bystander's containers to run", every=0.5)
+        assert throttle_job(fresh, "bystander") == 2
         wait_for(lambda: len(manifests(ckpt)) >= 1, PATIENCE, "a first checkpoint of job victim")
         # A second `up` of a running job is refused (no --replace), and nothing changes.
         again = orchestrate(fresh, state, *up_args(hosts, data, "victim", "--detach", trainer=long))

@@ -29,6 +29,7 @@ from kit.orchestrate_kit import (
     orchestrate,
     serve_data,
     start,
+    throttle_job,
     up_args,
     wait_for,
 )
@@ -262,13 +263,7 @@ def test_node_0s_host_cut_off_the_job_finishes_on_the_others_from_the_replica(th
         # thread each, ending before two replicas were copied and verified): the cut lands while it trains.
         wait_for(lambda: len([c for _, c in job_containers(three, job) if c.status == "running"]) == 3, PATIENCE,
                  "the job's 3 containers to run", every=0.2)
-        for host in three.hosts:
-            client = host.docker_client()
-            try:
-                for container in client.containers.list(filters={"label": f"ddp-cifar.job={job}"}):
-                    container.update(cpu_period=100_000, cpu_quota=25_000)
-            finally:
-                client.close()
+        assert throttle_job(three, job) == 3
         # two replicas copied and verified (not merely their manifests there): one to corrupt, one to resume from
         wait_for(lambda: len(re.findall(r"^checkpoint step \d+ copied to node 1 \(.*sha256 verified$", up.text, re.M))
                  >= 2, PATIENCE, "two verified replicas of checkpoints on node 1", every=0.5)

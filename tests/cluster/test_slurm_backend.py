@@ -32,6 +32,7 @@ from kit.orchestrate_kit import (
     job_containers,
     job_dir,
     manifests,
+    throttle_job,
     wait_for,
 )
 from kit.slurm_kit import (
@@ -83,6 +84,7 @@ def test_submit_queues_trains_to_the_end_and_leaves_nothing(target: Cluster, dat
     c = target
     first = submit(c, data, "first", epochs=50)
     first_step(c, first)
+    assert throttle_job(c, "first") == 2  # it only has to run while the second waits, until its kill
     job_id = submit(c, data, "queued", epochs=2)
     wait_for(lambda: f"slurm: job {job_id} PENDING (Resources)" in orchestrate(c, "status", "--job", "queued").stdout,
              30, "status to show the job pending for resources")  # Reason=None until the scheduler's first pass
@@ -185,6 +187,9 @@ def test_slurms_sigterm_stops_every_container_with_a_checkpoint_and_submit_resum
     earlier = run_folders(c, "long")  # none: the job name is this test's alone
     job_id = submit(c, data, "long", "--time", "3", "--stop-grace", "15", epochs=1000)
     first_step(c, job_id)
+    # It only has to train until Slurm's signal (45-105 s): at a quarter of a core per container meanwhile, its
+    # steps still take well under a second, so the stop's agreement (every 8 steps) is seconds, not the grace.
+    assert throttle_job(c, "long") == 2
     status = orchestrate(c, "status", "--job", "long")  # Slurm's state above our table of the ranks
     assert f"slurm: job {job_id} RUNNING on dc-{c.name}-h[0-1]\n" in status.stdout, status.stdout
     assert "long-node1-ddp" in status.stdout, status.stdout

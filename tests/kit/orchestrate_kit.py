@@ -186,6 +186,22 @@ def job_containers(cluster: Cluster, job: str) -> list[tuple[str, object]]:
     return found
 
 
+def throttle_job(cluster: Cluster, job: str, cpus: float = 0.25) -> int:
+    """Each running container of the job limited to `cpus` of a core (docker update), for a test whose job only
+    has to keep training while it waits for something else (a scheduler's timer, another job's story): the CPU it
+    would burn meanwhile is the other tests' on a shared CI machine. How many were limited."""
+    limited = 0
+    for host in cluster.hosts:
+        client = host.docker_client()
+        try:
+            for container in client.containers.list(filters={"label": f"ddp-cifar.job={job}"}):
+                container.update(cpu_period=100_000, cpu_quota=int(cpus * 100_000))
+                limited += 1
+        finally:
+            client.close()
+    return limited
+
+
 def manifests(folder: Path) -> list[dict[str, object]]:
     """The checkpoint manifests in a folder: ckpt-<step>.json (DDP) and ckpt-<step>/manifest.json (FSDP)."""
     out = []
