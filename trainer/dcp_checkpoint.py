@@ -27,13 +27,11 @@ from collections.abc import Callable
 from concurrent.futures import Future
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, TypeVar, cast
+from typing import TYPE_CHECKING, Any, TypeVar, cast
 
 import torch
 import torch.distributed as tdist
-import torch.distributed.checkpoint as dcp
 from torch import nn
-from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 
 from . import checkpoint, dist
 from .atomic import fsync_dir
@@ -49,6 +47,11 @@ from .contract import (
 )
 from .dist import DistContext
 from .errors import CheckpointError
+
+if TYPE_CHECKING:
+    # DCP is imported where a sharded checkpoint is written or read, not here: 0.7 s of CPU at every process's
+    # start (measured in the CPU image), which a DDP rank, that reads only this module's manifests, never needs.
+    import torch.distributed.checkpoint as dcp
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -69,6 +72,7 @@ def _write_synced(path: Path, blob: bytes) -> None:
 
 def _state(model: nn.Module, optimizer: torch.optim.Optimizer) -> dict[str, Any]:
     """Model and optimizer state keyed by parameter names, each rank's shards as DTensors: what DCP reshards."""
+    from torch.distributed.checkpoint.state_dict import get_state_dict
     model_sd, optim_sd = get_state_dict(model, optimizer)
     return {"model": model_sd, "optim": optim_sd}
 
@@ -104,6 +108,7 @@ def save(folder: Path, model: nn.Module, optimizer: torch.optim.Optimizer, train
     every rank alike."""
     if _prepare(folder, ctx, step):
         return folder / ckpt_folder_name(step)
+    import torch.distributed.checkpoint as dcp
     t0 = time.monotonic()
     _shards_written(folder, step, lambda: dcp.save(_state(model, optimizer), storage_writer=_writer(folder, step)))
     return _complete(ctx, ShardedSave(folder, trainer_state, step, epoch, epoch_complete, keep, t0))
@@ -117,6 +122,7 @@ def start_save(folder: Path, model: nn.Module, optimizer: torch.optim.Optimizer,
     interleave with training's); finish_save completes it. None: this step is already saved."""
     if _prepare(folder, ctx, step):
         return None
+    import torch.distributed.checkpoint as dcp
     t0 = time.monotonic()
     # FileSystemWriter is DCP's BlockingAsyncStager: the copy is done when async_save returns, which then gives
     # a plain Future of the write (an AsyncSaveResponse only comes with an asynchronous stager).
@@ -166,6 +172,7 @@ def finish_save(pending: PendingShards, ctx: DistContext, timeout_s: float) -> P
 
 
 def _writer(folder: Path, step: int) -> dcp.FileSystemWriter:
+    import torch.distributed.checkpoint as dcp
     return dcp.FileSystemWriter(folder / ckpt_tmp_name(step), sync_files=True)  # DCP fsyncs each file
 
 
@@ -184,6 +191,7 @@ def _prepare(folder: Path, ctx: DistContext, step: int) -> bool:
 
 
 def _shards_written(folder: Path, step: int, write: Callable[[], T]) -> T:
+    import torch.distributed.checkpoint as dcp
     try:
         return write()
     except dcp.CheckpointException as e:  # a BaseException; DCP raises it on every rank when any rank failed
@@ -402,6 +410,8 @@ def restore(cfg: Config, ctx: DistContext, model: nn.Module, optimizer: torch.op
     if saved_model != cfg.model:
         raise CheckpointError(f"checkpoint {path} was trained with --model {saved_model}, not {cfg.model}; "
                               f"pass --model {saved_model}")
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import set_state_dict
     state = _state(model, optimizer)
     # The optimizer's param_groups are loaded as DCP's other non-tensor values: one copy, whichever rank's got
     # saved. Each group's "params" lists the saving rank's own parameter names, and the ranks of a pipeline hold

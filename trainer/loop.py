@@ -17,7 +17,6 @@ import torch
 import torch.distributed as tdist
 import torch.nn.functional as F
 from torch import nn
-from torch.distributed.fsdp import FSDPModule
 
 from . import checkpoint, dist, metrics, parallel
 from .config import Config
@@ -95,7 +94,7 @@ def _gradient_sync(module: nn.Module, last: bool, accumulating: bool) -> Abstrac
     FSDP2's switch (set_requires_gradient_sync: no reduce-scatter, and under HSDP no cross-node all-reduce, until
     the last; the unsharded gradients accumulate meanwhile, a full gradient's memory per unit). A plain module
     has nothing to reduce."""
-    if isinstance(module, FSDPModule):
+    if parallel.is_fully_sharded(module):
         if accumulating:
             module.set_requires_gradient_sync(last)
         return contextlib.nullcontext()
@@ -115,7 +114,7 @@ def evaluate_counts(model: nn.Module, test: Split, ctx: DistContext, precision: 
     model.eval()
     idx = torch.arange(ctx.rank, len(test), ctx.world_size, device=test.images.device)
     counts = torch.zeros(2, dtype=torch.float64, device=test.images.device)
-    for part in _eval_batches(idx, batch, len(test), ctx.world_size, lockstep=isinstance(model, FSDPModule)):
+    for part in _eval_batches(idx, batch, len(test), ctx.world_size, lockstep=parallel.is_fully_sharded(model)):
         rows = part if len(part) else part.new_zeros(1)  # an empty lockstep batch: image 0, not counted
         x = _model_layout(normalize(test.images[rows]))
         with autocast(x.device, precision):

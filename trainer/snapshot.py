@@ -14,7 +14,6 @@ from typing import Any
 
 import torch
 import torch.distributed as tdist
-from torch.distributed.checkpoint.state_dict import StateDictOptions, set_state_dict
 
 from . import checkpoint, dcp_checkpoint
 from .config import Config
@@ -179,6 +178,8 @@ def _newest_is_sharded(cfg: Config, ctx: DistContext) -> bool:
 def _load_by_name(st: TrainState, state: dict[str, Any], names: list[str]) -> None:
     """The .pt's parameters and their optimizer state (keyed by index in `names`' order) into `st`'s part of the
     model, by full name; set_state_dict puts full tensors into FSDP's shards too."""
+    # imported here, not at the top: DCP costs every process 0.7 s of CPU at its start (dcp_checkpoint.py)
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, set_state_dict
     held = {n for n, _ in st.model.named_parameters()}
     saved = state["optimizer"]
     optim_state: Any = {"state": {names[i]: v for i, v in saved["state"].items() if names[i] in held},
