@@ -23,8 +23,8 @@ from orchestrate.jobs import stops
 from orchestrate.outcome import End, Outcome
 from orchestrate.pipeline import phases
 from orchestrate.pipeline.attempt import plan_attempt
-from orchestrate.pipeline.attend import watch
 from orchestrate.pipeline.ready import connect_and_preflight
+from orchestrate.pipeline.running import watch
 from orchestrate.plan import gpus, restarts
 from orchestrate.plan.jobplan import UNKNOWN, Attempt, JobPlan, PlanInputs, container_specs, pipeline_layout
 from orchestrate.plan.restarts import AttemptResult
@@ -111,7 +111,7 @@ def _print_offline(config: UpConfig, hosts: list[Host], console: Console) -> Non
                   markup=False)
     console.print("\n".join(f"#   {line}" for line in jobfile.of_config(config).splitlines()), markup=False,
                   highlight=False, soft_wrap=True)
-    console.print(backend().text_offline(specs), markup=False, highlight=False, soft_wrap=True)
+    console.print(backend().containers_text(specs), markup=False, highlight=False, soft_wrap=True)
     if layout:
         console.print(layout, markup=False, highlight=False, soft_wrap=True)
     note = _match_exec_note(config)

@@ -20,7 +20,7 @@ from orchestrate.config import UpConfig
 from orchestrate.errors import JobError
 from orchestrate.jobs import stops
 from orchestrate.jobs.memory import remember
-from orchestrate.pipeline.ready import Ready
+from orchestrate.pipeline.ready import PreflightedHosts
 from orchestrate.plan.jobplan import ContainerSpec, JobPlan, PlanInputs, container_specs
 from orchestrate.plan.regrant import regrant
 from orchestrate.probe.imagecheck import check_image
@@ -29,7 +29,7 @@ from orchestrate.remote.session import Session
 from orchestrate.remote.ssh import fan_out
 
 
-def images(ready: Ready, plan: JobPlan, config: UpConfig, console: Console) -> JobPlan:
+def images(ready: PreflightedHosts, plan: JobPlan, config: UpConfig, console: Console) -> JobPlan:
     """The image onto every node as planned; then, where node 0 had to pull it first, the launcher read from it."""
     ensure_images(ready.nodes, plan, ready.local, ready.local_id, console, config.delivery.layer_cache,
                   carried.source(config.delivery.image_from, ready.local_id))
@@ -63,7 +63,7 @@ def data(nodes: Session, plan: JobPlan, config: UpConfig, console: Console) -> N
         console.print(f"data on {res.label}: {what}", markup=False, highlight=False)
 
 
-def start(nodes: Session, plan: JobPlan, inputs: PlanInputs, ready: Ready, config: UpConfig,
+def start(nodes: Session, plan: JobPlan, inputs: PlanInputs, ready: PreflightedHosts, config: UpConfig,
           console: Console) -> Submitted:
     """The resume checkpoint where it lacks, then the attempt submitted to the backend: leftovers out, the
     containers started, their GPU sets and port claimed against other `up`s starting at the same moment (a lost
