@@ -72,7 +72,7 @@ class Ranks(Protocol):
 
 
 @dataclass(frozen=True)
-class Ran:
+class ShortRunResult:
     """A short container run to its end; or not started, and `error` says why in the scheduler's words."""
 
     exit_code: int | None  # None: it did not start
@@ -157,7 +157,7 @@ class Backend(Daemons, Protocol):
         """PURE: the request of the containers of a plan made without probing (`--dry-run --json`)."""
         ...
 
-    def text_offline(self, specs: Sequence[ContainerSpec]) -> str:
+    def containers_text(self, specs: Sequence[ContainerSpec]) -> str:
         """PURE: the same as text (`--dry-run`)."""
         ...
 
@@ -168,9 +168,9 @@ class Backend(Daemons, Protocol):
         ...
 
     def run(self, nodes: Session, specs: Mapping[int, ContainerSpec], timeout: float, what: str,
-            together: bool = False) -> dict[int, Ran]:
+            together: bool = False) -> dict[int, ShortRunResult]:
         """Run the plan's short containers (node rank → spec, plan/shortlived.py) to their end, each waited for at
-        most `timeout` s, and remove them: one by one (one that cannot start is a Ran with its error), or
+        most `timeout` s, and remove them: one by one (one that cannot start is a ShortRunResult with its error), or
         `together`, one on every node, all created before any starts (they meet each other; one that cannot start
         removes them all and raises). `what` names them in errors (MultiHostError: one line per host)."""
         ...

@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from orchestrate.backends import backend
-from orchestrate.backends.protocol import Ran
+from orchestrate.backends.protocol import ShortRunResult
 from orchestrate.errors import PreflightError
 from orchestrate.localfs import cache_root, write_atomically
 from orchestrate.plan.jobplan import ContainerSpec
@@ -217,8 +217,8 @@ def require(results: Sequence[ProbeResult]) -> None:
                              + "\n  ".join(f"{r.label}: {r.problem}" for r in failed))
 
 
-def probe_node(run: Callable[[ContainerSpec], Ran], spec: ContainerSpec, probe: ContainerSpec, image_id: str | None,
-               state: str | None) -> ProbeResult:
+def probe_node(run: Callable[[ContainerSpec], ShortRunResult], spec: ContainerSpec, probe: ContainerSpec,
+               image_id: str | None, state: str | None) -> ProbeResult:
     """`spec`: the job's container, `probe`: its probe's, run by `run`; `state`: the host's boot and driver
     (node_state); the memory is used only with an image ID and a state."""
     need = need_of(spec)

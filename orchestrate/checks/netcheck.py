@@ -28,7 +28,7 @@ from rich.console import Console
 from rich.table import Table
 
 from orchestrate.backends import backend
-from orchestrate.backends.protocol import Ran
+from orchestrate.backends.protocol import ShortRunResult
 from orchestrate.config import Checks, Resources
 from orchestrate.errors import JobError
 from orchestrate.plan.jobplan import ContainerSpec
@@ -226,7 +226,7 @@ def measure(nodes: Session, checks: Sequence[ContainerSpec], options: Options, c
     return verdict
 
 
-def _result(ran: Ran, rank: int, label: str) -> NodeResult:
+def _result(ran: ShortRunResult, rank: int, label: str) -> NodeResult:
     """The node's line; a process's error line first (the node's first process may only have seen its peers go)."""
     payloads: list[dict[str, Any] | None] = []
     for line in ran.output.splitlines():

@@ -23,10 +23,10 @@ from orchestrate.jobs import stops
 from orchestrate.outcome import End, Outcome
 from orchestrate.pipeline import phases
 from orchestrate.pipeline.attempt import plan_attempt
-from orchestrate.pipeline.attend import watch
 from orchestrate.pipeline.ready import connect_and_preflight
+from orchestrate.pipeline.running import watch
 from orchestrate.plan import gpus, restarts
-from orchestrate.plan.jobplan import UNKNOWN, Attempt, JobPlan, container_specs, pipeline_layout
+from orchestrate.plan.jobplan import UNKNOWN, Attempt, JobPlan, PlanInputs, container_specs, pipeline_layout
 from orchestrate.plan.restarts import AttemptResult
 from orchestrate.probe.hostboot import await_hosts
 from orchestrate.probe.resume import newest_step
@@ -99,8 +99,9 @@ def _up(config: UpConfig, console: Console, timings: Timings, hangup: Hangup) ->
 
 def _print_offline(config: UpConfig, hosts: list[Host], console: Console) -> None:
     """Offline: nothing is contacted; interfaces and GPU counts are shown as detected at launch."""
-    specs = container_specs(config.program, config.resources, config.where, Attempt.first(config.resilience), hosts,
-                            config.where.master_addr or hosts[0].hostname)
+    specs = container_specs(PlanInputs(config.program, config.resources, config.where, config.data, config.delivery,
+                                       Attempt.first(config.resilience), tuple(hosts),
+                                       config.where.master_addr or hosts[0].hostname))
     nprocs = [int(s.env["NPROC_PER_NODE"]) if s.env["NPROC_PER_NODE"].isdigit() else UNKNOWN for s in specs]
     layout = pipeline_layout(config.program.pipeline_stages, nprocs)  # refused here, before anything is printed
     if config.mode.as_json:
@@ -110,7 +111,7 @@ def _print_offline(config: UpConfig, hosts: list[Host], console: Console) -> Non
                   markup=False)
     console.print("\n".join(f"#   {line}" for line in jobfile.of_config(config).splitlines()), markup=False,
                   highlight=False, soft_wrap=True)
-    console.print(backend().text_offline(specs), markup=False, highlight=False, soft_wrap=True)
+    console.print(backend().containers_text(specs), markup=False, highlight=False, soft_wrap=True)
     if layout:
         console.print(layout, markup=False, highlight=False, soft_wrap=True)
     note = _match_exec_note(config)
@@ -162,7 +163,7 @@ def _attempt(config: UpConfig, attempt: Attempt, hosts: list[Host], console: Con
     try:
         if not attempt.number:  # only a kill typed while this `up` runs stops it (jobs/stops.py)
             stops.clear(nodes, config.program.job)
-        plan, facts = plan_attempt(config, attempt, ready, console, timings)
+        plan, inputs = plan_attempt(config, attempt, ready, console, timings)
         with timings.phase("image"):
             plan = phases.images(ready, plan, config, console)
         if not config.resources.cpu_mode:
@@ -178,7 +179,7 @@ def _attempt(config: UpConfig, attempt: Attempt, hosts: list[Host], console: Con
             phases.data(nodes, plan, config, console)
         stops.before_restart_starts(attempt.number)
         with timings.phase("start"):
-            submitted = phases.start(nodes, plan, facts, ready, config, console)
+            submitted = phases.start(nodes, plan, inputs, ready, config, console)
             plan = submitted.plan
         console.print(f"job {config.program.job!r} started: {len(plan.nodes)} node(s), master {plan.master}",
                       markup=False, highlight=False)

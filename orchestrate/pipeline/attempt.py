@@ -12,21 +12,21 @@ from orchestrate.backends.docker_ssh import data
 from orchestrate.checks import gpuprobe, netcheck
 from orchestrate.config import UpConfig
 from orchestrate.errors import NoCheckpointError
-from orchestrate.pipeline.ready import Ready
+from orchestrate.pipeline.ready import PreflightedHosts
 from orchestrate.plan import shortlived
-from orchestrate.plan.jobplan import Attempt, ContainerSpec, JobPlan, plan_job
+from orchestrate.plan.jobplan import Attempt, ContainerSpec, JobPlan, PlanInputs, plan_job
 from orchestrate.probe.facts import local_data, node_facts
 from orchestrate.probe.imagecheck import CHECK_IMAGE, FIND_PYTHON, check_image
-from orchestrate.probe.observations import CheckResult, HostReport, NodeFacts, ResumePoint
+from orchestrate.probe.observations import CheckResult, HostReport, ResumePoint
 from orchestrate.probe.resume import find_resume_checkpoint
 from orchestrate.timings import Timings
 from trainer.contract import ENV_RESUME
 
 
-def plan_attempt(config: UpConfig, attempt: Attempt, ready: Ready, console: Console, timings: Timings,
-                 on_hosts: bool = True) -> tuple[JobPlan, list[NodeFacts]]:
+def plan_attempt(config: UpConfig, attempt: Attempt, ready: PreflightedHosts, console: Console, timings: Timings,
+                 on_hosts: bool = True) -> tuple[JobPlan, PlanInputs]:
     """The attempt's plan, from what the read-only probe finds: the nodes' layers and data, the resume checkpoint,
-    the launcher (`on_hosts` False: no check container on a host, as for a dry run); and the facts it was built
+    the launcher (`on_hosts` False: no check container on a host, as for a dry run); and the inputs it was built
     from (a lost GPU/port claim plans again from them: backends/docker_ssh/claim.py)."""
     with timings.phase("plan"):
         image = backend().local_layers(ready.local, ready.local_id)
@@ -36,11 +36,11 @@ def plan_attempt(config: UpConfig, attempt: Attempt, ready: Ready, console: Cons
         scripts = short_scripts()
         check = shortlived.image_check(config.program, ready.nodes.hosts[0], scripts)
         launcher, on = _launcher(config, ready, on_hosts, check)
-        plan = plan_job(config.program, config.resources, config.where, config.data, config.delivery, attempt,
-                        ready.nodes.hosts, ready.master, facts, image, launcher, resume, archive_bytes, from_folder,
-                        ready.port, [_verdicts(r) for r in ready.reports])
-        return shortlived.with_short_containers(plan, config.program, config.resources, config.data, config.checks,
-                                                scripts, check, on), facts
+        inputs = PlanInputs(config.program, config.resources, config.where, config.data, config.delivery, attempt,
+                            tuple(ready.nodes.hosts), ready.master, tuple(facts), image, launcher, resume,
+                            archive_bytes, from_folder, ready.port, tuple(_verdicts(r) for r in ready.reports))
+        return shortlived.with_short_containers(plan_job(inputs), config.program, config.resources, config.data,
+                                                config.checks, scripts, check, on), inputs
 
 
 def _verdicts(report: HostReport) -> tuple[CheckResult, ...]:
@@ -54,7 +54,7 @@ def short_scripts() -> shortlived.Scripts:
                               find_python=FIND_PYTHON, check_image=CHECK_IMAGE)
 
 
-def _launcher(config: UpConfig, ready: Ready, on_hosts: bool,
+def _launcher(config: UpConfig, ready: PreflightedHosts, on_hosts: bool,
               check: ContainerSpec) -> tuple[tuple[str, ...] | None, str]:
     """How torchrun starts in the image the nodes will run, checked before anything is sent (the plan's image
     check container): on this machine's daemon when the nodes run its image (same ID), else on node 0 where it
@@ -70,7 +70,7 @@ def _launcher(config: UpConfig, ready: Ready, on_hosts: bool,
     return None, ""
 
 
-def _resume(ready: Ready, config: UpConfig, attempt: Attempt,
+def _resume(ready: PreflightedHosts, config: UpConfig, attempt: Attempt,
             console: Console) -> tuple[ResumePoint | None, Attempt]:
     """The checkpoint this attempt resumes from, and the attempt as it runs (a restart before the first
     checkpoint starts over)."""

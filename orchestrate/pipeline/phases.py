@@ -3,6 +3,7 @@ out what the plan says."""
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 
 from rich.console import Console
@@ -19,16 +20,16 @@ from orchestrate.config import UpConfig
 from orchestrate.errors import JobError
 from orchestrate.jobs import stops
 from orchestrate.jobs.memory import remember
-from orchestrate.pipeline.ready import Ready
-from orchestrate.plan.jobplan import ContainerSpec, JobPlan, container_specs
+from orchestrate.pipeline.ready import PreflightedHosts
+from orchestrate.plan.jobplan import ContainerSpec, JobPlan, PlanInputs, container_specs
 from orchestrate.plan.regrant import regrant
 from orchestrate.probe.imagecheck import check_image
-from orchestrate.probe.observations import Holdings, NodeFacts
+from orchestrate.probe.observations import Holdings
 from orchestrate.remote.session import Session
 from orchestrate.remote.ssh import fan_out
 
 
-def images(ready: Ready, plan: JobPlan, config: UpConfig, console: Console) -> JobPlan:
+def images(ready: PreflightedHosts, plan: JobPlan, config: UpConfig, console: Console) -> JobPlan:
     """The image onto every node as planned; then, where node 0 had to pull it first, the launcher read from it."""
     ensure_images(ready.nodes, plan, ready.local, ready.local_id, console, config.delivery.layer_cache,
                   carried.source(config.delivery.image_from, ready.local_id))
@@ -62,21 +63,21 @@ def data(nodes: Session, plan: JobPlan, config: UpConfig, console: Console) -> N
         console.print(f"data on {res.label}: {what}", markup=False, highlight=False)
 
 
-def start(nodes: Session, plan: JobPlan, facts: list[NodeFacts], ready: Ready, config: UpConfig,
+def start(nodes: Session, plan: JobPlan, inputs: PlanInputs, ready: PreflightedHosts, config: UpConfig,
           console: Console) -> Submitted:
     """The resume checkpoint where it lacks, then the attempt submitted to the backend: leftovers out, the
     containers started, their GPU sets and port claimed against other `up`s starting at the same moment (a lost
     claim is planned again here, from what the daemons hold then: the plan returned is the one that started)."""
     copy_resume_checkpoint(nodes, plan)
     remember(config)  # the user's options: a port preflight chose is not kept
-    launcher = plan.launcher or ("torchrun",)
 
     def replan(found: Sequence[Holdings]) -> tuple[int | None, list[ContainerSpec]]:
-        # `config` is the user's: its master port None when preflight chose one (a lost claim chooses again).
-        port, new_facts = regrant(config.resources, config.where, nodes.hosts, facts, ready.reports[0].listening,
-                                  found)
-        return port, container_specs(config.program, config.resources, config.where, plan.attempt, nodes.hosts,
-                                     ready.master, new_facts, launcher, port)
+        # `config` is the user's: its master port None when preflight chose one (a lost claim chooses again). The
+        # launcher is the plan's: an image pulled since the inputs were made may have answered it.
+        port, new_facts = regrant(config.resources, config.where, nodes.hosts, inputs.node_facts,
+                                  ready.reports[0].listening, found)
+        return port, container_specs(dataclasses.replace(inputs, facts=tuple(new_facts), master_port=port,
+                                                         launcher=plan.launcher))
 
     submitted = backend().submit(nodes, plan, config.resilience.grace, replan, console)
     _unless_stopped(nodes, config)

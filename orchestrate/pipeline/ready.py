@@ -26,7 +26,7 @@ from orchestrate.timings import Timings
 
 
 @dataclass
-class Ready:
+class PreflightedHosts:
     """The hosts connected and past preflight: what every command that starts containers needs first."""
 
     nodes: Session
@@ -38,7 +38,7 @@ class Ready:
 
 
 def connect_and_preflight(config: UpConfig, attempt: Attempt, hosts: list[Host], console: Console,
-                          timings: Timings, history: Sequence[AttemptResult] = ()) -> Ready:
+                          timings: Timings, history: Sequence[AttemptResult] = ()) -> PreflightedHosts:
     """Connect and preflight (the table; nothing starts unless it passes). `history`: how the attempts before this
     one ended (a restart's: with --min-nodes, which hosts it runs on is decided on it, plan/restarts.py)."""
     with timings.phase("connect"), ThreadPoolExecutor(1) as pool:
@@ -53,7 +53,7 @@ def connect_and_preflight(config: UpConfig, attempt: Attempt, hosts: list[Host],
     except BaseException:
         nodes.close()
         raise
-    return Ready(nodes, reports, master, local, local_id, reports[0].port)
+    return PreflightedHosts(nodes, reports, master, local, local_id, reports[0].port)
 
 
 def _local_image(config: UpConfig, console: Console) -> tuple[Local, str | None]:

@@ -1,5 +1,6 @@
-"""PURE planning: the config sections it reads + hosts + the probe's facts → the JobPlan of one attempt. No I/O
-here. Each function takes the sections it reads (Program, Resources, Where...), never the whole UpConfig.
+"""PURE planning: one attempt's PlanInputs (the config sections it reads + hosts + the probe's facts) → its JobPlan.
+No I/O here. Each function takes the sections it reads (Program, Resources, Where...) or the PlanInputs, never the
+whole UpConfig.
 
 `container_specs` gives the containers (one ContainerSpec per node: what the offline `--dry-run` prints); `plan_job` wraps
 them with everything else an attempt does per node (folders, verdicts, image and data actions, leftovers,
@@ -202,24 +203,53 @@ class Attempt:
         return cls(resume=resilience.resume)
 
 
-def container_specs(program: Program, resources: Resources, where: Where, attempt: Attempt, hosts: Sequence[Host],
-                    master_addr: str, facts: Sequence[NodeFacts] | None = None,
-                    launcher: Sequence[str] = ("torchrun",), master_port: int | None = None) -> list[ContainerSpec]:
-    """One ContainerSpec per host, node 0 first. `facts` come from preflight (None for an offline dry run);
-    `launcher` from the image check (torchrun, or `python -m torch.distributed.run` where it is not on PATH);
-    `master_port` the port preflight chose on node 0 (None: --master-port's, None too when not given and not
-    probed: shown as detected at launch)."""
-    facts = list(facts) if facts is not None else [NodeFacts() for _ in hosts]
-    refuse_uneven_fsdp(program, [(host, nproc_for(resources, host, f)) for host, f in zip(hosts, facts, strict=True)])
-    nnodes = len(hosts)
+@dataclass(frozen=True)
+class PlanInputs:
+    """Everything an attempt's plan is made from, built once by the pipeline: the config's sections it reads, the
+    attempt, the hosts, and what the probe observed (each node's facts, this machine's image and --data-from) with
+    preflight's verdicts. An offline dry run has only the sections and the hosts: the rest keeps its default."""
+
+    program: Program
+    resources: Resources
+    where: Where
+    data: Data
+    delivery: Delivery
+    attempt: Attempt
+    hosts: tuple[Host, ...]
+    master_addr: str
+    facts: tuple[NodeFacts, ...] | None = None  # from preflight (None: an offline dry run)
+    local: LocalImage | None = None  # the job's image on this machine (None: none)
+    # torchrun, or `python -m torch.distributed.run` where it is not on PATH, from the image check (None: with
+    # --pull, read from the image once node 0 pulled it; the containers say torchrun until then)
+    launcher: tuple[str, ...] | None = None
+    resume: ResumePoint | None = None
+    archive_bytes: int | None = None  # the --data-from archive's size
+    from_folder: bool = False  # --data-from is a folder
+    master_port: int | None = None  # the port preflight chose on node 0 (None: --master-port's)
+    verdicts: tuple[tuple[CheckResult, ...], ...] | None = None  # preflight's on each node (None: none made)
+
+    @property
+    def node_facts(self) -> tuple[NodeFacts, ...]:
+        """Each node's facts; nothing known of any (shown as detected at launch) before preflight."""
+        return self.facts if self.facts is not None else tuple(NodeFacts() for _ in self.hosts)
+
+    @property
+    def port(self) -> int | None:
+        """The rendezvous port: preflight's, else --master-port's (None: detected at launch)."""
+        return self.master_port if self.master_port is not None else self.where.master_port
+
+
+def container_specs(inputs: PlanInputs) -> list[ContainerSpec]:
+    """One ContainerSpec per host, node 0 first."""
+    facts = inputs.node_facts
+    refuse_uneven_fsdp(inputs.program, [(host, nproc_for(inputs.resources, host, f))
+                                        for host, f in zip(inputs.hosts, facts, strict=True)])
     names = tuple((f"ddp-node{rank}", addr) for rank, f in enumerate(facts) if f.addr
                   for addr in ((f.addr, f"::ffff:{f.addr}") if "." in f.addr else (f.addr,)))
+    resources = inputs.resources
     net = transport.job_transport(resources.nccl_transport, [f.ib for f in facts]) if not resources.cpu_mode else "auto"
-    port = master_port if master_port is not None else where.master_port
-    return [_with_transport(dataclasses.replace(_node(program, resources, where, attempt, host, rank, nnodes,
-                                                      master_addr, port, facts[rank], tuple(launcher)),
-                                                extra_hosts=names), net)
-            for rank, host in enumerate(hosts)]
+    return [_with_transport(dataclasses.replace(_node(inputs, rank), extra_hosts=names), net)
+            for rank in range(len(inputs.hosts))]
 
 
 def _with_transport(spec: ContainerSpec, net: str) -> ContainerSpec:
@@ -232,14 +262,16 @@ def _with_transport(spec: ContainerSpec, net: str) -> ContainerSpec:
     return spec
 
 
-def _node(program: Program, resources: Resources, where: Where, attempt: Attempt, host: Host, rank: int, nnodes: int,
-          master_addr: str, master_port: int | None, facts: NodeFacts, launcher: tuple[str, ...]) -> ContainerSpec:
+def _node(inputs: PlanInputs, rank: int) -> ContainerSpec:
+    program, resources, attempt = inputs.program, inputs.resources, inputs.attempt
+    host, facts, nnodes, master_addr = inputs.hosts[rank], inputs.node_facts[rank], len(inputs.hosts), inputs.master_addr
+    master_port = inputs.port
     nproc = nproc_for(resources, host, facts)
     iface = host.iface or facts.iface or UNKNOWN
-    dirs = dict(facts.dirs) if facts.dirs is not None else host_dirs(where, program.job, host, facts.home)
+    dirs = dict(facts.dirs) if facts.dirs is not None else host_dirs(inputs.where, program.job, host, facts.home)
     port = UNKNOWN if master_port is None else str(master_port)
     command = [
-        *launcher, "--nnodes", str(nnodes), "--node_rank", str(rank), "--master_addr", master_addr,
+        *(inputs.launcher or ("torchrun",)), "--nnodes", str(nnodes), "--node_rank", str(rank), "--master_addr", master_addr,
         "--master_port", port, "--nproc_per_node", str(nproc), *TORCHRUN_LOG_ARGS,
         *program.entry_argv,
     ]
@@ -436,23 +468,17 @@ def data_action(data: Data, is_trainer: bool, node: NodeFacts, archive_bytes: in
     return DataAction("download", url_masked(data.data_url))
 
 
-def plan_job(program: Program, resources: Resources, where: Where, data: Data, delivery: Delivery, attempt: Attempt,
-             hosts: Sequence[Host], master_addr: str, facts: Sequence[NodeFacts], local: LocalImage | None,
-             launcher: Sequence[str] | None, resume: ResumePoint | None, archive_bytes: int | None = None,
-             from_folder: bool = False, master_port: int | None = None,
-             verdicts: Sequence[tuple[CheckResult, ...]] | None = None) -> JobPlan:
-    """PURE: the attempt's plan from the config's sections, the hosts and what the probe found (the facts of every
-    node and of this machine: the local image, the --data-from archive's size or whether it is a folder) and
-    preflight's verdicts on each node (None: none made); its short containers are added by plan/shortlived.py's
+def plan_job(inputs: PlanInputs) -> JobPlan:
+    """PURE: the attempt's plan from its inputs; its short containers are added by plan/shortlived.py's
     `with_short_containers`."""
-    specs = container_specs(program, resources, where, attempt, hosts, master_addr, facts, launcher or ("torchrun",),
-                            master_port)
-    pipeline_layout(program.pipeline_stages, [nproc_for(resources, h, f) for h, f in zip(hosts, facts, strict=True)])
-    judged = list(verdicts) if verdicts is not None else [() for _ in hosts]
+    specs = container_specs(inputs)
+    program, resources, facts = inputs.program, inputs.resources, inputs.node_facts
+    pipeline_layout(program.pipeline_stages, [nproc_for(resources, h, f) for h, f in zip(inputs.hosts, facts, strict=True)])
+    judged = inputs.verdicts if inputs.verdicts is not None else tuple(() for _ in inputs.hosts)
     nodes = tuple(NodePlan(rank, spec.host, spec.dirs, judged[rank], gpu_set(resources, spec.host, f),
-                           image_action(delivery, local, f),
-                           data_action(data, program.is_trainer, f, archive_bytes, from_folder), f.leftovers, spec)
+                           image_action(inputs.delivery, inputs.local, f),
+                           data_action(inputs.data, program.is_trainer, f, inputs.archive_bytes, inputs.from_folder),
+                           f.leftovers, spec)
                   for rank, (spec, f) in enumerate(zip(specs, facts, strict=True)))
-    port = master_port if master_port is not None else where.master_port
-    return JobPlan(program.job, attempt, f"{master_addr}:{port}",
-                   tuple(launcher) if launcher is not None else None, resume, nodes, relay_mode=delivery.relay)
+    return JobPlan(program.job, inputs.attempt, f"{inputs.master_addr}:{inputs.port}", inputs.launcher, inputs.resume,
+                   nodes, relay_mode=inputs.delivery.relay)

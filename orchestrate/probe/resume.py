@@ -16,7 +16,7 @@ from orchestrate.remote.session import Session
 from orchestrate.remote.ssh import fan_out
 
 
-class Placed(Protocol):
+class HostWithFolders(Protocol):
     """A container placed on a host, with its folders there (the plan's container specs are)."""
 
     @property
@@ -48,7 +48,7 @@ def find_resume_checkpoint(nodes: Session, ckpt_dirs: Sequence[str], console: Co
     return ResumePoint(best, src, lacking)
 
 
-def newest_step(nodes: Session, specs: Sequence[Placed]) -> int | None:
+def newest_step(nodes: Session, specs: Sequence[HostWithFolders]) -> int | None:
     """The newest valid checkpoint's step on the nodes that still answer (None: none anywhere)."""
     def one(rank: int) -> int | None:
         try:

@@ -15,7 +15,7 @@ from pathlib import Path
 from orchestrate.checks import gpuprobe
 from orchestrate.config import SSHOptions, UpConfig
 from orchestrate.hosts import parse_hosts_file
-from orchestrate.plan.jobplan import Attempt, container_specs
+from orchestrate.plan.jobplan import Attempt, PlanInputs, container_specs
 from orchestrate.plan.shortlived import gpu_probe
 from orchestrate.remote.session import Session
 
@@ -25,7 +25,8 @@ def main(hosts_file: str, image: str) -> None:
     config = UpConfig.of(ssh=SSHOptions(Path(hosts_file), None, False), image=image, gpus=1, job="gpuprobe-test")
     nodes = Session.connect(hosts, False)
     try:
-        specs = container_specs(config.program, config.resources, config.where, Attempt(), hosts, hosts[0].hostname)
+        specs = container_specs(PlanInputs(config.program, config.resources, config.where, config.data,
+                                           config.delivery, Attempt(), tuple(hosts), hosts[0].hostname))
         for result in gpuprobe.probe_all(nodes, specs, [gpu_probe(s, gpuprobe.script()) for s in specs], None):
             print(json.dumps(dataclasses.asdict(result)), flush=True)
     finally:

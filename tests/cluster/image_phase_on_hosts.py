@@ -20,7 +20,7 @@ from orchestrate.backends.docker_ssh.request import render_job_plan
 from orchestrate.config import SSHOptions, UpConfig
 from orchestrate.hosts import parse_hosts_file
 from orchestrate.pipeline.ready import connect_and_preflight
-from orchestrate.plan.jobplan import Attempt, plan_job
+from orchestrate.plan.jobplan import Attempt, PlanInputs, plan_job
 from orchestrate.probe.facts import node_facts
 from orchestrate.timings import Timings
 
@@ -33,8 +33,8 @@ def main(hosts_file: str, image: str) -> None:
     try:
         local = backend().local_layers(ready.local, ready.local_id)
         facts = node_facts(backend(), ready.nodes, ready.reports, config.delivery, config.data if config.program.is_trainer else None, local)
-        plan = plan_job(config.program, config.resources, config.where, config.data, config.delivery, Attempt(),
-                        ready.nodes.hosts, ready.master, facts, local, ("torchrun",), None)
+        plan = plan_job(PlanInputs(config.program, config.resources, config.where, config.data, config.delivery,
+                                   Attempt(), tuple(ready.nodes.hosts), ready.master, tuple(facts), local, ("torchrun",)))
         for line in render_job_plan(plan).splitlines():
             if line.startswith(("# node", "#   image:")):
                 print(line, flush=True)

@@ -9,7 +9,7 @@ from orchestrate import cli
 from orchestrate.config import Resources, SSHOptions, UpConfig
 from orchestrate.hosts import Host
 from orchestrate.plan.gpuset import GpuSet, decide_gpus
-from orchestrate.plan.jobplan import Attempt, ContainerSpec, JobPlan, container_specs, plan_job
+from orchestrate.plan.jobplan import Attempt, ContainerSpec, JobPlan, PlanInputs, container_specs, plan_job
 from orchestrate.plan.verdicts import judge_gpus
 from orchestrate.probe.observations import (
     Check,
@@ -37,17 +37,25 @@ def job_specs(config: UpConfig, hosts: Sequence[Host], master_addr: str, facts: 
               launcher: Sequence[str] = ("torchrun",), attempt: Attempt | None = None) -> list[ContainerSpec]:
     """The planner's containers for a whole config, handed its sections as the pipeline hands them (`attempt`
     None: the first start, with --resume as the config says)."""
-    return container_specs(config.program, config.resources, config.where,
-                           attempt if attempt is not None else Attempt.first(config.resilience), hosts, master_addr,
-                           facts, launcher)
+    return container_specs(plan_inputs(config, attempt if attempt is not None else Attempt.first(config.resilience),
+                                       hosts, master_addr, facts, launcher=tuple(launcher)))
 
 
 def job_plan(config: UpConfig, attempt: Attempt, hosts: Sequence[Host], master_addr: str, facts: Sequence[NodeFacts],
              local: LocalImage | None, launcher: Sequence[str] | None,
              verdicts: Sequence[tuple[CheckResult, ...]] | None = None) -> JobPlan:
     """The planner's JobPlan for a whole config (no resume point), handed its sections as the pipeline hands them."""
-    return plan_job(config.program, config.resources, config.where, config.data, config.delivery, attempt, hosts,
-                    master_addr, facts, local, launcher, None, verdicts=verdicts)
+    return plan_job(plan_inputs(config, attempt, hosts, master_addr, facts, local=local,
+                                launcher=tuple(launcher) if launcher is not None else None,
+                                verdicts=tuple(verdicts) if verdicts is not None else None))
+
+
+def plan_inputs(config: UpConfig, attempt: Attempt, hosts: Sequence[Host], master_addr: str,
+                facts: Sequence[NodeFacts] | None = None, **observed: object) -> PlanInputs:
+    """The planner's inputs for a whole config: its sections as the pipeline takes them, and what was `observed`
+    (PlanInputs' other fields)."""
+    return PlanInputs(config.program, config.resources, config.where, config.data, config.delivery, attempt,  # type: ignore[arg-type]
+                      tuple(hosts), master_addr, tuple(facts) if facts is not None else None, **observed)
 
 
 def gpus_judged(probed: dict[str, str], resources: Resources, slots: int | None = None,

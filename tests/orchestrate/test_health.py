@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from orchestrate.backends.docker_ssh.stamps import docker_time
+from orchestrate.backends.docker_ssh.rfc3339 import docker_time
 from orchestrate.probe.heartbeat import Beat
 from orchestrate.watch.health import RankStack, StallClock, culprits, flight_recorder_lines, last_collective
 from orchestrate.watch.outcome import diverged_line

@@ -6,14 +6,14 @@ import json
 from pathlib import Path
 
 import pytest
-from kit.units import SSH, job_plan
+from kit.units import SSH, job_plan, job_specs
 
 from orchestrate import cli
 from orchestrate.backends.docker_ssh.request import plan_json, render_job_plan
 from orchestrate.config import Data, UpConfig
 from orchestrate.errors import ConfigError
 from orchestrate.hosts import Host
-from orchestrate.plan.jobplan import Attempt, container_specs, data_action, image_action
+from orchestrate.plan.jobplan import Attempt, data_action, image_action
 from orchestrate.probe.observations import CheckResult, LocalBase, LocalImage, NodeFacts
 
 HOSTS = [Host(name=f"h{i}", hostname=f"10.0.0.{i + 1}", port=22, user="u", slots=None) for i in range(2)]
@@ -150,9 +150,9 @@ def test_fsdp_on_nodes_with_different_process_counts_is_refused_in_one_line(args
              Host(name="b", hostname="10.0.0.2", port=22, user="u", slots=4)]
     c = config(trainer_args=args)
     if not refused:
-        container_specs(c.program, c.resources, c.where, Attempt(), hosts, "10.0.0.1")
+        job_specs(c, hosts, "10.0.0.1", attempt=Attempt())
         return
     with pytest.raises(ConfigError) as e:
-        container_specs(c.program, c.resources, c.where, Attempt(), hosts, "10.0.0.1")
+        job_specs(c, hosts, "10.0.0.1", attempt=Attempt())
     assert str(e.value).startswith("--strategy fsdp needs the same number of processes on every node, and these "
                                    "differ (a: 8, b: 4)")

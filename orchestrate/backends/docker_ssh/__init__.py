@@ -18,11 +18,11 @@ from orchestrate.backends.protocol import (
     JobRow,
     JobStatus,
     NodeLog,
-    Ran,
     RankFiles,
     Ranks,
     Replan,
     Request,
+    ShortRunResult,
     Submitted,
 )
 from orchestrate.plan.jobplan import ContainerSpec, JobPlan
@@ -44,7 +44,7 @@ class DockerSSH:
     def materialize_offline(self, specs: Sequence[ContainerSpec]) -> Request:
         return offline_json(specs)
 
-    def text_offline(self, specs: Sequence[ContainerSpec]) -> str:
+    def containers_text(self, specs: Sequence[ContainerSpec]) -> str:
         return render_plan(specs)
 
     def submit(self, nodes: Session, plan: JobPlan, grace: float, replan: Replan, console: Console) -> Submitted:
@@ -53,7 +53,7 @@ class DockerSSH:
         return Submitted(plan.with_claim(claim.specs, claim.port), claim.containers)
 
     def run(self, nodes: Session, specs: Mapping[int, ContainerSpec], timeout: float, what: str,
-            together: bool = False) -> dict[int, Ran]:
+            together: bool = False) -> dict[int, ShortRunResult]:
         return shortrun.run(nodes, specs, timeout, what, together)
 
     def load_carried(self, manifest: Path, image: str, console: Console) -> None:

@@ -9,7 +9,7 @@ from collections.abc import Mapping, Sequence
 from datetime import datetime, timezone
 from typing import Any
 
-from orchestrate.backends.docker_ssh.stamps import docker_time
+from orchestrate.backends.docker_ssh.rfc3339 import docker_time
 from orchestrate.labels import GPUS_LABEL, RANK_LABEL, RESTART_CAUSE_LABEL, RESTART_LABEL
 from orchestrate.plan.jobplan import CKPT_MOUNT
 from orchestrate.probe.gpuusage import read_usage

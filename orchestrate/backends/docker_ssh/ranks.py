@@ -9,7 +9,7 @@ from collections.abc import Iterator, Sequence
 from typing import Any
 
 from orchestrate.backends.docker_ssh.control import LogResume
-from orchestrate.backends.docker_ssh.stamps import docker_time
+from orchestrate.backends.docker_ssh.rfc3339 import docker_time
 from orchestrate.backends.protocol import RankState
 from orchestrate.remote import scripts
 from orchestrate.remote.session import Session

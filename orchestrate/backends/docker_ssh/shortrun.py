@@ -10,7 +10,7 @@ from typing import Any
 from orchestrate.backends.docker_ssh.control import kill_on_host, uid_of
 from orchestrate.backends.docker_ssh.request import sdk_kwargs
 from orchestrate.backends.docker_ssh.start import start_containers
-from orchestrate.backends.protocol import Ran
+from orchestrate.backends.protocol import ShortRunResult
 from orchestrate.labels import JOB_LABEL
 from orchestrate.plan.jobplan import ContainerSpec
 from orchestrate.remote.session import Session
@@ -18,7 +18,7 @@ from orchestrate.remote.ssh import fan_out
 
 
 def run(nodes: Session, specs: Mapping[int, ContainerSpec], timeout: float, what: str,
-        together: bool) -> dict[int, Ran]:
+        together: bool) -> dict[int, ShortRunResult]:
     ranks = sorted(specs)
     if together:
         assert ranks == list(range(len(nodes.hosts)))  # one per node: they meet each other
@@ -28,9 +28,9 @@ def run(nodes: Session, specs: Mapping[int, ContainerSpec], timeout: float, what
     return dict(zip(ranks, ran, strict=True))
 
 
-def run_one(client: Any, spec: ContainerSpec, timeout: float) -> Ran:
+def run_one(client: Any, spec: ContainerSpec, timeout: float) -> ShortRunResult:
     """Created, started, waited for, read and removed here (a container whose start failed would stay behind);
-    one the daemon refuses to create or start is a Ran with its error, in the daemon's words."""
+    one the daemon refuses to create or start is a ShortRunResult with its error, in the daemon's words."""
     import docker.errors
 
     kwargs = sdk_kwargs(spec)
@@ -38,25 +38,26 @@ def run_one(client: Any, spec: ContainerSpec, timeout: float) -> Ran:
     try:
         container = client.containers.create(**kwargs)
     except docker.errors.APIError as err:
-        return Ran(None, error=str(err.explanation or err))
+        return ShortRunResult(None, error=str(err.explanation or err))
     try:
         container.start()
         return ended(container, timeout)
     except docker.errors.APIError as err:
-        return Ran(None, error=str(err.explanation or err))
+        return ShortRunResult(None, error=str(err.explanation or err))
     finally:
         with contextlib.suppress(docker.errors.APIError):
             container.remove(force=True)
 
 
-def ended(container: Any, timeout: float) -> Ran:
+def ended(container: Any, timeout: float) -> ShortRunResult:
     """Wait (bounded) for a started container's end; its exit code and output."""
     status = container.wait(timeout=timeout)
-    return Ran(int(status.get("StatusCode", -1)), container.logs(stdout=True, stderr=True).decode(errors="replace"),
-               container.logs(stdout=True, stderr=False).decode(errors="replace"))
+    return ShortRunResult(int(status.get("StatusCode", -1)),
+                          container.logs(stdout=True, stderr=True).decode(errors="replace"),
+                          container.logs(stdout=True, stderr=False).decode(errors="replace"))
 
 
-def _together(nodes: Session, specs: list[ContainerSpec], timeout: float, what: str) -> list[Ran]:
+def _together(nodes: Session, specs: list[ContainerSpec], timeout: float, what: str) -> list[ShortRunResult]:
     """All created, then all started (start_containers: none is left if one fails); each waited for, then every
     container of their job label stopped and removed on every node."""
     def label(r: int) -> str:

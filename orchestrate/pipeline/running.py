@@ -1,4 +1,4 @@
-"""Attend a running attempt: the watcher observes (watch/), and this acts on what it returns: replicate each new
+"""The attempt while it runs: the watcher observes (watch/), and this acts on what it returns: replicate each new
 checkpoint meanwhile and the final one at the end, save a stall's report on node 0, stop the job on failure or on
 Ctrl-C."""
 
