@@ -33,13 +33,9 @@ from orchestrate.errors import SSHError
 from orchestrate.probe.layers import chain_ids
 
 log = logging.getLogger(__name__)
-
 CHUNK = 1 << 20
-
 QUEUE_CHUNKS = 16  # per node: bounded, so one local `save` stream moves at the pace of the slowest node
-
 PUT_WAIT_S = 1.0
-
 
 
 # ---- pure: which layer a save entry is ------------------------------------------------------------------
