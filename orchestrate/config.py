@@ -138,7 +138,8 @@ def option(default: Any, flag: str | None = None, help: str = "", *, check: dict
     names cli.py's conversion of the parsed value, `short` a one-letter flag beside it), and `check`: the `check`
     command's flag, when it has one ({} to reuse up's flag and help). No flag: an option of the Python API and job
     files only. A JobsConfig field names instead the `commands` that take its flag (kill, status, logs, plot,
-    tensorboard), or maps each to its own help there."""
+    tensorboard), or maps each to its own help there; an option of both configs (--job, --grace) is declared once
+    for both (job_option, grace_option)."""
     return field(default=default, metadata={"flag": flag, "help": help, "check": check, "commands": commands,
                                             "cli": cli})
 
