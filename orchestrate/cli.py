@@ -23,6 +23,7 @@ from orchestrate.backends.protocol import Allocation
 from orchestrate.config import (
     JOB_COMMANDS,
     SECTIONS,
+    SELFTEST_OPTIONS,
     JobsConfig,
     SSHOptions,
     UpConfig,
@@ -31,7 +32,6 @@ from orchestrate.config import (
 )
 from orchestrate.errors import ConfigError, MultiHostError, OrchestrateError
 from orchestrate.terminal import console_for
-from trainer.config import PRECISIONS, STRATEGIES
 
 EXAMPLES = """\
 examples:
@@ -118,9 +118,7 @@ def build_parser() -> argparse.ArgumentParser:
                                        "(e.g. -- --strategy fsdp --batch-size 256).")
     _ssh_args(check, hosts_required=True)
     _check_args(check)
-    for flag, choices, what in (("--strategy", STRATEGIES, "the job's strategy"),
-                                ("--precision", PRECISIONS, "the job's precision (fp16 runs with a gradient scaler)"),
-                                ("--model", None, "the job's model (e.g. tiny for a quick check on CPU)")):
+    for flag, (choices, what) in SELFTEST_OPTIONS.items():
         check.add_argument(flag, choices=choices, default=None,
                            help=f"of the self-test's training steps: {what}; default the trainer's, as for the job")
     check.add_argument("trainer_args", nargs="*", help="trainer options after --, as for up (they win)")
@@ -136,14 +134,26 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _ssh_args(p: argparse.ArgumentParser, hosts_required: bool, in_allocation: bool = False) -> None:
-    """--hosts and the SSH options; `in_allocation`: a scheduler's allocation this runs in is the default (up's)."""
+    """--hosts and the SSH options (SSHOptions' fields); --hosts's help adds the schedulers' values and its
+    default; `in_allocation`: a scheduler's allocation this runs in is the default (up's)."""
     inside = "".join(f"{s.default_help}, else " for s in SCHEDULERS) if in_allocation else ""
-    p.add_argument("--hosts", type=Path, required=hosts_required, default=None,
-                   help="hosts file" + "".join(f", or {s.hosts_help}" for s in SCHEDULERS) +
-                        ("" if hosts_required else f" (default: {inside}the hosts file the job's last up used)"))
-    p.add_argument("--ssh-config", type=Path, default=None, help="default ~/.ssh/config")
-    p.add_argument("--accept-new-host-keys", action="store_true",
-                   help="trust unknown host keys on first use (adds them to known_hosts); changed keys stay refused")
+    for f in dataclasses.fields(SSHOptions):
+        help_text, extra = f.metadata["help"], {}
+        if f.name == "hosts_file":
+            help_text += "".join(f", or {s.hosts_help}" for s in SCHEDULERS) + (
+                "" if hosts_required else f" (default: {inside}the hosts file the job's last up used)")
+            extra = {"required": hosts_required}
+        _argument(p, f, f.metadata["flag"], help_text, extra)
+
+
+def _ssh_of(ns: argparse.Namespace) -> SSHOptions:
+    """The SSH options parsed (every command takes them)."""
+    return SSHOptions(**{f.name: getattr(ns, _dest(f.metadata["flag"])) for f in dataclasses.fields(SSHOptions)})
+
+
+def _dest(flag: str) -> str:
+    """Where argparse keeps an option's value: `--ssh-config` -> ssh_config."""
+    return flag.lstrip("-").replace("-", "_")
 
 
 def _env(pairs: Sequence[str]) -> tuple[tuple[str, str], ...]:
@@ -235,31 +245,31 @@ def _fields_of(ns: argparse.Namespace, command: str) -> dict[str, Any]:
     for _, _, f in _options():
         flag = _flag(f, command)
         if flag:
-            value = getattr(ns, flag.lstrip("-").replace("-", "_"))
+            value = getattr(ns, _dest(flag))
             parse = f.metadata["cli"].get("parse")
             out.update(PARSE[parse](value) if parse else {f.name: value})
     return out
 
 
 def up_config(ns: argparse.Namespace) -> UpConfig:
-    return UpConfig.of(SSHOptions(ns.hosts, ns.ssh_config, ns.accept_new_host_keys), **_fields_of(ns, "up"),
+    return UpConfig.of(_ssh_of(ns), **_fields_of(ns, "up"),
                        trainer_args=tuple(ns.trainer_args))
 
 
 def check_config(ns: argparse.Namespace) -> UpConfig:
-    return UpConfig.of(SSHOptions(ns.hosts, ns.ssh_config, ns.accept_new_host_keys), **_fields_of(ns, "check"),
+    return UpConfig.of(_ssh_of(ns), **_fields_of(ns, "check"),
                        trainer_args=(*_given(ns), *ns.trainer_args))
 
 
 def _given(ns: argparse.Namespace) -> tuple[str, ...]:
-    """check's --strategy, --precision and --model, the ones given (the trainer's defaults are the job's)."""
-    return tuple(arg for name in ("strategy", "precision", "model") if getattr(ns, name) is not None
-                 for arg in (f"--{name}", getattr(ns, name)))
+    """check's trainer options (SELFTEST_OPTIONS), the ones given (the trainer's defaults are the job's)."""
+    return tuple(arg for flag in SELFTEST_OPTIONS if getattr(ns, _dest(flag)) is not None
+                 for arg in (flag, getattr(ns, _dest(flag))))
 
 
 def jobs_config(ns: argparse.Namespace) -> JobsConfig:
     """The options the command took; the others keep their field's default."""
-    return JobsConfig(ssh=SSHOptions(ns.hosts, ns.ssh_config, ns.accept_new_host_keys),
+    return JobsConfig(ssh=_ssh_of(ns),
                       **{f.name: getattr(ns, f.name) for f in _jobs_fields(ns.command)})
 
 

@@ -131,13 +131,6 @@ def mask_text(text: str, secrets: list[str]) -> str:
     return text
 
 
-@dataclass(frozen=True)
-class SSHOptions:
-    hosts_file: Path | None
-    ssh_config: Path | None
-    accept_new_host_keys: bool
-
-
 def option(default: Any, flag: str | None = None, help: str = "", *, check: dict[str, Any] | None = None,  # noqa: A002
            commands: tuple[str, ...] | dict[str, str] = (), **cli: Any) -> Any:
     """A config field declared once: its default, its `up` flag and help (cli.py builds the parser from them), any
@@ -145,9 +138,49 @@ def option(default: Any, flag: str | None = None, help: str = "", *, check: dict
     names cli.py's conversion of the parsed value, `short` a one-letter flag beside it), and `check`: the `check`
     command's flag, when it has one ({} to reuse up's flag and help). No flag: an option of the Python API and job
     files only. A JobsConfig field names instead the `commands` that take its flag (kill, status, logs, plot,
-    tensorboard), or maps each to its own help there."""
+    tensorboard), or maps each to its own help there; an option of both configs (--job, --grace) is declared once
+    for both (job_option, grace_option)."""
     return field(default=default, metadata={"flag": flag, "help": help, "check": check, "commands": commands,
                                             "cli": cli})
+
+
+@dataclass(frozen=True)
+class SSHOptions:
+    """How every command reaches the hosts: `up`, `check` and the job commands all take these options (cli.py adds
+    to --hosts's help the schedulers' values and when it is required)."""
+
+    hosts_file: Path | None = option(None, "--hosts", "hosts file", type=Path)
+    ssh_config: Path | None = option(None, "--ssh-config", "default ~/.ssh/config", type=Path)
+    accept_new_host_keys: bool = option(False, "--accept-new-host-keys", "trust unknown host keys on first use (adds "
+                                        "them to known_hosts); changed keys stay refused", action="store_true")
+
+
+# The commands on a job that runs (or ran), and their help: their options are JobsConfig's fields.
+JOB_COMMANDS = {
+    "kill": "stop and remove the job's containers",
+    "status": "one row per node, the job's progress and restarts",
+    "logs": "print or follow the nodes' logs",
+    "plot": f"draw the job's {METRICS_FILE} (from node 0): loss, accuracy, images/s, learning rate against step, "
+            "restarts marked",
+    "tensorboard": "fetch the job's TensorBoard event files (node 0's log dir, and its replica's) into a folder here "
+                   "and start TensorBoard on it; Ctrl-C stops it",
+}
+
+
+def job_option() -> Any:
+    """--job, declared once for up, check and the job commands (and checked once, by check_job)."""
+    return option(DEFAULT_JOB, "--job", "job name (container names and labels)",
+                  check={"help": "the job whose settings to use (containers JOB-netcheck-*)"},
+                  commands=dict.fromkeys(JOB_COMMANDS, "job name"))
+
+
+# check's own flags for trainer options of its self-test: flag -> (choices, what it sets). They are passed to the
+# trainer before the options after -- (which win), and the trainer's parser checks them as for a job.
+SELFTEST_OPTIONS: dict[str, tuple[tuple[str, ...] | None, str]] = {
+    "--strategy": (trainer_config.STRATEGIES, "the job's strategy"),
+    "--precision": (trainer_config.PRECISIONS, "the job's precision (fp16 runs with a gradient scaler)"),
+    "--model": (None, "the job's model (e.g. tiny for a quick check on CPU)"),
+}
 
 
 # docker stop's timeout also becomes docker-py's socket timeout: `--grace 1e12` overflowed it, the stop failed and
@@ -156,10 +189,10 @@ def option(default: Any, flag: str | None = None, help: str = "", *, check: dict
 MAX_GRACE_S = 3600
 
 
-def grace_option(**commands: Any) -> Any:
+def grace_option() -> Any:
     """--grace, declared once for up and kill (and bounded once, by check_grace)."""
     return option(60.0, "--grace", f"seconds between SIGTERM and SIGKILL (0 to {MAX_GRACE_S})", type=float,
-                  **commands)
+                  commands=("kill",))
 
 
 def check_grace(seconds: float, flag: str = "--grace") -> None:
@@ -176,8 +209,7 @@ def _one_of(value: str, choices: tuple[str, ...], flag: str) -> None:
 class Program:
     """what to run"""
 
-    job: str = option(DEFAULT_JOB, "--job", "job name (container names and labels)",
-                      check={"help": "the job whose settings to use (containers JOB-netcheck-*)"})
+    job: str = job_option()
     image: str = option(DEFAULT_IMAGE, "--image", "image to run; sent to nodes that lack it",
                         check={"help": "image to run it in (any image with torch)"})
     entry: str = option(TRAINER_ENTRY, "--entry", "program torchrun starts: '-m pkg.module' or a script path inside "
@@ -496,26 +528,14 @@ def option_defaults() -> dict[str, Any]:
     return {f.name: f.default for cls in SECTIONS.values() for f in fields(cls)}
 
 
-# The commands on a job that runs (or ran), and their help: their options are JobsConfig's fields.
-JOB_COMMANDS = {
-    "kill": "stop and remove the job's containers",
-    "status": "one row per node, the job's progress and restarts",
-    "logs": "print or follow the nodes' logs",
-    "plot": f"draw the job's {METRICS_FILE} (from node 0): loss, accuracy, images/s, learning rate against step, "
-            "restarts marked",
-    "tensorboard": "fetch the job's TensorBoard event files (node 0's log dir, and its replica's) into a folder here "
-                   "and start TensorBoard on it; Ctrl-C stops it",
-}
-
-
 @dataclass(frozen=True)
 class JobsConfig:
     """kill / status / logs / plot / tensorboard: each option names the commands that take it (cli.py builds their
     parsers from the fields)."""
 
     ssh: SSHOptions
-    job: str = option(DEFAULT_JOB, "--job", "job name", commands=tuple(JOB_COMMANDS))
-    grace: float = grace_option(commands=("kill",))
+    job: str = job_option()
+    grace: float = grace_option()
     follow: bool = option(False, "--follow", "keep following until the job ends", short="-f", action="store_true",
                           commands=("logs",))
     node: int | None = option(None, "--node", "only this node rank", type=int, commands=("logs",))

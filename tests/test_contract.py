@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from orchestrate.watch import health
-from trainer import contract, metrics
+from trainer import contract, metrics, straggler
 
 REPO = Path(__file__).resolve().parents[1]
 SIDES = ("trainer", "orchestrate")
@@ -127,7 +127,7 @@ def test_the_slow_stage_the_trainer_writes_is_the_one_up_and_status_name(tmp_pat
     """--pp 2 x dp 1 on 2 nodes: each rank's stage rides in the heartbeat (contract.Beat.rank_stage), and the
     orchestrator's line (up's progress, status) says which stage holds the pipeline back, then where it runs."""
     beat = metrics.Heartbeat(tmp_path, enabled=True, total_steps=600, epochs=15, global_batch=256)
-    for _ in range(contract.STRAGGLER_WINDOWS):
+    for _ in range(straggler.STRAGGLER_WINDOWS):
         beat.ranks([(0.3, 0.1, 0.0), (0.3, 0.2, 0.0)], 1, (0, 1))
     beat.mark("training", step=24)
     read = health.Beat.parse((tmp_path / contract.HEARTBEAT_FILE).read_text())

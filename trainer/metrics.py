@@ -22,11 +22,9 @@ from .contract import (
     STEP_KIND,
     TENSORBOARD_FOLDER,
     Beat,
-    node_times,
-    straggler_scores,
-    streaks,
 )
 from .hardware import Speed, mfu_text
+from .straggler import node_times, straggler_scores, streaks
 
 log = logging.getLogger(__name__)
 

@@ -7,7 +7,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from orchestrate.remote.ssh import Connection
-from trainer import contract
+from trainer import contract, straggler
 from trainer.contract import HEARTBEAT_FILE
 
 NODE_LINE_WIDTH = 100  # status's node lines: one terminal line each
@@ -36,8 +36,8 @@ class Beat(contract.Beat):
 
     def straggler_line(self) -> str | None:
         """PURE: `slowest: node 2 rank 5, 1.9x the median step` when a rank is clearly slower than the median
-        for several windows (contract.slowest), else None."""
-        found = contract.slowest(self)
+        for several windows (straggler.slowest), else None."""
+        found = straggler.slowest(self)
         return found.line() if found is not None else None
 
     def node_lines(self, hosts: Mapping[int, str], gpus: Mapping[int, str], width: int = NODE_LINE_WIDTH) -> list[str]:
@@ -57,7 +57,7 @@ class Beat(contract.Beat):
         work, step, data = self.rank_work_s, self.rank_step_s, self.rank_data_s
         if not work or not step or not data or not len(work) == len(step) == len(data):
             return []
-        scores = contract.straggler_scores(contract.node_times(work, per))
+        scores = straggler.straggler_scores(straggler.node_times(work, per))
         return [f"step {max(step[i:i + per]):.3g} s, work {max(work[i:i + per]):.3g} s "
                 f"({scores[i // per]:.1f}x), data {max(data[i:i + per]):.3g} s" for i in range(0, len(work), per)]
 

@@ -37,8 +37,9 @@ import pytest
 from kit.orchestrate_kit import Data, Up, job_dir, orch_env, orchestrate, spawn, start, up_args, wait_for
 
 from devcluster import Cluster
-from trainer.contract import HEARTBEAT_FILE, STRAGGLER_WINDOWS, Beat, clearly_slower
+from trainer.contract import HEARTBEAT_FILE, Beat
 from trainer.loop import AGREE_EVERY
+from trainer.straggler import STRAGGLER_WINDOWS, clearly_slower
 
 pytestmark = [pytest.mark.cluster, pytest.mark.docker, pytest.mark.slow]
 
@@ -93,7 +94,7 @@ def named(text: str) -> list[tuple[int, float]]:
 
 
 def quiet(text: str) -> bool:
-    """A status whose beat has every node's work and none clearly slower than the median (contract.clearly_slower,
+    """A status whose beat has every node's work and none clearly slower than the median (straggler.clearly_slower,
     one rank per node here): every streak is zero in that beat, a node named later is named by later windows."""
     works = [float(w) for w in NODE_WORK.findall(text)]
     return len(works) == 3 and not any(clearly_slower(works))

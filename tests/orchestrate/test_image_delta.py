@@ -11,14 +11,8 @@ import re
 import tarfile
 from pathlib import Path
 
-from orchestrate.backends.docker_ssh.image import (
-    _Feed,
-    _Sink,
-    filter_save,
-    oci_layer_index,
-    summary_line,
-    v1_layer_index,
-)
+from orchestrate.backends.docker_ssh.savetar import Feed, Sink, filter_save, oci_layer_index, v1_layer_index
+from orchestrate.backends.docker_ssh.sendlayers import summary_line
 from orchestrate.probe.layers import all_chain_ids, chain_ids, held_prefix
 
 DATA = Path(__file__).parent / "data"
@@ -101,7 +95,7 @@ def _save_archive(layers: list[bytes]) -> tuple[bytes, list[str]]:
     return out.getvalue(), diff_ids
 
 
-def _drain(sink: _Sink) -> bytes:
+def _drain(sink: Sink) -> bytes:
     feed = sink.feeds[0]
     chunks = []
     while (chunk := feed.chunks.get_nowait()) is not None:
@@ -112,7 +106,7 @@ def _drain(sink: _Sink) -> bytes:
 def test_filter_leaves_out_held_layers_and_keeps_everything_else() -> None:
     layers = [b"base" * 20000, b"deps" * 5000, b"trainer-v2"]
     archive, diff_ids = _save_archive(layers)
-    sinks = [_Sink(p, [_Feed()]) for p in (0, 2)]
+    sinks = [Sink(p, [Feed()]) for p in (0, 2)]
     for feed in (s.feeds[0] for s in sinks):
         feed.chunks.maxsize = 0  # unbounded: this test reads after the producer is done
     stream = iter([archive[i:i + 7000] for i in range(0, len(archive), 7000)])
@@ -229,7 +223,7 @@ def test_a_node_whose_base_pull_fails_gets_the_base_layers_sent_with_one_line_wh
 
     from rich.console import Console
 
-    from orchestrate.backends.docker_ssh.image import _base_first
+    from orchestrate.backends.docker_ssh.basepull import base_first
     from orchestrate.plan.jobplan import ImageAction
 
     pull = ImageAction("send", 5, 1, None, pull_base="reg/b@sha256:x", base_layers=3)
@@ -238,7 +232,7 @@ def test_a_node_whose_base_pull_fails_gets_the_base_layers_sent_with_one_line_wh
     apis = [_Api([], False) for _ in range(4)]
     apis[1].pull_error = "no space left on device"
     console = Console(record=True, width=80)
-    assert _base_first(_Nodes(apis), plan, "img:new", console) == {0: 3, 1: 1, 2: 0, 3: 3}  # type: ignore[arg-type]
+    assert base_first(_Nodes(apis), plan, "img:new", console) == {0: 3, 1: 1, 2: 0, 3: 3}  # type: ignore[arg-type]
     assert [a.pulled for a in apis] == [["reg/b@sha256:x"], [], [], ["reg/b@sha256:x"]]
     assert console.export_text().splitlines() == [
         "image img:new on h2: base not pulled by the node: no route to host; sending its layers",

@@ -130,17 +130,17 @@ def test_a_cache_that_cannot_start_falls_back_to_docker_save_unless_required(
 
     from rich.console import Console
 
-    import orchestrate.backends.docker_ssh.image as image
+    import orchestrate.backends.docker_ssh.layercache as layercache
 
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
-    monkeypatch.setattr(image, "registry_binary", lambda: "/bin/false")
+    monkeypatch.setattr(layercache, "registry_binary", lambda: "/bin/false")
     console = Console(record=True, width=200, emoji=False)  # as the CLI's
     with ExitStack() as stack:
         if mode == "on":
             with pytest.raises(LayerCacheError, match="did not start"):
-                image.open_cache(mode, "img:new", console, stack)
+                layercache.open_cache(mode, "img:new", console, stack)
         else:
-            assert image.open_cache(mode, "img:new", console, stack) is None
+            assert layercache.open_cache(mode, "img:new", console, stack) is None
             assert console.export_text() == ("image img:new: layer cache: /bin/false did not start: exit code 1; "
                                              "sending from docker save instead\n")
 

@@ -16,7 +16,7 @@ from orchestrate.probe.heartbeat import Beat
 from orchestrate.probe.observations import Check, HostReport
 from orchestrate.probe.preflight import COLUMNS, render_table
 from orchestrate.watch.progress import ProgressView
-from trainer.contract import STRAGGLER_WINDOWS, streaks
+from trainer.straggler import STRAGGLER_WINDOWS, streaks
 
 HOSTS = {0: "gpu-a", 1: "gpu-b", 2: "gpu-c"}
 

@@ -18,8 +18,9 @@ from kit.trainer_helpers import REPO, base_args, child_env, torchrun_cmd
 from torch.utils.flop_counter import FlopCounterMode
 
 from trainer import dist, hardware, metrics, models
-from trainer.contract import HEARTBEAT_FILE, STRAGGLER_RATIO, Beat, node_times, slowest
+from trainer.contract import HEARTBEAT_FILE, Beat
 from trainer.dist import DistContext
+from trainer.straggler import STRAGGLER_RATIO, node_times, slowest
 
 
 def _beat(work: list[float], per_node: int) -> Beat:
@@ -153,7 +154,7 @@ def test_a_rank_with_slow_compute_is_named_though_every_ranks_step_takes_as_long
     """2 real ranks; rank 1's forward is 30 ms slower (slow_rank_worker.py). DDP's all-reduce makes rank 0 wait
     for it, so both ranks' steps take as long; their own work (data wait + forward) names rank 1. The heartbeat
     at step 32 shows steps 16-24 (the figures lag one window; the first window holds each rank's own start), and
-    rank 1 named: clearly slower in the windows of steps 0-8, 8-16 and 16-24 (contract.STRAGGLER_WINDOWS)."""
+    rank 1 named: clearly slower in the windows of steps 0-8, 8-16 and 16-24 (straggler.STRAGGLER_WINDOWS)."""
     cmd = torchrun_cmd(2, base_args(data_dir, tmp_path, "--epochs", "2", "--batch-size", "16", "--max-steps", "32"),
                        entry=(str(Path(__file__).with_name("slow_rank_worker.py")),))
     proc = subprocess.run(cmd, cwd=REPO, env=child_env(), capture_output=True, text=True, timeout=120)

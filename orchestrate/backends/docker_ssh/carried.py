@@ -27,9 +27,18 @@ from typing import Any
 from rich.console import Console
 from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TransferSpeedColumn
 
-from orchestrate.backends.docker_ssh.image import DeltaLoadError, fill_cache, load_name, open_cache
-from orchestrate.backends.docker_ssh.layercache import CHUNK, Blob, CachedImage, LayerCache, archive
+from orchestrate.backends.docker_ssh.layercache import (
+    CHUNK,
+    Blob,
+    CachedImage,
+    LayerCache,
+    archive,
+    fill_cache,
+    open_cache,
+)
 from orchestrate.backends.docker_ssh.observe import node_chain_ids
+from orchestrate.backends.docker_ssh.savetar import load_name
+from orchestrate.backends.docker_ssh.sendlayers import DeltaLoadError
 from orchestrate.errors import ConfigError, OrchestrateError
 from orchestrate.localfs import write_atomically
 from orchestrate.probe.layers import held_prefix
@@ -201,7 +210,7 @@ def load(manifest: Path, image: str, console: Console) -> None:
 
 
 class Store:
-    """The store's blobs as the layers the other nodes are sent (image.py's BlobSource), each checked as read."""
+    """The store's blobs as the layers the other nodes are sent (sendlayers.py's BlobSource), each checked as read."""
 
     def __init__(self, root: Path) -> None:
         self.root = root

@@ -34,10 +34,13 @@ import time
 import urllib.error
 import urllib.request
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+from rich.console import Console
+from rich.progress import Progress
 
 from orchestrate.errors import OrchestrateError
 from orchestrate.localfs import cache_root, end_child
@@ -281,3 +284,60 @@ def _answers(proc: subprocess.Popen[bytes], port: int) -> bool:
             time.sleep(0.05)  # polling a port that is not open yet: there is no event to wait on
     return False
 
+
+# ---- the cache as a delivery uses it: opened per --layer-cache, filled with a progress bar -------------------
+
+
+class _Pushed:
+    """`docker push` progress as one bar (bytes of the layers being compressed and stored) and a count of the
+    layers the cache gained."""
+
+    def __init__(self, bars: Progress, name: str) -> None:
+        self.bars, self.task = bars, bars.add_task(f"image {name} -> local layer cache", total=None)
+        self.layers: dict[str, tuple[int, int]] = {}
+        self.new = 0
+
+    def __call__(self, event: dict[str, Any]) -> None:
+        detail, layer = event.get("progressDetail") or {}, str(event.get("id", ""))
+        if event.get("status") == "Pushed":
+            self.new += 1
+        if detail.get("total"):
+            self.layers[layer] = (int(detail.get("current", 0)), int(detail["total"]))
+            self.bars.update(self.task, completed=sum(c for c, _ in self.layers.values()),
+                             total=sum(t for _, t in self.layers.values()))
+
+
+def _cache_failed(err: LayerCacheError, mode: str, name: str, console: Console) -> None:
+    if mode == "on":
+        raise err
+    console.print(f"image {name}: {err}; sending from docker save instead", markup=False, highlight=False)
+
+
+def open_cache(mode: str, name: str, console: Console, stack: ExitStack) -> LayerCache | None:
+    """The running local layer cache (`--layer-cache`), or None to use `docker save` (the reason printed).
+
+    Called on the main thread: the registry is told to die with the thread that started it (layercache.py)."""
+    binary = registry_binary()
+    if mode == "off" or (binary is None and mode == "auto"):
+        return None
+    try:
+        if binary is None:
+            raise LayerCacheError(f"layer cache: {REGISTRY_BINARY} is not installed here")
+        return stack.enter_context(LayerCache.started(binary, cache_dir()))
+    except LayerCacheError as err:
+        _cache_failed(err, mode, name, console)
+        return None
+
+
+def fill_cache(cache: LayerCache, local: Any, local_id: str, layers: int, name: str, mode: str, console: Console,
+               bars: Progress) -> CachedImage | None:
+    """Push the image into the cache; None (the reason printed) when that fails."""
+    pushed = _Pushed(bars, name)
+    try:
+        cached = cache.put(local, local_id, layers, pushed)
+    except LayerCacheError as err:
+        _cache_failed(err, mode, name, console)
+        return None
+    console.print(f"image {name}: local layer cache has it ({pushed.new} new layer{'' if pushed.new == 1 else 's'} of "
+                  f"{len(cached.layers)}, {cached.total / 1e6:.0f} MB compressed)", markup=False, highlight=False)
+    return cached
