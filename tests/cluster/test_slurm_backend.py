@@ -290,10 +290,19 @@ def test_the_batch_scripts_death_fails_the_job_and_the_guards_end_its_containers
 
 def guard_processes(job: str) -> list[int]:
     """Each node's guard of `job` (bash -c GUARD guard.sh JOB GRACE, under its slurmstepd; srun's own command line,
-    which holds the same words, is srun's)."""
+    which holds the same words, is srun's). Not a guard's subshell: bash forks one for each `$(...)` (its `docker ps`
+    every few seconds), with the guard's command line; seen in CI as a third guard."""
     mark = f"\0guard.sh\0{job}\0".encode()
-    return [int(p.name) for p in Path("/proc").glob("[0-9]*")
-            if mark in (line := _cmdline(int(p.name))) and line.split(b"\0")[0].endswith(b"bash")]
+    found = [int(p.name) for p in Path("/proc").glob("[0-9]*")
+             if mark in (line := _cmdline(int(p.name))) and line.split(b"\0")[0].endswith(b"bash")]
+    return [pid for pid in found if _parent(pid) not in found]
+
+
+def _parent(pid: int) -> int:
+    try:  # `pid (comm) state ppid ...`
+        return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
+    except OSError:  # ended while read
+        return 0
 
 
 def test_node_0_lost_and_its_guards_sigkilled_the_containers_stop_themselves_when_their_lease_lapses(
