@@ -2,7 +2,8 @@
 
 - one host's container throttled (`docker update --cpus 0.05 --cpu-shares 2` on that host's daemon) while the
   job runs: from a grace of the rule's windows after the throttle on (the window holding the step of node 0's
-  first heartbeat written after it, and STRAGGLER_WINDOWS windows more), every `status` and every progress line
+  first heartbeat written after it, STRAGGLER_WINDOWS windows more, and one for the figures' trip in the
+  next window's agreement), every `status` and every progress line
   names that node and no other (with its work several times the others', no other node can be 1.3x the median); an empty reading fails
   as a wrong one does, and two statuses past the grace are required. The progress line names it within a bounded
   time. Once the throttle is lifted, nothing is named. The throttle starts from a beat in which no node is clearly
@@ -109,9 +110,13 @@ def step_of(text: str) -> int:
 
 def grace_end(cluster: Cluster, throttled_at: float) -> int:
     """The first step from which the rule must name the throttled node in every beat: after the window the throttle
-    landed in (it holds the step of node 0's first heartbeat written after the throttle, or ends before it) and the
-    rule's STRAGGLER_WINDOWS windows after that, plus one step (a beat carries the windows that ended before its
-    step). A window ends every AGREE_EVERY steps and at each epoch's end (trainer/loop.py)."""
+    landed in (it holds the step of node 0's first heartbeat written after the throttle, or ends before it), the
+    rule's STRAGGLER_WINDOWS windows after that, and one window more, plus one step. The window more: each rank
+    sends its figures of a window in the agreement that ends the next one (trainer/ranktime.py, `send`), so the
+    streak counts a window one window after it ended; the step: the beat of the agreement's step was written before
+    it. A window ends every AGREE_EVERY steps and at each epoch's end (trainer/loop.py). Without the window more, a
+    CI run failed with the grace at step 26 and the status of step 28 naming nobody (windows ending at 16, 20, 24,
+    25, 30: node 2 named from step 30 on, as the lag says)."""
     path = job_dir(cluster, 0, JOB) / HEARTBEAT_FILE
 
     def written_after() -> Beat | None:
@@ -123,7 +128,7 @@ def grace_end(cluster: Cluster, throttled_at: float) -> int:
     assert beat is not None and beat.total_steps and beat.epochs, beat
     per_epoch = beat.total_steps // beat.epochs
     ends = (step for step in itertools.count(beat.step) if step % AGREE_EVERY == 0 or step % per_epoch == 0)
-    return next(itertools.islice(ends, STRAGGLER_WINDOWS, None)) + 1
+    return next(itertools.islice(ends, STRAGGLER_WINDOWS + 1, None)) + 1
 
 
 def progress_after(up: Up, since: float) -> list[tuple[int, list[int]]]:
