@@ -66,9 +66,9 @@ def train_round(ctx: dist.DistContext, model: torch.nn.Module, opt: torch.optim.
         loss = F.cross_entropy(out, y)
         loss.backward()
         opt.step()
-    _, _, times = dist.agree(ctx, loss.detach(), False, False, times=timer.send() if timer else ())
+    agreed = dist.agree(ctx, loss.detach(), False, False, times=timer.send() if timer else ())
     if timer:
-        beat.ranks(timer.window_done(times), ctx.local_world_size)
+        beat.ranks(timer.window_done(agreed.times), ctx.local_world_size)
     return time.perf_counter() - start
 
 

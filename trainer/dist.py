@@ -10,7 +10,7 @@ import tempfile
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 import torch.distributed as dist
@@ -149,7 +149,7 @@ def any_ranks(ctx: DistContext, *flags: bool) -> tuple[bool, ...]:
 
 
 def wait_for_peers(ctx: DistContext, t: torch.Tensor) -> list[float]:
-    """All-reduce (MAX) a tensor and read it: the host's one wait every AGREE_EVERY steps. On a GPU the
+    """All-reduce (MAX) a tensor and read it: the host's one wait per agreement (trainer/loop.py's Cadence). On a GPU the
     read waits for every queued kernel and for the collective, so a rank whose peer is lost blocks here, in a
     frame the stall report recognises by its name (contract.PEER_WAIT_FUNCTION)."""
     if ctx.distributed:
@@ -157,22 +157,34 @@ def wait_for_peers(ctx: DistContext, t: torch.Tensor) -> list[float]:
     return [float(v) for v in t.tolist()]
 
 
-def agree(ctx: DistContext, loss: torch.Tensor, *flags: bool,
-          times: Sequence[float] = ()) -> tuple[tuple[bool, ...], bool, list[float]]:
-    """The flags agreed over all ranks (True if True on any), whether any rank's `loss` is non-finite, and every
-    rank's `times` (this rank's in its own slots, rank r's at r * len(times); the others' slots are 0 on each
-    rank, so MAX gathers them): one all_reduce, one read. The tensor is filled on the device, element by element
-    (no copy from the host: that would be a second wait); float64 keeps the 0/1 flags exact."""
-    t = torch.zeros(len(flags) + 1 + len(times) * ctx.world_size, dtype=torch.float64, device=loss.device)
+class Agreement(NamedTuple):
+    """What one agreement returns, the same on every rank."""
+
+    flags: tuple[bool, ...]  # each True if True on any rank
+    diverged: bool  # some rank's loss is non-finite
+    slowest_step_s: float  # the largest `step_s` any rank sent
+    times: list[float]  # every rank's `times`, rank r's at r * len(times)
+
+
+def agree(ctx: DistContext, loss: torch.Tensor, *flags: bool, step_s: float = 0.0,
+          times: Sequence[float] = ()) -> Agreement:
+    """The flags agreed over all ranks, whether any rank's `loss` is non-finite, the largest `step_s`, and every
+    rank's `times` (this rank's in its own slots; the others' slots are 0 on each rank, so MAX gathers them): one
+    all_reduce, one read. The tensor is filled on the device, element by element (no copy from the host: that
+    would be a second wait); float64 keeps the 0/1 flags exact."""
+    head = len(flags) + 2
+    t = torch.zeros(head + len(times) * ctx.world_size, dtype=torch.float64, device=loss.device)
     for i, flag in enumerate(flags):
         if flag:
             t[i] = 1
     t[len(flags)] = (~torch.isfinite(loss)).any()
-    base = len(flags) + 1 + ctx.rank * len(times)
+    t[len(flags) + 1] = step_s
+    base = head + ctx.rank * len(times)
     for i, value in enumerate(times):
         t[base + i] = value
     values = wait_for_peers(ctx, t)
-    return tuple(v > 0 for v in values[:len(flags)]), values[len(flags)] > 0, values[len(flags) + 1:]
+    return Agreement(tuple(v > 0 for v in values[:len(flags)]), values[len(flags)] > 0, values[len(flags) + 1],
+                     values[head:])
 
 
 def sum_tensor(ctx: DistContext, t: torch.Tensor) -> torch.Tensor:

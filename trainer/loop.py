@@ -140,11 +140,58 @@ def _eval_batches(idx: torch.Tensor, batch: int, n_test: int, world: int, lockst
     return parts
 
 
-# Steps between two agreements on the stop and save flags. The agreement is an all_reduce whose result the
-# host reads: on a GPU that waits for every queued kernel, so doing it each step would drain the queue each
-# step. Every 8 steps it costs 1/8 of that, and a SIGTERM waits at most 8 steps more (well under a second for
-# a ResNet on a GPU; the grace before SIGKILL is 30 s).
+# When the ranks agree on the stop, save and evaluation flags (and the loss's finiteness). The agreement is an
+# all_reduce whose result the host reads: on a GPU that waits for every queued kernel, so doing it each fast step
+# would drain the queue each step. A SIGTERM must be agreed soon though: torchrun SIGKILLs its workers 30 s after
+# its SIGTERM, and the stop's checkpoint must be written before that. So the interval follows the step time: at
+# most AGREE_EVERY steps, and no more steps than fit in AGREE_WITHIN_S at the slowest rank's pace (one step, if a
+# step is longer). A 6 ms GPU step agrees every 8 steps (1/8 of a drain per step, as before); a 4 s step agrees
+# every step (the drain costs nothing against it). With a fixed 8 such a job waited 32 s and lost its checkpoint.
 AGREE_EVERY = 8
+AGREE_WITHIN_S = 2.0
+
+
+def agreement_interval(slowest_step_s: float) -> int:
+    """Steps to the next agreement: the largest of 8, 4, 2, 1 whose steps at `slowest_step_s` (the slowest rank's
+    seconds per step, agreed) fit in AGREE_WITHIN_S; 1 while no step is measured (0). Divisors of AGREE_EVERY, and
+    agreements fall on their multiples, so every multiple of AGREE_EVERY is an agreement (the rank timings' windows
+    end there, as before). PURE."""
+    every = AGREE_EVERY
+    while every > 1 and (slowest_step_s <= 0 or every * slowest_step_s > AGREE_WITHIN_S):
+        every //= 2
+    return every
+
+
+@dataclass
+class Cadence:
+    """When the next agreement is: at the steps that are multiples of `every`, the same on every rank since it is
+    decided from agreed figures only (a rank agreeing alone would meet its peers in another collective). Each
+    agreement carries this rank's seconds per step over its previous window and sets `every` from the slowest
+    rank's. The figure lags one window because on a GPU only a window closed by an agreement's read (which waits
+    for every queued kernel) is the steps' real time; the host alone runs ahead of the device."""
+
+    every: int = 1
+    step_s: float = 0.0  # this rank's last complete window, sent at the next agreement (0: none yet)
+    start: float = field(default_factory=time.perf_counter)
+    start_step: int = 0
+    windows: int = 0
+
+    def due(self, step: int) -> bool:
+        return step % self.every == 0
+
+    def restart(self, step: int) -> None:
+        """After a pause that is not steps (a checkpoint, an epoch's end and evaluation): not in the window."""
+        self.start, self.start_step = time.perf_counter(), step
+
+    def agreed(self, step: int, slowest_step_s: float) -> None:
+        """After the agreement at `step`: close this rank's window (not the process's first, whose step pays
+        for start-up: allocation, a GPU's kernel selection) and take the agreed interval."""
+        now = time.perf_counter()
+        if self.windows > 0 and step > self.start_step:
+            self.step_s = (now - self.start) / (step - self.start_step)
+        self.windows += 1
+        self.restart(step)
+        self.every = agreement_interval(slowest_step_s)
 
 
 class StopRequest:
@@ -176,9 +223,11 @@ class Pace:
     shards: PendingShards | None = None  # a sharded save in flight (the same on every rank)
     timer: RankTimer | None = None  # this rank's step timings (None: not timed)
     steps: metrics.StepLog | None = None  # global rank 0's step records and TensorBoard (None on the others)
+    cadence: Cadence = field(default_factory=Cadence)  # when the ranks next agree
 
     def restart_clocks(self, step: int) -> None:
         """After a pause that is not steps (a checkpoint, an epoch's end): the step clocks start again."""
+        self.cadence.restart(step)
         if self.timer:
             self.timer.restart()
         if self.steps:
@@ -345,22 +394,27 @@ def _train_epoch(cfg: Config, ctx: DistContext, st: TrainState, loader: TrainLoa
             pace.steps.record(st.pos.step, st.pos.epoch + 1, read, lr, pace.heartbeat.rank_fields)
         hit_max = cfg.max_steps > 0 and st.pos.step >= cfg.max_steps
         epoch_end = loader.steps(st.pos.sample) == 0
-        if not (hit_max or epoch_end or st.pos.step % AGREE_EVERY == 0):
+        if not (hit_max or epoch_end or pace.cadence.due(st.pos.step)):
             continue
         # Every rank must stop (or save, or evaluate) at the same step, though a signal or rank 0's clocks tell
-        # them at different times: one all_reduce of the flags, every AGREE_EVERY steps and wherever the loop may
+        # them at different times: one all_reduce of the flags, at the cadence's steps and wherever the loop may
         # end.
         # The agreed value, never the flag itself: a signal landing after this line sets the flag on one rank
         # only, and a rank that acted on it alone would meet its peers in another collective (gloo aborts).
         # The flag stays set, so the next agreement stops every rank.
         # The loss rides in the same all_reduce: a non-finite one on any rank (fp16's skipped steps have inf
         # gradients, not an inf loss) stops every rank here, before any save.
-        # Each rank's step timings ride in it too (ranktime.py): no collective of their own.
-        (stopped, save_due, eval_due), diverged, times = dist.agree(
-            ctx, total[0], stop.requested, pace.save_due(ctx), pace.eval_due(ctx),
-            times=pace.timer.send() if pace.timer else ())
-        if pace.timer:
-            pace.heartbeat.ranks(pace.timer.window_done(times), ctx.local_world_size, pace.strategy.rank_stages(ctx))
+        # Each rank's step timings ride in it too (ranktime.py), and its seconds per step (the cadence's): no
+        # collective of their own.
+        agreed = dist.agree(ctx, total[0], stop.requested, pace.save_due(ctx), pace.eval_due(ctx),
+                            step_s=pace.cadence.step_s, times=pace.timer.send() if pace.timer else ())
+        (stopped, save_due, eval_due), diverged = agreed.flags, agreed.diverged
+        pace.cadence.agreed(st.pos.step, agreed.slowest_step_s)
+        # The rank timings' window stays AGREE_EVERY steps (or the epoch's rest): the straggler rule's streak
+        # counts windows, and a one-step window of a slow job would let one preempted step count.
+        if pace.timer and (hit_max or epoch_end or st.pos.step % AGREE_EVERY == 0):
+            pace.heartbeat.ranks(pace.timer.window_done(agreed.times), ctx.local_world_size,
+                                 pace.strategy.rank_stages(ctx))
         if diverged:
             raise _diverged(run.precision, st.pos.step, f"loss {float(loss):g}", lr)
         if stopped or hit_max:

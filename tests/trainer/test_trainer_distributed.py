@@ -205,6 +205,37 @@ def test_sigterm_to_the_torchrun_process_group_leaves_a_valid_checkpoint(data_di
     assert checkpoint.load(info, torch.device("cpu"))["step"] == info.step
 
 
+def test_a_sigterm_to_a_job_of_slow_steps_stops_it_at_the_next_step_with_its_checkpoint(
+        data_dir: Path, tmp_path: Path) -> None:
+    """Steps of over a second (slow_steps_worker.py): the ranks agree every step (loop.Cadence), so a SIGTERM
+    is agreed at the step after the one it lands in. With a fixed agreement every 8 steps, a job of 4 s steps
+    waited up to 32 s, past torchrun's SIGKILL at 30 s, and lost its stop checkpoint (the Slurm lease test under
+    load); here the old rule stopped at step 8."""
+    ck, log = tmp_path / "ck", tmp_path / "log"
+    cmd = torchrun_cmd(2, base_args(data_dir, ck, "--epochs", "1", "--batch-size", "16"),
+                       entry=(str(Path(__file__).with_name("slow_steps_worker.py")),))
+    proc = _start(cmd, log)
+    try:
+        _wait_for(log, r"epoch 1 step 2 ", proc)
+        seen = max(int(s) for s in re.findall(r"epoch 1 step (\d+) loss", log.read_text()))
+        os.killpg(proc.pid, signal.SIGTERM)
+        signalled = time.monotonic()
+        proc.wait(timeout=60)
+        print(f"SIGTERM to exit: {time.monotonic() - signalled:.1f} s")
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(timeout=10)
+    text = log.read_text()
+    steps = re.findall(r"stopped by SIGTERM at step (\d+)", text)
+    assert len(steps) == 2 and len(set(steps)) == 1, text[-3000:]  # both ranks, at one step
+    # The signal lands in the step after the last one logged when it was sent (or the one after, if the log ran
+    # late): the agreement at its end stops.
+    assert int(steps[0]) <= seen + 2, (seen, steps, text[-3000:])
+    info = checkpoint.newest_valid(ck)
+    assert info is not None and info.step == int(steps[0])
+
+
 def test_sigterm_on_one_rank_after_the_epochs_last_agreement_stops_both_at_the_same_step(
         data_dir: Path, tmp_path: Path) -> None:
     """Rank 0 alone gets SIGTERM after the epoch's last agreement (CI: a signal at an epoch's end left rank 0

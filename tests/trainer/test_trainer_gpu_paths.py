@@ -278,16 +278,17 @@ def test_sigterm_on_an_epochs_last_step_keeps_its_metrics_line_and_resumes_exact
 def test_the_stop_and_save_flags_are_agreed_every_few_steps_not_every_step(
         data_dir: Path, tmp_path: Path, inprocess: None, monkeypatch: pytest.MonkeyPatch) -> None:
     """Reading an all_reduce's result on a GPU waits for every queued kernel: once a step, it would drain
-    the queue each step. 2 epochs of 32 steps agree 64 / AGREE_EVERY times (epoch ends fall on multiples), on
-    three flags each: stop, save due, evaluation due."""
+    the queue each step. 2 epochs of 32 fast steps agree 64 / AGREE_EVERY times (epoch ends fall on multiples),
+    on three flags each: stop, save due, evaluation due; plus at steps 1, 2 and 3, before a step is measured
+    (loop.Cadence)."""
     agreements = []
     real = dist.agree
 
-    def counting(ctx: DistContext, loss: torch.Tensor, *flags: bool,
-                 times: tuple[float, ...] = ()) -> tuple[tuple[bool, ...], bool, list[float]]:
+    def counting(ctx: DistContext, loss: torch.Tensor, *flags: bool, step_s: float = 0.0,
+                 times: tuple[float, ...] = ()) -> dist.Agreement:
         agreements.append(len(flags))
-        return real(ctx, loss, *flags, times=times)
+        return real(ctx, loss, *flags, step_s=step_s, times=times)
 
     monkeypatch.setattr(dist, "agree", counting)
     assert main(base_args(data_dir, tmp_path, "--epochs", "2", "--batch-size", "16")) == 0
-    assert agreements.count(3) == 64 // loop.AGREE_EVERY
+    assert agreements.count(3) == 64 // loop.AGREE_EVERY + 3

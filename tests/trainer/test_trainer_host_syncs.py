@@ -167,7 +167,7 @@ def test_the_agreement_waits_in_the_function_the_stall_report_names(tmp_path: Pa
 
     monkeypatch.setattr(torch.distributed, "all_reduce", all_reduce_then_dump)
     ctx = DistContext(0, 0, 2, torch.device("cpu"))
-    assert dist.agree(ctx, torch.tensor(math.nan), True, False) == ((True, False), True, [])
+    assert dist.agree(ctx, torch.tensor(math.nan), True, False) == ((True, False), True, 0.0, [])
     assert RankStack(0, 0, dump.read_text()).in_collective
     assert f" in {PEER_WAIT_FUNCTION}\n" in dump.read_text()
 
@@ -191,3 +191,34 @@ def test_only_global_rank_0_reads_the_loss_for_its_log_line(rank: int, reads: in
     with SyncCounter() as c:
         loop._train_epoch(cfg, ctx, st, loader, loop.StopRequest(), pace)
     assert c.calls.count("item") == reads
+
+
+@pytest.mark.parametrize(("slowest_step_s", "every"), [(0.0, 1), (0.006, 8), (0.25, 8), (0.3, 4), (0.5, 4),
+                                                       (0.9, 2), (1.2, 1), (4.0, 1)])
+def test_the_agreement_interval_fits_the_slowest_ranks_steps_in_two_seconds(slowest_step_s: float,
+                                                                             every: int) -> None:
+    """A fast step agrees every 8 (one drain of the GPU queue per 8 steps); a slow one as often as a stop needs
+    (torchrun's SIGKILL follows its SIGTERM by 30 s); 0 (nothing measured yet) every step."""
+    assert loop.agreement_interval(slowest_step_s) == every
+
+
+def test_the_cadence_measures_from_its_second_window_and_leaves_pauses_out(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every rank sends its own window's seconds per step and takes the agreed (slowest) figure's interval; the
+    process's first window (start-up) is not measured, a checkpoint's pause (restart) is not counted."""
+    clock = [100.0]
+    monkeypatch.setattr(loop.time, "perf_counter", lambda: clock[0])
+    cadence = loop.Cadence()
+    assert cadence.every == 1 and cadence.due(1)
+    clock[0] += 30.0  # step 1: start-up
+    cadence.agreed(1, slowest_step_s=0.0)
+    assert cadence.step_s == 0.0 and cadence.every == 1
+    clock[0] += 3.0  # step 2
+    cadence.agreed(2, slowest_step_s=0.0)
+    assert cadence.step_s == 3.0
+    clock[0] += 9.0  # a checkpoint's pause, then 2 steps of 0.1 s
+    cadence.restart(2)
+    clock[0] += 0.2
+    cadence.agreed(4, slowest_step_s=0.1)
+    assert cadence.step_s == pytest.approx(0.1) and cadence.every == 8
+    assert [s for s in range(5, 17) if cadence.due(s)] == [8, 16]

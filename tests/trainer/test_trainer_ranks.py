@@ -136,16 +136,19 @@ def test_a_64_rank_heartbeat_stays_a_few_kb(tmp_path: Path) -> None:
 
 
 def test_every_ranks_times_ride_in_the_agreement_in_their_own_slots(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Rank 1 of 3 puts its figures at slots 3..5; the MAX all_reduce (stood in for: the others' figures already
-    there, as the other ranks' reduction would put them) hands every rank all of them."""
+    """Rank 1 of 3 puts its figures at slots 3..5 after the 4 shared ones (2 flags, the loss's verdict, the
+    slowest step); the MAX all_reduce (stood in for: the others' figures already there, as the other ranks'
+    reduction would put them; another rank's slower step) hands every rank all of them."""
     def others_figures(t: torch.Tensor, op: object = None) -> None:
-        t[3 + 0:3 + 3] = torch.maximum(t[3:6], torch.tensor([0.1, 0.2, 0.3], dtype=t.dtype))
-        t[3 + 6:3 + 9] = torch.tensor([0.7, 0.8, 0.9], dtype=t.dtype)
+        t[3] = max(float(t[3]), 2.5)
+        t[4 + 0:4 + 3] = torch.maximum(t[4:7], torch.tensor([0.1, 0.2, 0.3], dtype=t.dtype))
+        t[4 + 6:4 + 9] = torch.tensor([0.7, 0.8, 0.9], dtype=t.dtype)
 
     monkeypatch.setattr(torch.distributed, "all_reduce", others_figures)
     ctx = DistContext(1, 1, 3, torch.device("cpu"))
-    flags, diverged, times = dist.agree(ctx, torch.tensor(1.0), True, False, times=(0.4, 0.5, 0.6))
-    assert flags == (True, False) and not diverged
+    flags, diverged, slowest, times = dist.agree(ctx, torch.tensor(1.0), True, False, step_s=0.5,
+                                                 times=(0.4, 0.5, 0.6))
+    assert flags == (True, False) and not diverged and slowest == 2.5
     assert times == pytest.approx([0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9])
 
 
