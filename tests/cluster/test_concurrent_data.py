@@ -25,6 +25,7 @@ from kit.fetching import serving
 from kit.orchestrate_kit import (
     IMAGE,
     PATIENCE,
+    SHARED_CORES,
     TRAIN,
     Data,
     Up,
@@ -112,7 +113,7 @@ def test_two_ups_fetching_into_one_folder_download_once(cluster: Cluster, work: 
     with gated(data.archive.parent, cluster.gateway) as base:
         ups = [Up(start(cluster, work / f"state-c{i}", "up", "--hosts", str(hosts), "--job", f"concurrent-{i}",
                         "--gpus", "0", "--image", IMAGE, "--data-url", f"{base}/{data.archive.name}",
-                        "--data-md5", data.md5, "--master-port", str(29521 + i), "--grace", "30", "--",
+                        "--data-md5", data.md5, "--master-port", str(29521 + i), "--grace", "30", *SHARED_CORES, "--",
                         *TRAIN, "--epochs", "1"))
                for i in range(2)]
 

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 from kit.logins import Login, add_login, first_login
-from kit.orchestrate_kit import IMAGE, PATIENCE, TRAIN, Data, job_containers, serve_data
+from kit.orchestrate_kit import IMAGE, PATIENCE, SHARED_CORES, TRAIN, Data, job_containers, serve_data
 
 from devcluster import Cluster
 
@@ -24,7 +24,7 @@ def target(cluster_factory):  # type: ignore[no-untyped-def]
 def default_up(hosts: Path, data: Data, *extra: str, epochs: str = "1") -> list[str]:
     """`up` with the default job name (no --job)."""
     return ["up", "--hosts", str(hosts), "--gpus", "0", "--image", IMAGE, "--data-url", data.url,
-            "--data-md5", data.md5, "--grace", "30", *extra, "--", *TRAIN, "--epochs", epochs]
+            "--data-md5", data.md5, "--grace", "30", *SHARED_CORES, *extra, "--", *TRAIN, "--epochs", epochs]
 
 
 def owned(cluster: Cluster, login: Login) -> dict[str, tuple[str, str]]:

@@ -17,7 +17,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 
 from devcluster import Cluster
-from kit.orchestrate_kit import IMAGE, REPO, TRAIN, Data, orch_env, run_to_end, wait_for
+from kit.orchestrate_kit import IMAGE, REPO, SHARED_CORES, TRAIN, Data, orch_env, run_to_end, wait_for
 from kit.shared_install import install, pythonpath
 
 SYSTEM_PYTHON = "/usr/bin/python3"  # python3.11 as the venv's: its compiled packages load
@@ -51,10 +51,12 @@ def orchestrate(c: Cluster, *args: str, timeout: float = 120) -> subprocess.Comp
 
 def submit(c: Cluster, data: Data, job: str, *extra: str, epochs: int, image: str = IMAGE,
            trainer: tuple[str, ...] = ()) -> str:
-    """`submit` of a short CPU training of 2 nodes with 1 granted GPU each; Slurm's job id."""
+    """`submit` of a short CPU training of 2 nodes with 1 granted GPU each; Slurm's job id. One intra-op thread a
+    rank (SHARED_CORES, as `up_args` gives the other cluster tests): torchrun sets it only for several processes a
+    node, and a rank's second OpenMP thread spins against the other tests' for nothing here."""
     res = orchestrate(c, "submit", "--nodes", "2", "--gpus-per-node", "1", "--python", SYSTEM_PYTHON,
                       "--output", f"{c.dir}/slurm-%j.out", "--job", job, "--image", image, "--gpus-on-cpu",
-                      "--data-url", data.url, "--data-md5", data.md5, *extra,
+                      "--data-url", data.url, "--data-md5", data.md5, *SHARED_CORES, *extra,
                       "--", *TRAIN, "--epochs", str(epochs), "--log-every", "1", *trainer)
     assert res.returncode == 0 and re.fullmatch(r"\d+\n", res.stdout), res.stderr
     return res.stdout.strip()

@@ -40,6 +40,12 @@ STEPS = 2
 # (both steps skipped, seen), and fp16 matrix products cost the CPU (no fp16 arithmetic) ~20 s per vit-cifar backward
 # at two.
 BATCH = 2
+# Image side per model: the BatchNorm ResNets pool adaptively, so 16x16 images take the same code path (every
+# layer, the strategy's wrapping, the scaler) at a quarter of the arithmetic; fp16 on this CPU has no fast kernels
+# (resnet18's two fp16 steps took 15.7 s at 32x32 on 2 ranks, 3.2 s at 16x16). The GroupNorm ResNets stay at 32x32:
+# at 16x16 their fp16 gradients overflowed at 2**16 and 2**15 alike (both steps skipped, seen). The ViT's position
+# embedding is for 32x32's 64 patches.
+SIDE = {"resnet18": 16, "resnet20": 16, "tiny": 16}
 ONE_PROCESS = ("tiny", "resnet20")  # under torchrun: the 1-process cases' models (one process does not shard)
 N_TEST = 5  # on 2 ranks: rank 0 holds 3, rank 1 holds 2 (uneven shards, as with CIFAR's 10000 on 3 ranks)
 
@@ -49,13 +55,17 @@ def _held(st: state.TrainState) -> list[torch.Tensor]:
     return [parallel.local_part(p.detach()).clone() for p in st.model.parameters()]
 
 
+def _side(model: str) -> int:
+    return SIDE.get(model, 32)
+
+
 def _steps(cfg: Config, st: state.TrainState, rank: int) -> list[str]:
     """STEPS steps on random batches; what went wrong. Every step runs whatever failed before it, and so does
     the evaluation: a rank that stopped early would leave its peer alone in a collective."""
     gen = torch.Generator().manual_seed(rank)
     failures, skipped = [], []
     for i in range(STEPS):
-        x = torch.randn(BATCH, 3, 32, 32, generator=gen)
+        x = torch.randn(BATCH, 3, _side(cfg.model), _side(cfg.model), generator=gen)
         y = torch.randint(0, 10, (BATCH,), generator=gen)
         scale = st.scaler.get_scale()
         loss = loop.train_step(st, x, y, cfg.lr, cfg.precision)
@@ -79,7 +89,8 @@ def _case(strategy: str, precision: str, model: str, ctx: DistContext) -> str:
     failures = _steps(cfg, st, ctx.rank)
     if all(torch.equal(a, b) for a, b in zip(before, _held(st), strict=True)):
         failures.append(f"no weight this rank holds changed in {STEPS} steps")
-    test = Split(torch.randint(0, 256, (N_TEST, 3, 32, 32), dtype=torch.uint8), torch.randint(0, 10, (N_TEST,)))
+    side = _side(model)
+    test = Split(torch.randint(0, 256, (N_TEST, 3, side, side), dtype=torch.uint8), torch.randint(0, 10, (N_TEST,)))
     correct, total = loop.evaluate_counts(st.model, test, ctx, cfg.precision, batch=2)
     if total != N_TEST or not 0 <= correct <= total:
         failures.append(f"evaluation counted {correct} correct of {total} images; the test split has {N_TEST}")
