@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from orchestrate.backends.docker_ssh import datasync
+from orchestrate.backends.docker_ssh import datasync, relay
 from orchestrate.backends.docker_ssh.relay import RelayError, Served
 from orchestrate.backends.docker_ssh.staging import Entry, Put, StageResult
 
@@ -37,13 +37,13 @@ def _run(monkeypatch: pytest.MonkeyPatch, n: int, mode: str, unreachable: set[in
         seen["served"].append(int(conn.host.label[1:]))
         yield Served(1234, "token", 30, "digest")
 
-    def fetch_from(conn: Any, served: Served, address: str, land: list[str]) -> str | None:
+    def fetch(conn: Any, served: Served, address: str, land: list[str], keep: str | None) -> relay.Failed | None:
         rank = int(conn.host.label[1:])
         seen["fetched"].append(rank)
-        return "cannot reach the relay: connection refused" if rank in unreachable else None
+        return relay.Failed("cannot reach the relay: connection refused", 3) if rank in unreachable else None
 
     monkeypatch.setattr(datasync, "serving", serving)
-    monkeypatch.setattr(datasync, "fetch_from", fetch_from)
+    monkeypatch.setattr(relay, "_fetch", fetch)
     monkeypatch.setattr(datasync, "send_changed", lambda conn, *a: seen["direct"].append(int(conn.host.label[1:])))
     monkeypatch.setattr(datasync, "tar_stream", lambda *a: iter(()))
 
