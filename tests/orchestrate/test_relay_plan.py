@@ -88,6 +88,17 @@ def test_the_dry_run_says_who_gets_the_layers_from_where() -> None:
     assert "# image layers" not in off and off.count("uncompressed, from here") == 3
 
 
+def test_past_the_fan_out_the_dry_run_says_each_node_fetches_from_its_parent() -> None:
+    hosts = [Host(name=f"h{i}", hostname=f"10.0.1.{i + 1}", port=22, user="u", slots=None) for i in range(7)]
+    config = UpConfig.of(ssh=SSH, job="p", image="ddp-cifar:cpu", gpus=0, relay="auto")  # type: ignore[arg-type]
+    facts = [NodeFacts(iface="eth0", addr=f"10.0.1.{i + 1}", dirs=DIRS, image_id=None, layers_held=4)
+             for i in range(7)]
+    plan = job_plan(config, Attempt(0), hosts, "10.0.1.1", facts, LOCAL, ("torchrun",))
+    assert ("# image layers: sent once from here to node 0, which serves them to node(s) 1, 2, 3, 4; each node that "
+            "fetched serves up to 4 more (a relay tree: each node's line says from which node)") in render_job_plan(plan)
+    assert [n["image"]["from"] for n in plan_json(plan)["nodes"]] == ["here"] + ["node 0"] * 4 + ["node 1"] * 2
+
+
 def test_the_dry_run_says_who_gets_the_data_from_where(tmp_path: Path) -> None:
     def plan(relay: str, nodes: int):  # type: ignore[no-untyped-def]
         config = UpConfig.of(ssh=SSH, job="p", image="ddp-cifar:cpu", gpus=0, relay=relay,  # type: ignore[arg-type]
