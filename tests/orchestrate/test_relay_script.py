@@ -76,7 +76,7 @@ def test_a_relay_that_breaks_off_mid_transfer_leaves_nothing_loaded(tmp_path: Pa
     assert refused.returncode == 3 and "cannot connect to 127.0.0.1:1" in refused.stderr
 
 
-def test_keep_leaves_the_checked_archive_to_serve_on_and_nothing_when_it_does_not_check(tmp_path: Path) -> None:
+def test_keep_leaves_the_checked_archive_unlanded_to_serve_on_and_nothing_when_it_does_not_check(tmp_path: Path) -> None:
     payload = os.urandom(1 << 20)
     served = tmp_path / "served.tar"
     served.write_bytes(payload)
@@ -90,13 +90,13 @@ def test_keep_leaves_the_checked_archive_to_serve_on_and_nothing_when_it_does_no
 
     def keep(sha256: str) -> subprocess.CompletedProcess[str]:
         return subprocess.run([sys.executable, "-c", RELAY_SCRIPT, "keep", "127.0.0.1", port, sha256,
-                               str(len(payload)), str(kept), "docker", "load", "-q"], input=TOKEN.decode() + "\n",
+                               str(len(payload)), str(kept)], input=TOKEN.decode() + "\n",
                               capture_output=True, text=True, timeout=60, env=_fake_docker(tmp_path))
     try:
         wrong = keep("0" * 64)
         assert wrong.returncode == 4 and not kept.exists() and list((tmp_path / "in").iterdir()) == []
         assert keep(hashlib.sha256(payload).hexdigest()).returncode == 0
-        assert kept.read_bytes() == payload == (tmp_path / "loaded").read_bytes()
+        assert kept.read_bytes() == payload and not (tmp_path / "loaded").exists()  # the orchestrator lands it
         assert [p.name for p in (tmp_path / "in").iterdir()] == [kept.name]  # no temporary file left beside it
     finally:
         server.stdin.close()

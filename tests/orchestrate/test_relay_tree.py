@@ -1,8 +1,8 @@
 """The relay tree carried out (orchestrate/backends/docker_ssh/relay.py, RelayTree), the nodes replaced by fakes: each
 node fetches from its planned parent, and only once that parent holds the archive and serves it; a node whose parent
 could not fetch or serve fetches from the next ancestor up, one line saying why; a parent that breaks off is
-retried once from the next one up; what still fails is left to the caller (sent from here); every server is
-stopped at the end. The real script's `keep`: tests/orchestrate/test_relay_script.py."""
+retried once from the next one up; a parent serves its children while it lands the archive itself; what still
+fails is left to the caller (sent from here); every server is stopped at the end. The real script's `keep`: tests/orchestrate/test_relay_script.py."""
 
 from __future__ import annotations
 
@@ -25,8 +25,10 @@ class Nodes:
     fetch fails; `broken`: the ranks whose server breaks off mid-transfer; `no_server`: servers that do not start."""
 
     def __init__(self, failing: dict[int, Failed] | None = None, broken: frozenset[int] = frozenset(),
-                 no_server: frozenset[int] = frozenset()) -> None:
-        self.failing, self.broken, self.no_server = failing or {}, broken, no_server
+                 no_server: frozenset[int] = frozenset(), land_fails: frozenset[int] = frozenset()) -> None:
+        self.failing, self.broken, self.no_server, self.land_fails = failing or {}, broken, no_server, land_fails
+        self.landed: list[int] = []
+        self.child_fetched = threading.Event()  # node 5 (a child of node 1) has fetched
         self.got_from: dict[int, list[int]] = {}
         self.holds: set[int] = {0}
         self.started: list[int] = []
@@ -49,7 +51,20 @@ class Nodes:
                         if conn.rank in (1, 2, 3) else None)
         with self.lock:
             self.holds.add(conn.rank)
+        if keep is None:  # a leaf: the script lands it
+            self.landed.append(conn.rank)
+        if conn.rank == 5:
+            self.child_fetched.set()
         return None
+
+    def land(self, conn: Any, path: str, land: list[str]) -> Failed | None:
+        """A parent's own load of the archive it kept: node 1's waits (bounded) until its child 5 has fetched."""
+        assert path.endswith(f"-n{conn.rank}.tar") and land == ["docker", "load", "-q"]
+        if conn.rank == 1:
+            assert self.child_fetched.wait(10), "node 1's children waited for its own load"
+        self.landed.append(conn.rank)
+        return Failed("the node could not load them: no space left on device", 5) if conn.rank in self.land_fails \
+            else None
 
     def serve(self, conn: Any, path: str, token: str) -> tuple[Any, int]:
         if conn.rank in self.no_server:
@@ -62,6 +77,7 @@ def _walk(monkeypatch: pytest.MonkeyPatch, nodes: Nodes, n: int = 16) -> tuple[d
                                                                              list[str]]:
     monkeypatch.setattr(relay, "_fetch", nodes.fetch)
     monkeypatch.setattr(relay, "_serve", nodes.serve)
+    monkeypatch.setattr(relay, "_land", nodes.land)
     monkeypatch.setattr(relay, "_stop", lambda chan: nodes.stopped.append(chan.rank))
     monkeypatch.setattr(relay, "_remove", lambda conn, path: None)
     plan = plan_relay("on", dict.fromkeys(range(n), 0))
@@ -80,16 +96,24 @@ def test_sixteen_nodes_fetch_from_their_parents_once_these_hold_it(monkeypatch: 
     assert {r: got[0] for r, got in nodes.got_from.items()} == {r: 0 if r <= 4 else (r - 1) // 4 for r in range(1, 16)}
     assert results == {r: (f"h{0 if r <= 4 else (r - 1) // 4}", None) for r in range(1, 16)} and lines == []
     assert sorted(nodes.started) == [1, 2, 3] and sorted(nodes.stopped) == [1, 2, 3]  # only the nodes with children
+    assert sorted(nodes.landed) == list(range(1, 16))
 
 
 def test_a_node_that_could_not_fetch_leaves_its_children_to_its_parent(monkeypatch: pytest.MonkeyPatch) -> None:
-    nodes = Nodes(failing={1: Failed("the node could not load them: no space left on device", 5)})
+    nodes = Nodes(failing={1: Failed("cannot connect to 10.0.0.0:9000: No route to host", 3)})
     results, lines = _walk(monkeypatch, nodes)
-    assert results[1] == ("h0", "the node could not load them: no space left on device")  # the caller sends it
-    assert nodes.got_from[1] == [0]  # a load that failed is not retried up the tree
+    assert results[1] == ("h0", "cannot connect to 10.0.0.0:9000: No route to host")  # the caller sends it
+    assert nodes.got_from[1] == [0]  # nobody above the relay to try
     assert [nodes.got_from[r] for r in (5, 6, 7, 8)] == [[0]] * 4 and results[5] == ("h0", None)
     assert lines == [f"image x on h{r}: fetching from the relay on h0 instead of h1, which does not serve (it could "
-                     "not fetch: the node could not load them: no space left on device)" for r in (5, 6, 7, 8)]
+                     "not fetch: cannot connect to 10.0.0.0:9000: No route to host)" for r in (5, 6, 7, 8)]
+
+
+def test_a_node_that_could_not_load_still_serves_the_checked_bytes(monkeypatch: pytest.MonkeyPatch) -> None:
+    nodes = Nodes(land_fails=frozenset({1}))
+    results, lines = _walk(monkeypatch, nodes)
+    assert results[1] == ("h0", "the node could not load them: no space left on device") and nodes.got_from[1] == [0]
+    assert [nodes.got_from[r] for r in (5, 6, 7, 8)] == [[1]] * 4 and lines == []
 
 
 def test_a_parent_that_breaks_off_is_retried_once_from_the_next_one_up(monkeypatch: pytest.MonkeyPatch) -> None:

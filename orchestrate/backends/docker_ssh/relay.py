@@ -12,8 +12,8 @@ another; nothing is left running. A node whose fetch fails is reported, and the 
 here.
 
 Past the plan's fan-out, a tree (plan/relay.py): a fetching node that others fetch from keeps the archive once
-checked and landed, and serves it the same way (its own server on its own SSH channel from here, the same token)
-to its children, which start fetching only then (`RelayTree`). A node whose parent could not fetch or serve
+fetched and checked, and serves it the same way (its own server on its own SSH channel from here, the same token)
+to its children, which start fetching then, while it lands the archive itself (`RelayTree`). A node whose parent could not fetch or serve
 fetches from the nearest ancestor that serves; a fetch that fails on reaching its server or on its bytes is tried
 once more from the next ancestor up; each says so in one line. What still fails is sent from here by the caller.
 """
@@ -166,16 +166,26 @@ class Failed:
 
 
 def _fetch(there: Connection, served: Served, address: str, land: Sequence[str], keep: str | None) -> Failed | None:
-    """The node behind `there` fetches the served archive from `address`, checks its size and sha256, lands it (and
-    keeps it as `keep`, when given, to serve it on)."""
-    mode, where = ("keep", keep) if keep else ("fetch", f"{there.identity().home}/{RELAY_DIR}")
+    """The node behind `there` fetches the served archive from `address`, checks its size and sha256, lands it (or,
+    with `keep`, keeps it there unlanded, to serve it on: see `_land`)."""
+    argv = ["keep", keep] if keep else ["fetch", f"{there.identity().home}/{RELAY_DIR}", *land]
     try:
-        res = there.run(["python3", "-c", RELAY_SCRIPT, mode, address, str(served.port), served.sha256,
-                         str(served.size), where, *land], env=_docker_env(there),
+        res = there.run(["python3", "-c", RELAY_SCRIPT, argv[0], address, str(served.port), served.sha256,
+                         str(served.size), *argv[1:]], env=_docker_env(there),
                         timeout=LOAD_S, stdin=served.token.encode() + b"\n")
     except SSHError as err:
         return Failed(str(err))
     return Failed(_why(res.err, res.rc), res.rc) if res.rc != 0 else None
+
+
+def _land(conn: Connection, path: str, land: Sequence[str]) -> Failed | None:
+    """The archive kept at `path` on the node landed there (`land` reads it on stdin)."""
+    try:
+        landed = conn.run(["sh", "-c", 'f=$1; shift; "$@" < "$f"', "land", path, *land], env=_docker_env(conn),
+                          timeout=LOAD_S)
+    except SSHError as err:
+        return Failed(str(err))
+    return Failed(f"{FETCH_EXITS[5]}: {_why(landed.err, landed.rc)}", 5) if landed.rc != 0 else None
 
 
 def fetch_from(there: Connection, served: Served, address: str, land: Sequence[str]) -> str | None:
@@ -210,24 +220,38 @@ class RelayTree:
         self.say, self.stack, self.what = say, stack, what
         self.serving: dict[int, Upstream] = {plan.relay: Upstream(plan.relay, address_of(plan.relay), root)}
         self.down: dict[int, str] = {}  # per fetching node that serves nobody: why
+        self.settled = {rank: threading.Event() for rank in plan.fetch}  # set once it serves, or will not
         self.lock = threading.Lock()
 
     def walk(self, work: Callable[[int], R], phase: str) -> dict[int, R]:
-        """`work` on every fetching node (it calls `fetch`), a node's children once its work is done, in parallel;
-        every failure is reported (MultiHostError), each node's children visited all the same."""
+        """`work` on every fetching node (it calls `fetch`), in parallel; a node's children start once it serves
+        (or its work ended without serving: an ancestor serves them). Every failure is reported (MultiHostError),
+        each node's children visited all the same."""
         results: dict[int, R] = {}
 
         def visit(rank: int) -> None:
-            error: Exception | None = None
+            failed: list[Exception] = []
+
+            def below() -> None:
+                self.settled[rank].wait()
+                try:
+                    fan_out(phase, list(self.plan.children(rank)), visit, self.label_of)
+                except Exception as err:  # re-raised by visit, after its own work's
+                    failed.append(err)
+
+            children = threading.Thread(target=below, daemon=True)
+            children.start()
             try:
                 results[rank] = work(rank)
             except Exception as err:  # its children are still served, by an ancestor; re-raised below
-                error = err
+                failed.insert(0, err)
                 with self.lock:
                     self.down.setdefault(rank, str(err) or type(err).__name__)
-            fan_out(phase, list(self.plan.children(rank)), visit, self.label_of)
-            if error is not None:
-                raise error
+            finally:
+                self.settled[rank].set()
+            children.join()
+            if failed:
+                raise failed[0]
 
         assert self.plan.relay is not None
         fan_out(phase, list(self.plan.children(self.plan.relay)), visit, self.label_of)
@@ -247,16 +271,27 @@ class RelayTree:
 
     def fetch(self, rank: int, land: Sequence[str]) -> tuple[str, str | None]:
         """Node `rank` fetches the archive from the nearest ancestor that serves (once more from the next one up
-        when that server cannot be reached or sends wrong bytes), lands it, and serves it on when it has children.
+        when that server cannot be reached or sends wrong bytes) and lands it; when it has children, it serves the
+        checked archive to them from before it lands it.
         Returns the label of the node it fetched from (or tried last), and None or why it could not."""
+        try:
+            return self._fetch_via(rank, land)
+        finally:
+            self.settled[rank].set()
+
+    def _fetch_via(self, rank: int, land: Sequence[str]) -> tuple[str, str | None]:
         ups = self._upstreams(rank)
         keep = self._keep_path(rank) if self.plan.children(rank) else None
         failed = Failed("no node serves it")
         for n, up in enumerate(ups):
             failed_here = _fetch(self.conn_of(rank), up.served, up.address, land, keep)
+            if failed_here is None and keep is not None:
+                self._serve_on(rank, up.served, keep)  # its children fetch while it lands
+                self.settled[rank].set()
+                failed_here = _land(self.conn_of(rank), keep, land)
+                if failed_here is not None:  # it serves all the same: the bytes it holds were checked
+                    return self.label_of(up.rank), failed_here.why
             if failed_here is None:
-                if keep is not None:
-                    self._serve_on(rank, up.served, keep)
                 return self.label_of(up.rank), None
             failed = failed_here
             if failed.rc not in RETRY_UP or n + 1 == len(ups):
@@ -276,9 +311,9 @@ class RelayTree:
         conn = self.conn_of(rank)
         try:
             chan, port = _serve(conn, path, served.token)
-        except (RelayError, SSHError) as err:
-            _remove(conn, path)
+        except (RelayError, SSHError) as err:  # the file stays until it is landed, removed at the end
             with self.lock:
+                self.stack.callback(_remove, conn, path)
                 self.down[rank] = str(err)
             return
         with self.lock:

@@ -8,9 +8,10 @@
                         on another node: fetch the archive from the relay into a new file in DIR (the token: the
                         first line of stdin), check its size and sha256, run the command LAND... with it on stdin
                         (`docker load -q` for image layers, the data's unpack script for --data-from), remove the file.
-    keep ADDR PORT SHA256 SIZE FILE LAND...
-                        as fetch, but the checked archive is kept as FILE (a new name in its folder): the node then
-                        serves it to the next nodes of a relay tree (`serve FILE`, which removes it).
+    keep ADDR PORT SHA256 SIZE FILE
+                        as fetch, but the checked archive is kept as FILE (a new name in its folder), not landed:
+                        the node serves it to the next nodes of a relay tree (`serve FILE`, which removes it) while
+                        the orchestrator lands it.
 Exit 3: the relay cannot be reached; 4: the bytes fetched are short or have another digest; 5: LAND failed.
 The reason is the last line on stderr.
 """
@@ -90,22 +91,20 @@ def fetch(addr, port, sha256, size, folder, *land, keep=None):
     if got != int(size) or digest.hexdigest() != sha256:
         os.unlink(path)
         fail(4, f"got {got} of {size} bytes, sha256 {digest.hexdigest()[:12]}, expected {sha256[:12]}")
+    if keep is not None:
+        os.replace(path, keep)  # kept only once checked: what the node serves next
+        return
     try:
         with open(path, "rb") as archive:
             landed = subprocess.run(list(land), stdin=archive, capture_output=True, text=True)
-    except BaseException:
+    finally:
         os.unlink(path)
-        raise
-    if landed.returncode != 0 or keep is None:
-        os.unlink(path)
-    else:
-        os.replace(path, keep)  # kept only once checked and landed: what the node serves next
     if landed.returncode != 0:
         fail(5, (landed.stderr.strip().splitlines() or [f"{land[0]} failed"])[-1])
 
 
-def keep(addr, port, sha256, size, path, *land):
-    fetch(addr, port, sha256, size, os.path.dirname(path), *land, keep=path)
+def keep(addr, port, sha256, size, path):
+    fetch(addr, port, sha256, size, os.path.dirname(path), keep=path)
 
 
 if __name__ == "__main__":
