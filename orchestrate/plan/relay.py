@@ -8,12 +8,14 @@ holds), so one archive serves every node; the other nodes fetch that archive fro
 Past RELAY_FAN_OUT fetching nodes, a tree: the relay serves the first F, and each node that has fetched and
 verified the archive serves up to F more (breadth first: node k of the fetching ones, counted from 0, fetches
 from the relay when k < F, else from fetching node k // F - 1). Why F = 4: every copy leaves its server's own link,
-so one level costs F copies' time (c = archive / host link) plus a store-and-forward step (L: the server node lands
-the archive and starts its server, ~1-2 s here for 50 MB); n nodes fetching need `levels` with
-F + F^2 + ... >= n. At 15 fetching nodes (16 hosts), 50 MB on 1 Gbit/s links (c = 0.4 s), L = 1.5 s:
+so one level costs F copies' time (c = archive / host link) plus a store-and-forward step (L: the parent's fetch
+ends and its server starts; it serves the checked file before it loads it, as a parent that loaded first made its
+children wait for a `docker load`: 2.04x against 1.30x at 16 hosts, docs/image.md); n nodes fetching need `levels`
+with F + F^2 + ... >= n. At 15 fetching nodes (16 hosts), 50 MB on 1 Gbit/s links (c = 0.4 s), L = 1.5 s:
 flat 15c = 6.0 s; F=2 4 levels 8c + 3L = 7.7 s; F=3 3 levels 9c + 2L = 6.6 s; F=4 2 levels 8c + L = 4.7 s;
 F=8 2 levels 16c + L = 7.9 s. At 255 (256 hosts): flat 102 s; F=4 4 levels 16c + 3L = 10.9 s (docs/benchmarks.md,
-"A projection to 256 nodes").
+"A projection to 256 nodes"). From 5 to 8 fetching nodes the tree's 2 levels carry 8 copies' time, no fewer than
+flat: it gains from 9 on.
 """
 
 from __future__ import annotations
