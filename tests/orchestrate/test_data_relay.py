@@ -63,7 +63,7 @@ def _run(monkeypatch: pytest.MonkeyPatch, n: int, mode: str, unreachable: set[in
 
 def test_the_files_go_once_to_the_relay_node_and_the_others_fetch_them(monkeypatch: pytest.MonkeyPatch) -> None:
     results, lines, seen = _run(monkeypatch, 3, "auto")
-    assert seen == {"served": [0], "fetched": [1, 2], "direct": []}
+    assert seen["served"] == [0] and sorted(seen["fetched"]) == [1, 2] and seen["direct"] == []  # 1 and 2 in parallel
     assert [results[i].via for i in range(3)] == [None, "h0", "h0"]
     assert results[1].describe() == "2 of 2 files changed, fetched from the relay on h0, 0 bytes sent from here"
     assert lines == ["data: 2 files (30 bytes) sent once from here to h0, which serves them to 2 node(s) (--relay auto)"]
