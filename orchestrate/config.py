@@ -34,6 +34,9 @@ LAYER_CACHE_MODES = ("auto", "on", "off")
 RELAY_MODES = ("auto", "on", "off")
 # --relay auto: a relay from this many nodes that get layers sent (plan/relay.py says why)
 RELAY_AUTO_FROM = 3
+# a relay node serves the archive to at most this many nodes; past that, nodes that fetched it serve the next ones
+# (a tree: plan/relay.py says why 4)
+RELAY_FAN_OUT = 4
 
 DEFAULT_JOB = "cifar"
 DEFAULT_IMAGE = "ddp-cifar:latest"

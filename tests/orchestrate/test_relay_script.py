@@ -74,3 +74,30 @@ def test_a_relay_that_breaks_off_mid_transfer_leaves_nothing_loaded(tmp_path: Pa
     assert not (tmp_path / "loaded").exists() and list((tmp_path / "in").iterdir()) == []
     refused = _fetch(1, payload, tmp_path)  # nothing listens on port 1
     assert refused.returncode == 3 and "cannot connect to 127.0.0.1:1" in refused.stderr
+
+
+def test_keep_leaves_the_checked_archive_unlanded_to_serve_on_and_nothing_when_it_does_not_check(tmp_path: Path) -> None:
+    payload = os.urandom(1 << 20)
+    served = tmp_path / "served.tar"
+    served.write_bytes(payload)
+    server = subprocess.Popen([sys.executable, "-c", RELAY_SCRIPT, "serve", str(served)], stdin=subprocess.PIPE,
+                              stdout=subprocess.PIPE, text=True)
+    assert server.stdin is not None and server.stdout is not None
+    server.stdin.write(TOKEN.decode() + "\n")
+    server.stdin.flush()
+    port = LineReader(server.stdout).next(30, "the relay server's port").split()[1]
+    kept = tmp_path / "in" / "image-n5.tar"
+
+    def keep(sha256: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([sys.executable, "-c", RELAY_SCRIPT, "keep", "127.0.0.1", port, sha256,
+                               str(len(payload)), str(kept)], input=TOKEN.decode() + "\n",
+                              capture_output=True, text=True, timeout=60, env=_fake_docker(tmp_path))
+    try:
+        wrong = keep("0" * 64)
+        assert wrong.returncode == 4 and not kept.exists() and list((tmp_path / "in").iterdir()) == []
+        assert keep(hashlib.sha256(payload).hexdigest()).returncode == 0
+        assert kept.read_bytes() == payload and not (tmp_path / "loaded").exists()  # the orchestrator lands it
+        assert [p.name for p in (tmp_path / "in").iterdir()] == [kept.name]  # no temporary file left beside it
+    finally:
+        server.stdin.close()
+        assert server.wait(timeout=30) == 0

@@ -15,7 +15,13 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from orchestrate.backends.docker_ssh.datalock import data_lock
-from orchestrate.backends.docker_ssh.relay import RelayError, Served, fetch_from, relay_address, serving
+from orchestrate.backends.docker_ssh.relay import (
+    RelayError,
+    RelayTree,
+    Served,
+    relay_address,
+    serving,
+)
 from orchestrate.backends.docker_ssh.request import sdk_kwargs
 from orchestrate.config import Data
 from orchestrate.errors import SSHError
@@ -187,16 +193,17 @@ def prefetch_all(nodes: Session, dirs: Sequence[Mapping[str, str]], fetches: Seq
             fetched = dict(zip(fetching, fan_out("data prefetch", fetching, one, lambda i: conns[i].host.label),
                                strict=True))
         else:
-            fetched = _relayed(nodes, chosen, data, one, say, relay_address(nodes, chosen.relay, relay_at))
+            fetched = _relayed(nodes, chosen, data, one, say, lambda r: relay_address(nodes, r, relay_at))
     return [fetched[i] if i in fetched else PrefetchResult(conns[i].host.label, "present", 0) if present[i] else
             PrefetchResult(conns[i].host.label, "shared", 0, shared_with=conns[leaders[i]].host.label)
             for i in range(len(conns))]
 
 
 def _relayed(nodes: Session, chosen: RelayPlan, data: Data, one: Callable[[int, SendArchive | None], PrefetchResult],
-             say: Callable[[str], None], address: str) -> dict[int, PrefetchResult]:
-    """The archive sent once, to the relay node, which serves it while the others fetch it (relay.py); a node that
-    cannot fetch it is sent it from here, one line saying why; a relay node that fails, every node."""
+             say: Callable[[str], None], address_of: Callable[[int], str]) -> dict[int, PrefetchResult]:
+    """The archive sent once, to the relay node, which serves it while the others fetch it down the plan's tree
+    (relay.py); a node that cannot fetch it is sent it from here, one line saying why; a relay node that fails,
+    every node."""
     assert chosen.relay is not None and data.data_from is not None
     source, md5 = data.data_from, data.data_md5
     via = nodes.hosts[chosen.relay].label
@@ -220,15 +227,17 @@ def _relayed(nodes: Session, chosen: RelayPlan, data: Data, one: Callable[[int, 
             everyone = [chosen.relay, *chosen.fetch]
             return dict(zip(everyone, fan_out("data prefetch", everyone, lambda i: one(i, None), label), strict=True))
 
-        def fetched_from_relay(conn: Connection, remote: str) -> tuple[int, str]:
-            why = fetch_from(conn, served[0], address, [*LAND_ARCHIVE, remote])
-            if why is None:
-                return 0, via
-            say(f"data on {conn.host.label}: could not fetch from the relay on {via} ({why}); sending the archive "
-                "from here")
-            return send_archive(conn, source, md5, remote, lambda done, total: None), ""
+        tree = RelayTree(chosen, served[0], nodes.conn, address_of, label, say, stack, "data")
 
-        rest = list(chosen.fetch)
-        results.update(zip(rest, fan_out("data relay", rest, lambda i: one(i, fetched_from_relay), label),
-                           strict=True))
+        def fetched_from_relay(rank: int) -> SendArchive:
+            def fetched(conn: Connection, remote: str) -> tuple[int, str]:
+                got_from, why = tree.fetch(rank, [*LAND_ARCHIVE, remote])
+                if why is None:
+                    return 0, got_from
+                say(f"data on {conn.host.label}: could not fetch from the relay on {got_from} ({why}); sending the "
+                    "archive from here")
+                return send_archive(conn, source, md5, remote, lambda done, total: None), ""
+            return fetched
+
+        results.update(tree.walk(lambda i: one(i, fetched_from_relay(i)), "data relay"))
     return results

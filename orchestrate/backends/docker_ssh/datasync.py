@@ -14,12 +14,13 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import ExitStack
 from pathlib import Path
 
 from rich.console import Console
 
-from orchestrate.backends.docker_ssh.relay import RelayError, Served, fetch_from, serving
+from orchestrate.backends.docker_ssh.relay import RelayError, RelayTree, Served, serving
 from orchestrate.backends.docker_ssh.staging import (
     Entry,
     Put,
@@ -120,23 +121,34 @@ def relay_data(conns: list[Connection], data_dirs: Sequence[str], syncing: Seque
             return dict(zip(syncing, fan_out("data staging", list(syncing), lambda i: stage(i, None), label),
                             strict=True))
         results = {relay_rank: dataclasses.replace(first, bytes_sent=union_bytes if served else first.bytes_sent)}
-        address = address_of(relay_rank)
+        tree = RelayTree(chosen, served[0], lambda i: conns[i], address_of, label, say, stack, "data") \
+            if served else None
 
         def put_fetched(i: int) -> Put:
             def put(changed: list[str], total: int) -> str | None:
-                why = _why_not(changed, union, served)
-                if why is None:
+                why, got_from = _why_not(changed, union, served), via
+                if why is None and tree is not None:
                     check_space(conns[i], data_dirs[i], union_bytes)
-                    why = fetch_from(conns[i], served[0], address, unpack_command(data_dirs[i]))
+                    got_from, why = tree.fetch(i, unpack_command(data_dirs[i]))
                 if why is None:
-                    return via
-                say(f"data on {label(i)}: could not fetch from the relay on {via} ({why}); sending its files from here")
+                    return got_from
+                say(f"data on {label(i)}: could not fetch from the relay on {got_from} ({why}); sending its files "
+                    "from here")
                 send_changed(conns[i], data_dirs[i], source, changed, total, progress(i))
                 return None
             return put
 
-        rest = [i for i in syncing if i != relay_rank]
-        results.update(zip(rest, fan_out("data relay", rest, lambda i: stage(i, put_fetched(i)), label), strict=True))
+        def stage_fetched(i: int) -> StageResult:
+            return stage(i, put_fetched(i))
+
+        # the tree's nodes down the tree; the others (they lacked nothing when read) alongside
+        in_tree = set(chosen.fetch) if tree is not None else set()
+        rest = [i for i in syncing if i != relay_rank and i not in in_tree]
+        with ThreadPoolExecutor(1) as pool:
+            aside = pool.submit(fan_out, "data staging", rest, stage_fetched, label)
+            if tree is not None:
+                results.update(tree.walk(stage_fetched, "data relay"))
+            results.update(zip(rest, aside.result(), strict=True))
     return results
 
 

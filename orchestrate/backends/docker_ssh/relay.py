@@ -10,16 +10,25 @@ sha256 before `docker load`, and removes it. The server runs in the foreground o
 ends (or this process dies), the channel closes, the server removes the file and exits. No node logs in to
 another; nothing is left running. A node whose fetch fails is reported, and the caller sends it its layers from
 here.
+
+Past the plan's fan-out, a tree (plan/relay.py): a fetching node that others fetch from keeps the archive once
+fetched and checked, and serves it the same way (its own server on its own SSH channel from here, the same token)
+to its children, which start fetching then, while it lands the archive itself (`RelayTree`). A node whose parent could not fetch or serve
+fetches from the nearest ancestor that serves; a fetch that fails on reaching its server or on its bytes is tried
+once more from the next ancestor up; each says so in one line. What still fails is sent from here by the caller.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import secrets
+import threading
 import time
-from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
+from typing import TypeVar
 
 import paramiko
 
@@ -35,6 +44,7 @@ SERVER_START_S = 30.0
 SERVER_END_S = 15.0
 LOAD_S = 3600.0
 LOAD_IMAGE = ("docker", "load", "-q")  # how a node lands the image archive (on its stdin)
+RETRY_UP = (3, 4)  # fetch exits tried once more from the next ancestor up: the server unreachable, the bytes wrong
 FETCH_EXITS = {3: "cannot reach the relay", 4: "the bytes fetched do not match", 5: "the node could not load them",
                127: "no python3 on the node"}
 
@@ -45,9 +55,11 @@ class RelayError(SSHError):
 
 @dataclass
 class Relayed:
-    """What the relay did: bytes sent from here (to the relay node only), and per node that fetched nothing, why."""
+    """What the relay did: bytes sent from here (to the relay node only), per fetching node the node it fetched from
+    (or tried last), and per node that fetched nothing, why."""
 
     sent: int
+    via: dict[int, str]
     unfetched: dict[int, str]
 
 
@@ -145,32 +157,191 @@ def serving(conn: Connection, chunks: Iterator[bytes], land: Sequence[str], what
         _remove(conn, path)
 
 
+@dataclass(frozen=True)
+class Failed:
+    """Why a fetch failed; rc: the script's exit code (None: the SSH session to the node failed)."""
+
+    why: str
+    rc: int | None = None
+
+
+def _fetch(there: Connection, served: Served, address: str, land: Sequence[str], keep: str | None) -> Failed | None:
+    """The node behind `there` fetches the served archive from `address`, checks its size and sha256, lands it (or,
+    with `keep`, keeps it there unlanded, to serve it on: see `_land`)."""
+    argv = ["keep", keep] if keep else ["fetch", f"{there.identity().home}/{RELAY_DIR}", *land]
+    try:
+        res = there.run(["python3", "-c", RELAY_SCRIPT, argv[0], address, str(served.port), served.sha256,
+                         str(served.size), *argv[1:]], env=_docker_env(there),
+                        timeout=LOAD_S, stdin=served.token.encode() + b"\n")
+    except SSHError as err:
+        return Failed(str(err))
+    return Failed(_why(res.err, res.rc), res.rc) if res.rc != 0 else None
+
+
+def _land(conn: Connection, path: str, land: Sequence[str]) -> Failed | None:
+    """The archive kept at `path` on the node landed there (`land` reads it on stdin)."""
+    try:
+        landed = conn.run(["sh", "-c", 'f=$1; shift; "$@" < "$f"', "land", path, *land], env=_docker_env(conn),
+                          timeout=LOAD_S)
+    except SSHError as err:
+        return Failed(str(err))
+    return Failed(f"{FETCH_EXITS[5]}: {_why(landed.err, landed.rc)}", 5) if landed.rc != 0 else None
+
+
 def fetch_from(there: Connection, served: Served, address: str, land: Sequence[str]) -> str | None:
     """The node behind `there` fetches the served archive from `address`, checks its size and sha256, lands it.
     Returns None, or why it could not (the caller sends it the bytes from here)."""
-    try:
-        res = there.run(["python3", "-c", RELAY_SCRIPT, "fetch", address, str(served.port), served.sha256,
-                         str(served.size), f"{there.identity().home}/{RELAY_DIR}", *land], env=_docker_env(there),
-                        timeout=LOAD_S, stdin=served.token.encode() + b"\n")
-    except SSHError as err:
-        return str(err)
-    return _why(res.err, res.rc) if res.rc != 0 else None
+    failed = _fetch(there, served, address, land, None)
+    return failed.why if failed else None
 
 
-def relay(nodes: Session, plan: RelayPlan, chunks: Iterator[bytes], address: str) -> Relayed:
+@dataclass(frozen=True)
+class Upstream:
+    """A node that serves the archive: its rank, the address the nodes reach it at, what it serves."""
+
+    rank: int
+    address: str
+    served: Served
+
+
+R = TypeVar("R")
+
+
+class RelayTree:
+    """The plan's tree carried out for one archive, whose relay node serves it already (`root`): each fetching node
+    with children in the plan keeps the archive and serves it once it holds it; every server is stopped and its file
+    removed when `stack` closes. `what` starts the lines said (`say`): "image NAME" or "data"."""
+
+    def __init__(self, plan: RelayPlan, root: Served, conn_of: Callable[[int], Connection],
+                 address_of: Callable[[int], str], label_of: Callable[[int], str], say: Callable[[str], None],
+                 stack: ExitStack, what: str) -> None:
+        assert plan.relay is not None
+        self.plan, self.conn_of, self.address_of, self.label_of = plan, conn_of, address_of, label_of
+        self.say, self.stack, self.what = say, stack, what
+        self.serving: dict[int, Upstream] = {plan.relay: Upstream(plan.relay, address_of(plan.relay), root)}
+        self.down: dict[int, str] = {}  # per fetching node that serves nobody: why
+        self.settled = {rank: threading.Event() for rank in plan.fetch}  # set once it serves, or will not
+        self.lock = threading.Lock()
+
+    def walk(self, work: Callable[[int], R], phase: str) -> dict[int, R]:
+        """`work` on every fetching node (it calls `fetch`), in parallel; a node's children start once it serves
+        (or its work ended without serving: an ancestor serves them). Every failure is reported (MultiHostError),
+        each node's children visited all the same."""
+        results: dict[int, R] = {}
+
+        def visit(rank: int) -> None:
+            failed: list[Exception] = []
+
+            def below() -> None:
+                self.settled[rank].wait()
+                try:
+                    fan_out(phase, list(self.plan.children(rank)), visit, self.label_of)
+                except Exception as err:  # re-raised by visit, after its own work's
+                    failed.append(err)
+
+            children = threading.Thread(target=below, daemon=True)
+            children.start()
+            try:
+                results[rank] = work(rank)
+            except Exception as err:  # its children are still served, by an ancestor; re-raised below
+                failed.insert(0, err)
+                with self.lock:
+                    self.down.setdefault(rank, str(err) or type(err).__name__)
+            finally:
+                self.settled[rank].set()
+            children.join()
+            if failed:
+                raise failed[0]
+
+        assert self.plan.relay is not None
+        fan_out(phase, list(self.plan.children(self.plan.relay)), visit, self.label_of)
+        return results
+
+    def _upstreams(self, rank: int) -> list[Upstream]:
+        """The nearest two ancestors that serve, nearest first; says so when the planned parent is not one."""
+        with self.lock:
+            ups = [self.serving[a] for a in self.plan.ancestors(rank) if a in self.serving][:2]
+            parent = self.plan.parent(rank)
+            why = self.down.get(parent, "it did not fetch the archive") if parent is not None and \
+                parent not in self.serving else None
+        if why is not None and ups and parent is not None:
+            self.say(f"{self.what} on {self.label_of(rank)}: fetching from the relay on "
+                     f"{self.label_of(ups[0].rank)} instead of {self.label_of(parent)}, which does not serve ({why})")
+        return ups
+
+    def fetch(self, rank: int, land: Sequence[str]) -> tuple[str, str | None]:
+        """Node `rank` fetches the archive from the nearest ancestor that serves (once more from the next one up
+        when that server cannot be reached or sends wrong bytes) and lands it; when it has children, it serves the
+        checked archive to them from before it lands it.
+        Returns the label of the node it fetched from (or tried last), and None or why it could not."""
+        try:
+            return self._fetch_via(rank, land)
+        finally:
+            self.settled[rank].set()
+
+    def _fetch_via(self, rank: int, land: Sequence[str]) -> tuple[str, str | None]:
+        ups = self._upstreams(rank)
+        keep = self._keep_path(rank) if self.plan.children(rank) else None
+        failed = Failed("no node serves it")
+        for n, up in enumerate(ups):
+            failed_here = _fetch(self.conn_of(rank), up.served, up.address, land, keep)
+            if failed_here is None and keep is not None:
+                self._serve_on(rank, up.served, keep)  # its children fetch while it lands
+                self.settled[rank].set()
+                failed_here = _land(self.conn_of(rank), keep, land)
+                if failed_here is not None:  # it serves all the same: the bytes it holds were checked
+                    return self.label_of(up.rank), failed_here.why
+            if failed_here is None:
+                return self.label_of(up.rank), None
+            failed = failed_here
+            if failed.rc not in RETRY_UP or n + 1 == len(ups):
+                break
+            self.say(f"{self.what} on {self.label_of(rank)}: could not fetch from the relay on "
+                     f"{self.label_of(up.rank)} ({failed.why}); fetching from the relay on {self.label_of(ups[n + 1].rank)}")
+        with self.lock:
+            self.down.setdefault(rank, f"it could not fetch: {failed.why}")
+        return self.label_of(ups[-1].rank) if ups else "?", failed.why
+
+    def _keep_path(self, rank: int) -> str:
+        token = next(iter(self.serving.values())).served.token  # one token for the whole tree
+        return f"{self.conn_of(rank).identity().home}/{RELAY_DIR}/{self.what.split()[0]}-{token[:12]}-n{rank}.tar"
+
+    def _serve_on(self, rank: int, served: Served, path: str) -> None:
+        """The node's server started on the archive it kept (stopped, the file removed, when the stack closes)."""
+        conn = self.conn_of(rank)
+        try:
+            chan, port = _serve(conn, path, served.token)
+        except (RelayError, SSHError) as err:  # the file stays until it is landed, removed at the end
+            with self.lock:
+                self.stack.callback(_remove, conn, path)
+                self.down[rank] = str(err)
+            return
+        with self.lock:
+            self.stack.callback(_remove, conn, path)
+            self.stack.callback(_stop, chan)
+            self.serving[rank] = Upstream(rank, self.address_of(rank), dataclasses.replace(served, port=port))
+
+
+def relay(nodes: Session, plan: RelayPlan, chunks: Iterator[bytes], address_of: Callable[[int], str],
+          say: Callable[[str], None], name: str) -> Relayed:
     """Send `chunks` (the image archive) to the relay node, load it there, and have the plan's other nodes fetch and
-    load it; `address`: the relay node's address as the nodes reach it. RelayError: the relay node failed (nothing
-    fetched); a node whose fetch failed is in the result's `unfetched`, with why."""
+    load it, down the plan's tree; `address_of(rank)`: a node's address as the other nodes reach it. RelayError:
+    the relay node failed (nothing fetched); a node whose fetch failed is in the result's `unfetched`, with why."""
     assert plan.relay is not None
     unfetched: dict[int, str] = {}
-    with serving(nodes.conn(plan.relay), chunks, LOAD_IMAGE, "image") as served:
+    via: dict[int, str] = {}
+    with ExitStack() as stack:
+        served = stack.enter_context(serving(nodes.conn(plan.relay), chunks, LOAD_IMAGE, "image"))
+        tree = RelayTree(plan, served, nodes.conn, address_of, lambda r: nodes.hosts[r].label, say, stack,
+                         f"image {name}")
+
         def fetch(rank: int) -> None:
-            why = fetch_from(nodes.conn(rank), served, address, LOAD_IMAGE)
+            via[rank], why = tree.fetch(rank, LOAD_IMAGE)
             if why is not None:
                 unfetched[rank] = why
 
-        fan_out("image relay", list(plan.fetch), fetch, lambda r: nodes.hosts[r].label)
-    return Relayed(served.size, unfetched)
+        tree.walk(fetch, "image relay")
+    return Relayed(served.size, via, unfetched)
 
 
 def _remove(conn: Connection, path: str) -> None:

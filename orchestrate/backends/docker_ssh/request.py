@@ -9,7 +9,7 @@ import shlex
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from orchestrate.config import mask_text, masked_env, secret_values, url_masked
+from orchestrate.config import RELAY_FAN_OUT, mask_text, masked_env, secret_values, url_masked
 from orchestrate.plan import gpus
 from orchestrate.plan.jobplan import ContainerSpec, DataAction, ImageAction, JobPlan, NodePlan
 from orchestrate.plan.relay import RelayPlan, plan_relay
@@ -111,14 +111,13 @@ def render_job_plan(plan: JobPlan) -> str:
         lines.append("# launcher: read from the image once node 0 pulled it (torchrun shown)")
     relay = relay_of(plan)
     if relay.relay is not None:
-        lines.append(f"# image layers: sent once from here to node {relay.relay}, which serves them to node(s) "
-                     f"{', '.join(map(str, relay.fetch))} for the transfer's time (--relay {plan.relay_mode}); a node "
-                     "that cannot fetch them is sent them from here")
+        lines.append(f"# image layers: sent once from here to node {relay.relay}, {_served_text(relay, 'them')} for the "
+                     f"transfer's time (--relay {plan.relay_mode}); a node that cannot fetch them is sent them from here")
     data_relay = data_relay_of(plan)
     if data_relay.relay is not None:
         lines.append(f"# data (--data-from): what the nodes lack sent once from here to node {data_relay.relay}, "
-                     f"which serves it to node(s) {', '.join(map(str, data_relay.fetch))} for the transfer's time "
-                     f"(--relay {plan.relay_mode}); a node that cannot fetch it is sent it from here")
+                     f"{_served_text(data_relay, 'it')} for the transfer's time (--relay {plan.relay_mode}); a node that "
+                     "cannot fetch it is sent it from here")
     for n in plan.nodes:
         lines.append(f"# node {n.rank} on {n.host.label}: container {n.container.name}")
         lines.append("#   dirs: " + ", ".join(f"{k} {v}" for k, v in n.dirs.items()))
@@ -134,6 +133,17 @@ def render_job_plan(plan: JobPlan) -> str:
         lines.append("#   short containers first: " + (", ".join(short) or "none") + " (--json: their arguments)")
         lines.append(shlex.join(docker_run_argv(n.container)))
     return "\n".join(lines)
+
+
+def _served_text(relay: RelayPlan, them: str) -> str:
+    """Who the relay node serves; past the fan-out, that the nodes which fetched serve the next (each node's line)."""
+    assert relay.relay is not None
+    first = relay.children(relay.relay)
+    text = f"which serves {them} to node(s) {', '.join(map(str, first))}"
+    if len(first) == len(relay.fetch):
+        return text
+    return (f"{text}; each node that fetched serves up to {RELAY_FAN_OUT} more (a relay tree: each node's line says "
+            "from which node)")
 
 
 def relay_of(plan: JobPlan) -> RelayPlan:

@@ -169,18 +169,21 @@ def send_relayed(nodes: Session, chosen: RelayPlan, held: dict[int, int],
     node, when the relay node fails) is sent its layers from here, one line saying why."""
     assert chosen.relay is not None
     via = nodes.hosts[chosen.relay].label
+
+    def say(line: str) -> None:
+        console.print(line, markup=False, highlight=False, soft_wrap=True)
+
     try:
-        relayed = relay(nodes, chosen, archive_of(chosen.keep_from), relay_address(nodes, chosen.relay, relay_at))
+        relayed = relay(nodes, chosen, archive_of(chosen.keep_from), lambda r: relay_address(nodes, r, relay_at), say,
+                        name)
     except RelayError as err:
-        console.print(f"image {name}: the relay on {via} failed ({err}); sending each node its layers from here",
-                      markup=False, highlight=False, soft_wrap=True)
+        say(f"image {name}: the relay on {via} failed ({err}); sending each node its layers from here")
         return send(list(held), held)
     done = {chosen.relay: Delivery("sent", relayed.sent, layers - chosen.keep_from, layers, relayed.sent)}
-    done.update({r: Delivery("relayed", 0, layers - held[r], layers, relayed.sent, via=via)
+    done.update({r: Delivery("relayed", 0, layers - held[r], layers, relayed.sent, via=relayed.via[r])
                  for r in chosen.fetch})
     for rank, why in sorted(relayed.unfetched.items()):
-        console.print(fallback_line(name, nodes.hosts[rank].label, via, why), markup=False, highlight=False,
-                      soft_wrap=True)
+        say(fallback_line(name, nodes.hosts[rank].label, relayed.via[rank], why))
     if relayed.unfetched:
         done.update(send(sorted(relayed.unfetched), {r: held[r] for r in relayed.unfetched}))
     return done

@@ -8,6 +8,10 @@
                         on another node: fetch the archive from the relay into a new file in DIR (the token: the
                         first line of stdin), check its size and sha256, run the command LAND... with it on stdin
                         (`docker load -q` for image layers, the data's unpack script for --data-from), remove the file.
+    keep ADDR PORT SHA256 SIZE FILE
+                        as fetch, but the checked archive is kept as FILE (a new name in its folder), not landed:
+                        the node serves it to the next nodes of a relay tree (`serve FILE`, which removes it) while
+                        the orchestrator lands it.
 Exit 3: the relay cannot be reached; 4: the bytes fetched are short or have another digest; 5: LAND failed.
 The reason is the last line on stderr.
 """
@@ -63,7 +67,7 @@ def fail(code, why):
     sys.exit(code)
 
 
-def fetch(addr, port, sha256, size, folder, *land):
+def fetch(addr, port, sha256, size, folder, *land, keep=None):
     token = sys.stdin.buffer.readline().strip()
     try:
         conn = socket.create_connection((addr, int(port)), timeout=CONNECT_S)
@@ -87,6 +91,9 @@ def fetch(addr, port, sha256, size, folder, *land):
     if got != int(size) or digest.hexdigest() != sha256:
         os.unlink(path)
         fail(4, f"got {got} of {size} bytes, sha256 {digest.hexdigest()[:12]}, expected {sha256[:12]}")
+    if keep is not None:
+        os.replace(path, keep)  # kept only once checked: what the node serves next
+        return
     try:
         with open(path, "rb") as archive:
             landed = subprocess.run(list(land), stdin=archive, capture_output=True, text=True)
@@ -96,8 +103,14 @@ def fetch(addr, port, sha256, size, folder, *land):
         fail(5, (landed.stderr.strip().splitlines() or [f"{land[0]} failed"])[-1])
 
 
+def keep(addr, port, sha256, size, path):
+    fetch(addr, port, sha256, size, os.path.dirname(path), keep=path)
+
+
 if __name__ == "__main__":
     if sys.argv[1] == "serve":
         serve(*sys.argv[2:])
+    elif sys.argv[1] == "keep":
+        keep(*sys.argv[2:])
     else:
         fetch(*sys.argv[2:])
