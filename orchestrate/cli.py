@@ -251,13 +251,24 @@ def _fields_of(ns: argparse.Namespace, command: str) -> dict[str, Any]:
     return out
 
 
+# A devcluster setting, not a user's option: `python -m devcluster up --gpus N` makes hosts whose nvidia-smi is
+# simulated, and its clients' environment (devcluster/cluster.py client_env) says so with this variable set to 1.
+# The job then holds its GPU set (labels, CUDA_VISIBLE_DEVICES) while its containers run on CPU.
+GPUS_ON_CPU_ENV = "DEVCLUSTER_GPUS_ON_CPU"
+
+
+def _gpus_on_cpu() -> bool:
+    """The hosts' GPUs are CPU stand-ins: read here, where the config is composed, and nowhere else."""
+    return os.environ.get(GPUS_ON_CPU_ENV) == "1"
+
+
 def up_config(ns: argparse.Namespace) -> UpConfig:
-    return UpConfig.of(_ssh_of(ns), **_fields_of(ns, "up"),
+    return UpConfig.of(_ssh_of(ns), **_fields_of(ns, "up"), gpus_on_cpu=_gpus_on_cpu(),
                        trainer_args=tuple(ns.trainer_args))
 
 
 def check_config(ns: argparse.Namespace) -> UpConfig:
-    return UpConfig.of(_ssh_of(ns), **_fields_of(ns, "check"),
+    return UpConfig.of(_ssh_of(ns), **_fields_of(ns, "check"), gpus_on_cpu=_gpus_on_cpu(),
                        trainer_args=(*_given(ns), *ns.trainer_args))
 
 

@@ -53,7 +53,7 @@ def submit(c: Cluster, data: Data, job: str, *extra: str, epochs: int, image: st
            trainer: tuple[str, ...] = ()) -> str:
     """`submit` of a short CPU training of 2 nodes with 1 granted GPU each; Slurm's job id."""
     res = orchestrate(c, "submit", "--nodes", "2", "--gpus-per-node", "1", "--python", SYSTEM_PYTHON,
-                      "--output", f"{c.dir}/slurm-%j.out", "--job", job, "--image", image, "--gpus-on-cpu",
+                      "--output", f"{c.dir}/slurm-%j.out", "--job", job, "--image", image,
                       "--data-url", data.url, "--data-md5", data.md5, *extra,
                       "--", *TRAIN, "--epochs", str(epochs), "--log-every", "1", *trainer)
     assert res.returncode == 0 and re.fullmatch(r"\d+\n", res.stdout), res.stderr
