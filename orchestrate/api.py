@@ -19,6 +19,7 @@ from typing import Any
 
 from rich.console import Console
 
+from orchestrate.backends.protocol import Backend
 from orchestrate.config import JobsConfig, SSHOptions, UpConfig, split
 from orchestrate.terminal import console_for
 
@@ -35,17 +36,25 @@ def Job(hosts: str | Path, *, ssh_config: str | Path | None = None, accept_new_h
     return UpConfig.of(ssh, **options)
 
 
-def up(job: UpConfig, console: Console | None = None) -> int:
+def up(job: UpConfig, console: Console | None = None, backend: Backend | None = None) -> int:
+    """`backend`: what runs the containers (default: the registered default, Docker over SSH)."""
     from orchestrate.pipeline import up as run_up
 
-    return run_up(job, console or console_for())
+    return run_up(job, console or console_for(), backend or _chosen())
 
 
-def check(job: UpConfig, console: Console | None = None) -> int:
+def check(job: UpConfig, console: Console | None = None, backend: Backend | None = None) -> int:
     """The network check with the job's settings (`check`); 1 when a node is an outlier."""
     from orchestrate.pipeline import check as run_check
 
-    return run_check(job, console or console_for())
+    return run_check(job, console or console_for(), backend or _chosen())
+
+
+def _chosen() -> Backend:
+    """The backend a command runs with: chosen here, once, and passed down (nothing below looks one up)."""
+    from orchestrate.backends.choice import backend
+
+    return backend()
 
 
 def kill(name: str, hosts: str | Path | None = None, grace: float = 60.0, console: Console | None = None) -> int:
@@ -78,4 +87,4 @@ def jobs(command: str, config: JobsConfig, console: Console | None = None) -> in
 def _jobs(command: str, config: JobsConfig, console: Console | None) -> int:
     from orchestrate.jobs.commands import run_jobs_command
 
-    return run_jobs_command(command, config, console or console_for())
+    return run_jobs_command(command, config, console or console_for(), _chosen())
