@@ -15,13 +15,16 @@ with the one-line message the command line prints and its `exit_code`.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rich.console import Console
 
 from orchestrate.backends.protocol import Backend
 from orchestrate.config import JobsConfig, SSHOptions, UpConfig, split
 from orchestrate.terminal import console_for
+
+if TYPE_CHECKING:  # the SSH Session the pipeline opens, named for the type check only: it loads paramiko
+    from orchestrate.remote.session import Session
 
 
 def Job(hosts: str | Path, *, ssh_config: str | Path | None = None, accept_new_host_keys: bool = False,  # noqa: N802
@@ -36,21 +39,21 @@ def Job(hosts: str | Path, *, ssh_config: str | Path | None = None, accept_new_h
     return UpConfig.of(ssh, **options)
 
 
-def up(job: UpConfig, console: Console | None = None, backend: Backend | None = None) -> int:
+def up(job: UpConfig, console: Console | None = None, backend: Backend[Session] | None = None) -> int:
     """`backend`: what runs the containers (default: the registered default, Docker over SSH)."""
     from orchestrate.pipeline import up as run_up
 
     return run_up(job, console or console_for(), backend or _chosen())
 
 
-def check(job: UpConfig, console: Console | None = None, backend: Backend | None = None) -> int:
+def check(job: UpConfig, console: Console | None = None, backend: Backend[Session] | None = None) -> int:
     """The network check with the job's settings (`check`); 1 when a node is an outlier."""
     from orchestrate.pipeline import check as run_check
 
     return run_check(job, console or console_for(), backend or _chosen())
 
 
-def _chosen() -> Backend:
+def _chosen() -> Backend[Session]:
     """The backend a command runs with: chosen here, once, and passed down (nothing below looks one up)."""
     from orchestrate.backends.choice import backend
 

@@ -6,11 +6,12 @@ from __future__ import annotations
 
 from orchestrate.backends.docker_ssh import DockerSSH
 from orchestrate.backends.protocol import Backend
+from orchestrate.remote.session import Session
 
-BACKENDS: dict[str, Backend] = {"docker_ssh": DockerSSH()}
+BACKENDS: dict[str, Backend[Session]] = {"docker_ssh": DockerSSH()}
 DEFAULT = "docker_ssh"
 
 
-def backend(name: str = DEFAULT) -> Backend:
+def backend(name: str = DEFAULT) -> Backend[Session]:
     """The registered backend `name`."""
     return BACKENDS[name]

@@ -178,7 +178,7 @@ def need_of(spec: ContainerSpec) -> int:
     return int(nproc) if nproc.isdigit() else 1
 
 
-def probe_all(backend: Backend, nodes: Session, specs: Sequence[ContainerSpec], probes: Sequence[ContainerSpec | None],
+def probe_all(backend: Backend[Session], nodes: Session, specs: Sequence[ContainerSpec], probes: Sequence[ContainerSpec | None],
               image_id: str | None) -> list[ProbeResult]:
     """Probe every node in parallel with the plan's probe containers (`probes`, beside the job's `specs`), run by
     the backend; a pass remembered for this image, boot and driver is not probed again; with no image ID every

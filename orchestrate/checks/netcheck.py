@@ -206,7 +206,7 @@ def script() -> str:
         return fh.read()
 
 
-def measure(backend: Backend, nodes: Session, checks: Sequence[ContainerSpec], options: Options,
+def measure(backend: Backend[Session], nodes: Session, checks: Sequence[ContainerSpec], options: Options,
             console: Console) -> Verdict:
     """Run the check's containers as planned (plan/shortlived.py) once (bounded), print its table and each failure
     in a line, remove its containers; the verdict."""

@@ -115,7 +115,7 @@ def network_cells(verdict: Verdict, n: int) -> list[Cell]:
     return cells
 
 
-def run(backend: Backend, nodes: Session, plan: JobPlan, program: Program, resources: Resources, checks: Checks,
+def run(backend: Backend[Session], nodes: Session, plan: JobPlan, program: Program, resources: Resources, checks: Checks,
         image_id: str | None, console: Console) -> int:
     """The self-test on every node, its containers planned with the job's (plan/shortlived.py); 0 when every part
     passed on every node, else 1 (the table says where)."""
@@ -141,7 +141,7 @@ def run(backend: Backend, nodes: Session, plan: JobPlan, program: Program, resou
     return 0 if all(row.ok for row in rows) else 1
 
 
-def _selftests(backend: Backend, nodes: Session, specs: Sequence[ContainerSpec], ranks: list[int]) -> list[tuple[dict[str, Any] | None, int]]:
+def _selftests(backend: Backend[Session], nodes: Session, specs: Sequence[ContainerSpec], ranks: list[int]) -> list[tuple[dict[str, Any] | None, int]]:
     """Each node's self-test run to its end by the backend; a node where it could not start fails the command (one
     line per host)."""
     ran = backend.run(nodes, {r: specs[r] for r in ranks}, SELFTEST_TIMEOUT_S, "self-test")

@@ -32,7 +32,7 @@ def hosts_for(config: JobsConfig) -> list[Host]:
     return parse_hosts_file(remembered.hosts_file, ssh_config)
 
 
-def run_jobs_command(command: str, config: JobsConfig, console: Console, backend: Backend) -> int:
+def run_jobs_command(command: str, config: JobsConfig, console: Console, backend: Backend[Session]) -> int:
     """`backend`: the one the composition root chose (api.py): it finds the job's containers and answers."""
     if _scheduled(command, config, console) and config.ssh.hosts_file is None and memory.load(config.job) is None:
         return 0  # queued by a scheduler, never started: no hosts, no containers yet
@@ -63,7 +63,7 @@ def run_jobs_command(command: str, config: JobsConfig, console: Console, backend
         nodes.close()
 
 
-def _from_node0(command: str, backend: Backend, nodes: Session, config: JobsConfig, console: Console,
+def _from_node0(command: str, backend: Backend[Session], nodes: Session, config: JobsConfig, console: Console,
                 unreachable: Mapping[str, str]) -> int:
     """plot and tensorboard, which read node 0's folder: where it was not found, the hosts that did not answer are
     named (node 0 may be on one of them)."""
@@ -86,7 +86,7 @@ def _scheduled(command: str, config: JobsConfig, console: Console) -> bool:
     return any(known)
 
 
-def print_status(backend: Backend, nodes: Session, job: str, console: Console, unreachable: dict[str, str]) -> bool:
+def print_status(backend: Backend[Session], nodes: Session, job: str, console: Console, unreachable: dict[str, str]) -> bool:
     """Print one row per node, then the job's progress and its automatic restarts; False if some host could not be
     reached."""
     status = backend.describe(nodes, job, unreachable)
@@ -108,7 +108,7 @@ def print_status(backend: Backend, nodes: Session, job: str, console: Console, u
     return not unreachable
 
 
-def print_all_jobs(backend: Backend, nodes: Session, console: Console, unreachable: Mapping[str, str]) -> bool:
+def print_all_jobs(backend: Backend[Session], nodes: Session, console: Console, unreachable: Mapping[str, str]) -> bool:
     """`status --all`: every owner's jobs on the reachable hosts, one row each; False if a host was unreachable."""
     table = Table(title="jobs on these hosts (everyone's)")
     for col in ("owner", "job", "nodes", "GPUs", "age", "running"):
@@ -122,7 +122,7 @@ def print_all_jobs(backend: Backend, nodes: Session, console: Console, unreachab
     return not unreachable
 
 
-def print_logs(backend: Backend, nodes: Session, config: JobsConfig, console: Console) -> None:
+def print_logs(backend: Backend[Session], nodes: Session, config: JobsConfig, console: Console) -> None:
     """Print (or follow) the nodes' logs, each line prefixed with its node rank."""
     logs = backend.logs(nodes, config.job, config.node, config.tail, config.follow)
     if not config.follow:
@@ -138,7 +138,7 @@ def print_logs(backend: Backend, nodes: Session, config: JobsConfig, console: Co
             t.join(0.5)
 
 
-def print_rank_logs(backend: Backend, nodes: Session, config: JobsConfig, console: Console, rank: int) -> None:
+def print_rank_logs(backend: Backend[Session], nodes: Session, config: JobsConfig, console: Console, rank: int) -> None:
     """One global rank's stdout and stderr files, then with --follow its new lines as they come."""
     found = backend.rank_logs(nodes, config.job, rank, config.tail, config.follow)
     for stream in ("stdout", "stderr"):
@@ -150,7 +150,7 @@ def print_rank_logs(backend: Backend, nodes: Session, config: JobsConfig, consol
                       soft_wrap=True)
 
 
-def kill(backend: Backend, nodes: Session, config: JobsConfig, console: Console,
+def kill(backend: Backend[Session], nodes: Session, config: JobsConfig, console: Console,
          unreachable: dict[str, str]) -> None:
     """The stop record first, on every host (an `up` waiting to restart the job, from any machine, then starts
     nothing more: see jobs/stops.py), then the job's containers. A host where either fails is reported."""
@@ -162,7 +162,7 @@ def kill(backend: Backend, nodes: Session, config: JobsConfig, console: Console,
     backend.cancel(nodes, config.job, config.grace, console, {**unreachable, **not_left})
 
 
-def plot(backend: Backend, nodes: Session, config: JobsConfig, console: Console) -> int:
+def plot(backend: Backend[Session], nodes: Session, config: JobsConfig, console: Console) -> int:
     """metrics.jsonl from node 0, drawn locally (trainer.plot: matplotlib, no torch)."""
     import posixpath
 

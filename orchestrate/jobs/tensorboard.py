@@ -62,7 +62,7 @@ def fetch(nodes: Session, folders: dict[int, tuple[int, str]], out: Path) -> int
     return copied
 
 
-def log_folders(scheduler: Backend, nodes: Session, config: JobsConfig) -> dict[int, tuple[int, str]]:
+def log_folders(scheduler: Backend[Session], nodes: Session, config: JobsConfig) -> dict[int, tuple[int, str]]:
     """Node 0's log dir (from its container, or the options of the job's last `up` once it is removed) and node
     1's, the replica, when its container is there."""
     found = scheduler.node_dirs(nodes, config.job, LOG_MOUNT)
@@ -73,7 +73,7 @@ def log_folders(scheduler: Backend, nodes: Session, config: JobsConfig) -> dict[
     return folders
 
 
-def run(scheduler: Backend, nodes: Session, config: JobsConfig, console: Console) -> int:
+def run(scheduler: Backend[Session], nodes: Session, config: JobsConfig, console: Console) -> int:
     folders = log_folders(scheduler, nodes, config)
     out = config.out or Path(f"{config.job}-tensorboard")
     copied = fetch(nodes, folders, out)

@@ -60,7 +60,7 @@ def _match_exec_note(config: UpConfig) -> str | None:
             "may differ at launch") if blocks else None
 
 
-def up(config: UpConfig, console: Console, backend: Backend) -> int:
+def up(config: UpConfig, console: Console, backend: Backend[Session]) -> int:
     """`backend`: what runs the containers, chosen by the composition root (api.py) and passed down."""
     timings, hangup = Timings(), Hangup()
     try:
@@ -71,7 +71,7 @@ def up(config: UpConfig, console: Console, backend: Backend) -> int:
             console.print(timings.render(), markup=False, highlight=False)
 
 
-def _up(config: UpConfig, console: Console, backend: Backend, timings: Timings, hangup: Hangup) -> int:
+def _up(config: UpConfig, console: Console, backend: Backend[Session], timings: Timings, hangup: Hangup) -> int:
     hosts = load_hosts(config)
     if config.resilience.min_nodes is not None and config.resilience.min_nodes > len(hosts):
         raise ConfigError(f"--min-nodes {config.resilience.min_nodes} exceeds the {len(hosts)} host(s) in "
@@ -98,7 +98,7 @@ def _up(config: UpConfig, console: Console, backend: Backend, timings: Timings, 
         attempt = Attempt(attempt.number + 1, result.outcome.cause, resume=True)
 
 
-def _print_offline(config: UpConfig, hosts: list[Host], console: Console, backend: Backend) -> None:
+def _print_offline(config: UpConfig, hosts: list[Host], console: Console, backend: Backend[Session]) -> None:
     """Offline: nothing is contacted; interfaces and GPU counts are shown as detected at launch."""
     specs = container_specs(PlanInputs(config.program, config.resources, config.where, config.data, config.delivery,
                                        Attempt.first(config.resilience), tuple(hosts),
@@ -120,7 +120,7 @@ def _print_offline(config: UpConfig, hosts: list[Host], console: Console, backen
         console.print(note, markup=False, highlight=False, soft_wrap=True)
 
 
-def _print_probed(config: UpConfig, hosts: list[Host], console: Console, backend: Backend) -> None:
+def _print_probed(config: UpConfig, hosts: list[Host], console: Console, backend: Backend[Session]) -> None:
     """`--dry-run=hosts`: connect, probe read-only, print the first attempt's plan; nothing is created, sent or
     started anywhere. With --json the plan alone goes to stdout, the preflight table to stderr."""
     chatter = console_for(stderr=True) if config.mode.as_json else console
@@ -141,7 +141,7 @@ def _print_json(console: Console, data: dict[str, Any]) -> None:
     console.print(json.dumps(data, indent=2), markup=False, highlight=False, soft_wrap=True)
 
 
-def check(config: UpConfig, console: Console, backend: Backend) -> int:
+def check(config: UpConfig, console: Console, backend: Backend[Session]) -> int:
     """`check`: the first-day self-test (preflight, the image where missing, then per node the GPU probe, a
     training step and a checkpoint, and the network check); exit 1 when a part failed or a node is an outlier."""
     attempt, timings = Attempt.first(config.resilience), Timings()
@@ -154,7 +154,7 @@ def check(config: UpConfig, console: Console, backend: Backend) -> int:
         ready.nodes.close()
 
 
-def _attempt(config: UpConfig, backend: Backend, attempt: Attempt, hosts: list[Host], console: Console,
+def _attempt(config: UpConfig, backend: Backend[Session], attempt: Attempt, hosts: list[Host], console: Console,
              timings: Timings, hangup: Hangup, history: Sequence[AttemptResult]) -> AttemptResult:
     """One start of the job; `history`: how the attempts before it ended (a restart's hosts are decided on it)."""
     if attempt.number:
@@ -194,7 +194,7 @@ def _attempt(config: UpConfig, backend: Backend, attempt: Attempt, hosts: list[H
         nodes.close()
 
 
-def _watched(backend: Backend, nodes: Session, plan: JobPlan, handles: Sequence[Any], config: UpConfig,
+def _watched(backend: Backend[Session], nodes: Session, plan: JobPlan, handles: Sequence[Any], config: UpConfig,
              console: Console, timings: Timings, hangup: Hangup) -> AttemptResult:
     specs = plan.specs
     resumed_from = plan.resume.checkpoint.step if plan.resume else None

@@ -83,7 +83,7 @@ def start(nodes: Session, plan: JobPlan, inputs: PlanInputs, ready: PreflightedH
     return submitted
 
 
-def _unless_stopped(backend: Backend, nodes: Session, config: UpConfig) -> None:
+def _unless_stopped(backend: Backend[Session], nodes: Session, config: UpConfig) -> None:
     """A kill that listed no container before they were created left its stop record first: seen here, the
     containers just started are removed and the job ends as the kill asked (the races: jobs/stops.py)."""
     if stops.seen(nodes, config.program.job):

@@ -29,7 +29,7 @@ from orchestrate.probe.preflight import clock_skew, clock_warnings, probe_host, 
 from orchestrate.remote.session import Session
 
 
-def check_host(daemons: Daemons, nodes: Session, rank: int, config: UpConfig, master_addr: str, master_ssh_port: int,
+def check_host(daemons: Daemons[Session], nodes: Session, rank: int, config: UpConfig, master_addr: str, master_ssh_port: int,
                local_image_id: str | None, replace: bool) -> HostReport:
     """Observe one host, then judge it: every check runs, a failed one is recorded, never raised, so the table
     shows them all."""
@@ -73,7 +73,7 @@ def _transport_settled(reports: list[HostReport], config: UpConfig) -> list[Host
             for r, n in zip(reports, nets, strict=True)]
 
 
-def run_preflight(daemons: Daemons, nodes: Session, config: UpConfig, master_addr: str, local_image_id: str | None,
+def run_preflight(daemons: Daemons[Session], nodes: Session, config: UpConfig, master_addr: str, local_image_id: str | None,
                   console: Console, may_fail: bool = False, replace: bool = False) -> list[HostReport]:
     """Check all hosts in parallel; print the table; raise PreflightError (one line per host) on any failure,
     unless `may_fail` (a restart that may leave failing hosts out: the caller decides). `replace`: a running

@@ -29,7 +29,7 @@ from orchestrate.timings import Timings
 class PreflightedHosts:
     """The hosts connected and past preflight: what every command that starts containers needs first."""
 
-    backend: Backend  # what runs the containers on them, as the composition root (api.py) chose it
+    backend: Backend[Session]  # what runs the containers on them, as the composition root (api.py) chose it
     nodes: Session
     reports: list[HostReport]
     master: str
@@ -38,7 +38,7 @@ class PreflightedHosts:
     port: int | None  # node 0's master port, given or chosen by preflight (plan/ports.py)
 
 
-def connect_and_preflight(backend: Backend, config: UpConfig, attempt: Attempt, hosts: list[Host], console: Console,
+def connect_and_preflight(backend: Backend[Session], config: UpConfig, attempt: Attempt, hosts: list[Host], console: Console,
                           timings: Timings, history: Sequence[AttemptResult] = ()) -> PreflightedHosts:
     """Connect and preflight (the table; nothing starts unless it passes). `history`: how the attempts before this
     one ended (a restart's: with --min-nodes, which hosts it runs on is decided on it, plan/restarts.py)."""
@@ -57,7 +57,7 @@ def connect_and_preflight(backend: Backend, config: UpConfig, attempt: Attempt, 
     return PreflightedHosts(backend, nodes, reports, master, local, local_id, reports[0].port)
 
 
-def _local_image(backend: Backend, config: UpConfig, console: Console) -> tuple[Local, str | None]:
+def _local_image(backend: Backend[Session], config: UpConfig, console: Console) -> tuple[Local, str | None]:
     """The image here, loaded first from what `submit` carried (--image-from) unless this is a dry run, which
     changes nothing."""
     if config.delivery.image_from is not None and not config.mode.dry_run_hosts:
@@ -65,7 +65,7 @@ def _local_image(backend: Backend, config: UpConfig, console: Console) -> tuple[
     return backend.local_image(config.program.image)
 
 
-def _same_platform(backend: Backend, nodes: Session, reports: list[HostReport], image: str, local: Local) -> None:
+def _same_platform(backend: Backend[Session], nodes: Session, reports: list[HostReport], image: str, local: Local) -> None:
     """Every node's daemon can run the local image (nothing to compare where there is none)."""
     platform = backend.local_platform(local, image)
     if platform is not None:
@@ -99,7 +99,7 @@ def _keep(nodes: Session, usable: Reachable, config: UpConfig, history: Sequence
     return Session([nodes.hosts[i] for i in decision.keep], [nodes.conns[i] for i in decision.keep])
 
 
-def _preflight(backend: Backend, nodes: Session, config: UpConfig, attempt: Attempt, local_id: str | None,
+def _preflight(backend: Backend[Session], nodes: Session, config: UpConfig, attempt: Attempt, local_id: str | None,
                console: Console, history: Sequence[AttemptResult]) -> tuple[Session, list[HostReport], str]:
     """Preflight (all must pass), or on a restart with --min-nodes: hosts that fail are left out while enough
     remain, then the rest is checked again (node 0 and the master may have changed). --replace is the first

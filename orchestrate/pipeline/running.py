@@ -29,7 +29,7 @@ from orchestrate.watch.watcher import (
 )
 
 
-def watch(backend: Backend, nodes: Session, specs: Sequence[ContainerSpec], handles: Sequence[Any], config: UpConfig,
+def watch(backend: Backend[Session], nodes: Session, specs: Sequence[ContainerSpec], handles: Sequence[Any], config: UpConfig,
           console: Console, hangup: Hangup) -> Outcome:
     """Stay attached until the job succeeds or a node fails; on failure stop the job everywhere. Meanwhile:
     progress from the heartbeat, each new checkpoint replicated off node 0. The terminal going away (SIGHUP) ends
@@ -86,7 +86,7 @@ def _save_stall_report(nodes: Session, specs: Sequence[ContainerSpec], report: s
         console.print(f"could not save the stack dumps on node 0: {err}", markup=False, highlight=False)
 
 
-def _interrupted(backend: Backend, nodes: Session, config: UpConfig, console: Console) -> Outcome:
+def _interrupted(backend: Backend[Session], nodes: Session, config: UpConfig, console: Console) -> Outcome:
     stop = config.resilience.stop_on_interrupt
     if not stop:
         try:
