@@ -1,5 +1,5 @@
 """Command line: `python -m orchestrate up | check | kill | status | logs | plot | tensorboard`, and each registered
-scheduler's own subcommands (backends/__init__.py SCHEDULERS).
+scheduler's own subcommands (backends/schedulers.py SCHEDULERS).
 
 argparse → one frozen, validated config per subcommand → one function per subcommand. Expected failures
 (OrchestrateError) are caught here only, printed as one line (or one line per host), non-zero exit.
@@ -18,8 +18,8 @@ from typing import Any, NoReturn
 
 from rich.console import Console
 
-from orchestrate.backends import SCHEDULERS
 from orchestrate.backends.protocol import Allocation
+from orchestrate.backends.schedulers import SCHEDULERS
 from orchestrate.config import (
     JOB_COMMANDS,
     SECTIONS,

@@ -5,7 +5,7 @@ A second scheduler implements these methods in its own folder (`backends/NAME/`)
 `backends/choice.py`'s BACKENDS; nothing above it names it. The protocol is generic over the connection a backend runs a
 command over (NodesT): it never names one, so importing it loads neither paramiko nor docker-py (lint contract
 `protocol-names-no-connection`); Docker over SSH fixes it to its SSH Session (remote/session.py). A scheduler that grants the hosts and queues the jobs,
-while a Backend runs the containers on them, implements Scheduler and registers in SCHEDULERS: its subcommands, its
+while a Backend runs the containers on them, implements Scheduler and registers in SCHEDULERS (schedulers.py): its subcommands, its
 `--hosts` value, its side of `status` and `kill`, and its hint on an SSH failure are asked of it there."""
 
 from __future__ import annotations

@@ -11,8 +11,8 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from orchestrate.backends import SCHEDULERS
 from orchestrate.backends.protocol import Backend
+from orchestrate.backends.schedulers import SCHEDULERS
 from orchestrate.config import JobsConfig, mask_text
 from orchestrate.errors import ConfigError, JobError, MultiHostError
 from orchestrate.hosts import Host, parse_hosts_file
