@@ -15,16 +15,12 @@ with the one-line message the command line prints and its `exit_code`.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from rich.console import Console
 
-from orchestrate.backends.protocol import Backend
 from orchestrate.config import JobsConfig, SSHOptions, UpConfig, split
 from orchestrate.terminal import console_for
-
-if TYPE_CHECKING:  # the SSH Session the pipeline opens, named for the type check only: it loads paramiko
-    from orchestrate.remote.session import Session
 
 
 def Job(hosts: str | Path, *, ssh_config: str | Path | None = None, accept_new_host_keys: bool = False,  # noqa: N802
@@ -39,25 +35,23 @@ def Job(hosts: str | Path, *, ssh_config: str | Path | None = None, accept_new_h
     return UpConfig.of(ssh, **options)
 
 
-def up(job: UpConfig, console: Console | None = None, backend: Backend[Session] | None = None) -> int:
-    """`backend`: what runs the containers (default: the registered default, Docker over SSH)."""
+# Each command's backend is chosen here, where the command is composed (the registered default: Docker over SSH),
+# and passed down: nothing below looks one up (lint contract backend-given).
+
+
+def up(job: UpConfig, console: Console | None = None) -> int:
+    from orchestrate.backends.choice import backend
     from orchestrate.pipeline import up as run_up
 
-    return run_up(job, console or console_for(), backend or _chosen())
+    return run_up(job, console or console_for(), backend())
 
 
-def check(job: UpConfig, console: Console | None = None, backend: Backend[Session] | None = None) -> int:
+def check(job: UpConfig, console: Console | None = None) -> int:
     """The network check with the job's settings (`check`); 1 when a node is an outlier."""
+    from orchestrate.backends.choice import backend
     from orchestrate.pipeline import check as run_check
 
-    return run_check(job, console or console_for(), backend or _chosen())
-
-
-def _chosen() -> Backend[Session]:
-    """The backend a command runs with: chosen here, once, and passed down (nothing below looks one up)."""
-    from orchestrate.backends.choice import backend
-
-    return backend()
+    return run_check(job, console or console_for(), backend())
 
 
 def kill(name: str, hosts: str | Path | None = None, grace: float = 60.0, console: Console | None = None) -> int:
@@ -88,6 +82,7 @@ def jobs(command: str, config: JobsConfig, console: Console | None = None) -> in
 
 
 def _jobs(command: str, config: JobsConfig, console: Console | None) -> int:
+    from orchestrate.backends.choice import backend
     from orchestrate.jobs.commands import run_jobs_command
 
-    return run_jobs_command(command, config, console or console_for(), _chosen())
+    return run_jobs_command(command, config, console or console_for(), backend())
