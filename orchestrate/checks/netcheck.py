@@ -22,7 +22,7 @@ import json
 import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 from rich.console import Console
 from rich.table import Table
@@ -33,9 +33,9 @@ from orchestrate.errors import JobError
 from orchestrate.plan.jobplan import ContainerSpec
 from orchestrate.plan.shortlived import JOIN_TIMEOUT_S, PAIRS_UP_TO
 from orchestrate.plan.transport import IB_DEVICE_DIR
-from orchestrate.remote.session import Session
 from trainer.transport import NcclPaths, nccl_paths
 
+NodesT = TypeVar("NodesT")  # the backend's connection to the nodes: the check only hands it back to the backend
 OUTLIER_FRACTION = 0.5
 MARK = "NETCHECK "
 # Default floors of all_reduce bus bandwidth (GB/s), by the transport that carried it: far below healthy hardware
@@ -206,7 +206,7 @@ def script() -> str:
         return fh.read()
 
 
-def measure(backend: Backend[Session], nodes: Session, checks: Sequence[ContainerSpec], options: Options,
+def measure(backend: Backend[NodesT], nodes: NodesT, checks: Sequence[ContainerSpec], options: Options,
             console: Console) -> Verdict:
     """Run the check's containers as planned (plan/shortlived.py) once (bounded), print its table and each failure
     in a line, remove its containers; the verdict."""
