@@ -66,7 +66,7 @@ def main() -> int:
             serve_data(work / "served", c.gateway) as data:
         env = {**c.client_env(), "XDG_STATE_HOME": str(c.dir / "orch-state"),
                "PYTHONPATH": f"{REPO}:{sysconfig.get_paths()['purelib']}"}
-        job = ["--image", args.image, "--gpus-on-cpu", "--data-url", data.url, "--data-md5", data.md5]
+        job = ["--image", args.image, "--data-url", data.url, "--data-md5", data.md5]
         hosts = c.write_hosts_file(work / "hosts.txt")
 
         def orchestrate(*argv: str) -> subprocess.CompletedProcess[str]:

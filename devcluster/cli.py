@@ -9,7 +9,7 @@ import time
 from typing import Any, NoReturn
 
 from .bench import bench
-from .cluster import Cluster
+from .cluster import GPUS_ON_CPU_ENV, Cluster
 from .errors import DevclusterError
 from .gc import gc, owner_alive
 from .layout import known_states
@@ -35,7 +35,8 @@ def cmd_up(args: argparse.Namespace) -> int:
         print(f"Slurm: partition `hosts` of {len(c.hosts)} nodes (their aliases)" + (
             f", gres gpu:{c.state.gpus} each" if c.state.gpus else "") + f"; SLURM_CONF={c.slurm_conf} sinfo")
     print(f"try: ssh -F {c.ssh_config} {c.hosts[0].name} docker info")
-    print(f"     HOME={c.home} python -m orchestrate ... --hosts {c.hosts_file}")
+    told = f" {GPUS_ON_CPU_ENV}=1" if c.state.gpus else ""  # the hosts' GPUs are simulated: jobs run on CPU
+    print(f"     HOME={c.home}{told} python -m orchestrate ... --hosts {c.hosts_file}")
     print(f"remove: python -m devcluster down --name {c.name}")
     return 0
 
@@ -97,8 +98,8 @@ def parser() -> argparse.ArgumentParser:
     up.add_argument("--shared", metavar="PATH",
                     help="one folder seen at PATH by every host, as an NFS mount (e.g. /mnt/shared)")
     up.add_argument("--gpus", type=int, default=0, metavar="N",
-                    help="each host reports N GPUs through a simulated nvidia-smi (jobs then run with "
-                         "orchestrate's --gpus-on-cpu)")
+                    help="each host reports N GPUs through a simulated nvidia-smi (jobs hold those GPUs and run "
+                         "on CPU: orchestrate is told with DEVCLUSTER_GPUS_ON_CPU=1)")
     up.add_argument("--slurm", action="store_true",
                     help="a real Slurm: slurmctld on this machine, slurmd on each host (GPUs as gres with --gpus)")
     up.add_argument("--images", nargs="+", default=[], metavar="IMAGE",

@@ -30,6 +30,8 @@ from .teardown import stop_leftovers, teardown, traces
 log = logging.getLogger(__name__)
 
 MAX_FAKE_GPUS = 16  # a GPU machine's most; more is a typo
+# What tells the orchestrator that the hosts' GPUs are simulated (orchestrate/cli.py reads it, under this name).
+GPUS_ON_CPU_ENV = "DEVCLUSTER_GPUS_ON_CPU"
 TOOLS = ("ip", "nsenter", "unshare", "iptables", "ssh-keygen", "dockerd", "containerd", "runc", "umount", sshd.SSHD, *hostfs.TOOLS)
 
 
@@ -312,9 +314,11 @@ class Cluster:
     def client_env(self) -> dict[str, str]:
         """Environment for a client process (the orchestrator, a docker-py script, sinfo/srun/sbatch): this
         process's environment with HOME=cluster.home, so ~/.ssh/config and known_hosts are the cluster's, and
-        in the Slurm variant SLURM_CONF=its slurm.conf, so Slurm's clients reach its controller."""
+        in the Slurm variant SLURM_CONF=its slurm.conf, so Slurm's clients reach its controller; with simulated
+        GPUs, GPUS_ON_CPU_ENV=1, so the orchestrator holds their GPU sets while its containers run on CPU."""
         slurm = {"SLURM_CONF": str(self.slurm_conf)} if self.slurm_conf else {}
-        return {**os.environ, "HOME": str(self.home), **slurm}
+        gpus_on_cpu = {GPUS_ON_CPU_ENV: "1"} if self.state.gpus else {}
+        return {**os.environ, "HOME": str(self.home), **slurm, **gpus_on_cpu}
 
     def write_hosts_file(self, path: Path, slots: int = 1,
                          keys: dict[int, dict[str, str]] | None = None, hosts: Sequence[Host] | None = None) -> Path:

@@ -1,5 +1,5 @@
 """Command line: `python -m orchestrate up | check | kill | status | logs | plot | tensorboard`, and each registered
-scheduler's own subcommands (backends/__init__.py SCHEDULERS).
+scheduler's own subcommands (backends/schedulers.py SCHEDULERS).
 
 argparse → one frozen, validated config per subcommand → one function per subcommand. Expected failures
 (OrchestrateError) are caught here only, printed as one line (or one line per host), non-zero exit.
@@ -18,8 +18,8 @@ from typing import Any, NoReturn
 
 from rich.console import Console
 
-from orchestrate.backends import SCHEDULERS
 from orchestrate.backends.protocol import Allocation
+from orchestrate.backends.schedulers import SCHEDULERS
 from orchestrate.config import (
     JOB_COMMANDS,
     SECTIONS,
@@ -251,13 +251,24 @@ def _fields_of(ns: argparse.Namespace, command: str) -> dict[str, Any]:
     return out
 
 
+# A devcluster setting, not a user's option: `python -m devcluster up --gpus N` makes hosts whose nvidia-smi is
+# simulated, and its clients' environment (devcluster/cluster.py client_env) says so with this variable set to 1.
+# The job then holds its GPU set (labels, CUDA_VISIBLE_DEVICES) while its containers run on CPU.
+GPUS_ON_CPU_ENV = "DEVCLUSTER_GPUS_ON_CPU"
+
+
+def _gpus_on_cpu() -> bool:
+    """The hosts' GPUs are CPU stand-ins: read here, where the config is composed, and nowhere else."""
+    return os.environ.get(GPUS_ON_CPU_ENV) == "1"
+
+
 def up_config(ns: argparse.Namespace) -> UpConfig:
-    return UpConfig.of(_ssh_of(ns), **_fields_of(ns, "up"),
+    return UpConfig.of(_ssh_of(ns), **_fields_of(ns, "up"), gpus_on_cpu=_gpus_on_cpu(),
                        trainer_args=tuple(ns.trainer_args))
 
 
 def check_config(ns: argparse.Namespace) -> UpConfig:
-    return UpConfig.of(_ssh_of(ns), **_fields_of(ns, "check"),
+    return UpConfig.of(_ssh_of(ns), **_fields_of(ns, "check"), gpus_on_cpu=_gpus_on_cpu(),
                        trainer_args=(*_given(ns), *ns.trainer_args))
 
 

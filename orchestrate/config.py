@@ -271,10 +271,10 @@ class Resources:
     nccl_transport: str = option("auto", "--nccl-transport", TRANSPORT_HELP, choices=TRANSPORTS, check={})
     nproc_per_node: int | None = option(None, "--nproc-per-node", "processes per node (default: GPUs, or 1 on CPU)",
                                         type=int)
-    # Hold the GPU set (labels, CUDA_VISIBLE_DEVICES) but run on CPU: test hosts whose nvidia-smi is simulated.
-    gpus_on_cpu: bool = option(False, "--gpus-on-cpu", "hold the GPUs of --gpus (labels, CUDA_VISIBLE_DEVICES) but "
-                               "run on CPU: for test hosts whose nvidia-smi is simulated (python -m devcluster up "
-                               "--gpus N)", action="store_true")
+    # The hosts' GPUs are CPU stand-ins (a devcluster's simulated nvidia-smi): the GPU set is held (labels,
+    # CUDA_VISIBLE_DEVICES) while the containers run on CPU. A setting of the hosts, not an option: cli.py takes it
+    # from the devcluster's environment (GPUS_ON_CPU_ENV).
+    gpus_on_cpu: bool = False
     min_free_gb: float = option(1.0, "--min-free-gb", "free disk each node needs under its dirs", type=float)
     shm_size: str | None = option(None, "--shm-size", "a sized /dev/shm instead of --ipc=host")
     memory: str | None = option(None, "--memory", "memory limit of each node's container, e.g. 24g (docker run "
@@ -296,8 +296,6 @@ class Resources:
                               "it applies to GPU jobs (NCCL), --gpus 0 runs on gloo")
         if self.gpus > 0 and self.nproc_per_node is not None and self.nproc_per_node > self.gpus:
             raise ConfigError(f"--nproc-per-node {self.nproc_per_node} exceeds --gpus {self.gpus}: one process per GPU")
-        if self.gpus_on_cpu and self.gpus == 0:
-            raise ConfigError("--gpus-on-cpu holds GPUs while running on CPU: give --gpus N, 'all' or indices with it")
         if not math.isfinite(self.min_free_gb) or self.min_free_gb < 0:
             raise ConfigError(f"--min-free-gb {self.min_free_gb} must be a number of GB, 0 or more")
         if self.shm_size is not None and not re.fullmatch(r"[0-9]+[bkmgBKMG]?", self.shm_size):

@@ -148,7 +148,7 @@ def of_config(config: Any) -> str:
     from orchestrate.config import GPUS_ALL, mask_text, masked_env, option_defaults, secret_values, url_masked
     from orchestrate.plan.gpus import gpus_text
 
-    skip = {"dry_run", "dry_run_hosts", "as_json", "env", "gpu_ids"}
+    skip = {"dry_run", "dry_run_hosts", "as_json", "env", "gpu_ids", "gpus_on_cpu"}  # gpus_on_cpu: the hosts' setting
     defaults = {k: v for k, v in option_defaults().items() if k not in skip}
     options: dict[str, Any] = {k: v for k, v in config.options().items() if k in defaults}
     options = {k: (str(v) if isinstance(v, Path) else v) for k, v in options.items()}

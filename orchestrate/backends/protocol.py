@@ -2,8 +2,10 @@
 data it answers with. A backend decides nothing: it carries out a plan and reports what it sees.
 
 A second scheduler implements these methods in its own folder (`backends/NAME/`) and registers in
-`backends/__init__.py`'s BACKENDS; nothing above it names it. A scheduler that grants the hosts and queues the jobs,
-while a Backend runs the containers on them, implements Scheduler and registers in SCHEDULERS: its subcommands, its
+`backends/choice.py`'s BACKENDS; nothing above it names it. The protocol is generic over the connection a backend runs a
+command over (NodesT): it never names one, so importing it loads neither paramiko nor docker-py (lint contract
+`protocol-names-no-connection`); Docker over SSH fixes it to its SSH Session (remote/session.py). A scheduler that grants the hosts and queues the jobs,
+while a Backend runs the containers on them, implements Scheduler and registers in SCHEDULERS (schedulers.py): its subcommands, its
 `--hosts` value, its side of `status` and `kill`, and its hint on an SSH failure are asked of it there."""
 
 from __future__ import annotations
@@ -12,7 +14,7 @@ import argparse
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar
 
 from rich.console import Console
 
@@ -21,9 +23,11 @@ from orchestrate.errors import ConfigError, MultiHostError
 from orchestrate.plan.jobplan import ContainerSpec, JobPlan
 from orchestrate.probe.daemons import Daemons, Local
 from orchestrate.probe.observations import Holdings
-from orchestrate.remote.session import Session
 
 Request = dict[str, Any]  # JSON-ready, secrets masked
+# The connection to the hosts that a backend runs a command over, opaque here: each backend names its own (Docker
+# over SSH: one SSH Session to every host); whoever runs the command opens it and hands it to every call.
+NodesT = TypeVar("NodesT", contravariant=True)
 # Plan the start again from what the hosts hold now (another job took part of the grant meanwhile): node 0's master
 # port and every node's container, decided by the pipeline's plan, never by the backend.
 Replan = Callable[[Sequence[Holdings]], tuple[int | None, list[ContainerSpec]]]
@@ -141,7 +145,7 @@ class RankFiles:
     secrets: list[str]
 
 
-class Backend(Daemons, Protocol):
+class Backend(Daemons[NodesT], Protocol[NodesT]):
     """A scheduler's answers: the probe's reads of its daemons (Daemons, probe/daemons.py, in the probe's types) and
     these."""
 
@@ -161,13 +165,13 @@ class Backend(Daemons, Protocol):
         """PURE: the same as text (`--dry-run`)."""
         ...
 
-    def submit(self, nodes: Session, plan: JobPlan, grace: float, replan: Replan, console: Console) -> Submitted:
+    def submit(self, nodes: NodesT, plan: JobPlan, grace: float, replan: Replan, console: Console) -> Submitted:
         """Start the attempt as planned: the job's leftovers the plan names removed (stopped with `grace`), then
         every node's part, all or none. Where another job took part of the grant meanwhile, `replan` plans again from what the hosts
         hold now (bounded tries)."""
         ...
 
-    def run(self, nodes: Session, specs: Mapping[int, ContainerSpec], timeout: float, what: str,
+    def run(self, nodes: NodesT, specs: Mapping[int, ContainerSpec], timeout: float, what: str,
             together: bool = False) -> dict[int, ShortRunResult]:
         """Run the plan's short containers (node rank → spec, plan/shortlived.py) to their end, each waited for at
         most `timeout` s, and remove them: one by one (one that cannot start is a ShortRunResult with its error), or
@@ -175,7 +179,7 @@ class Backend(Daemons, Protocol):
         removes them all and raises). `what` names them in errors (MultiHostError: one line per host)."""
         ...
 
-    def image_check(self, nodes: Session, spec: ContainerSpec, local: Local) -> str:
+    def image_check(self, nodes: NodesT, spec: ContainerSpec, local: Local) -> str:
         """The output of the plan's image check container (plan/shortlived.py) run to its end and removed, on node 0,
         or on this machine's image store `local` when given (the same image: the nodes get it from here);
         PreflightError when it cannot run."""
@@ -186,42 +190,42 @@ class Backend(Daemons, Protocol):
         `--image-from`): only the layers it lacks, each checked by digest; nothing when it holds the image."""
         ...
 
-    def attach(self, nodes: Session, submitted: Sequence[Any]) -> Ranks:
+    def attach(self, nodes: NodesT, submitted: Sequence[Any]) -> Ranks:
         """The watcher's view of the submitted handles (`Submitted.handles`)."""
         ...
 
-    def cancel(self, nodes: Session, job: str, grace: float, console: Console,
+    def cancel(self, nodes: NodesT, job: str, grace: float, console: Console,
                unreachable: Mapping[str, BaseException | str] | None = None) -> None:
         """Stop the caller's job on every reachable host: SIGTERM, SIGKILL after `grace` s, then removed; one
         line per host. MultiHostError naming every host where it failed (and the `unreachable` ones)."""
         ...
 
-    def remove(self, nodes: Session, job: str, grace: float, ranks: Sequence[int]) -> None:
+    def remove(self, nodes: NodesT, job: str, grace: float, ranks: Sequence[int]) -> None:
         """The same, quietly, on the nodes `ranks`: leftovers before a start, or a start a `kill` raced."""
         ...
 
-    def describe(self, nodes: Session, job: str, unreachable: Mapping[str, str]) -> JobStatus:
+    def describe(self, nodes: NodesT, job: str, unreachable: Mapping[str, str]) -> JobStatus:
         """Each node's state of the caller's job (`status`); an unreachable host is one row saying so."""
         ...
 
-    def logs(self, nodes: Session, job: str, node: int | None, tail: int, follow: bool) -> list[NodeLog]:
+    def logs(self, nodes: NodesT, job: str, node: int | None, tail: int, follow: bool) -> list[NodeLog]:
         """Each node's log (or one node's), node order; JobError when the job has none here."""
         ...
 
-    def rank_logs(self, nodes: Session, job: str, rank: int, tail: int, follow: bool) -> RankFiles:
+    def rank_logs(self, nodes: NodesT, job: str, rank: int, tail: int, follow: bool) -> RankFiles:
         """One global rank's files; JobError naming the ranks there are when there is no such rank."""
         ...
 
-    def find(self, nodes: Session) -> list[JobRow]:
+    def find(self, nodes: NodesT) -> list[JobRow]:
         """Every owner's jobs on the reachable hosts (`status --all`)."""
         ...
 
-    def node_dirs(self, nodes: Session, job: str, mount: str) -> dict[int, tuple[int, str]]:
+    def node_dirs(self, nodes: NodesT, job: str, mount: str) -> dict[int, tuple[int, str]]:
         """Node rank -> (host index, host folder seen in the job's containers at `mount`: CKPT_MOUNT or LOG_MOUNT)
         of the job's parts found (`tensorboard` reads the replica's log dir)."""
         ...
 
-    def node0_dir(self, nodes: Session, job: str, remembered: str | None, mount: str) -> tuple[int, str]:
+    def node0_dir(self, nodes: NodesT, job: str, remembered: str | None, mount: str) -> tuple[int, str]:
         """(host index, folder at `mount`) of the job's node 0, found running or, once gone, from the folder its
         last `up` was given (`remembered`): `plot` reads the checkpoint dir, `tensorboard` the log dir."""
         ...

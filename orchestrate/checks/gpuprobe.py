@@ -25,8 +25,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from orchestrate.backends import backend
-from orchestrate.backends.protocol import ShortRunResult
+from orchestrate.backends.protocol import Backend, ShortRunResult
 from orchestrate.errors import PreflightError
 from orchestrate.localfs import cache_root, write_atomically
 from orchestrate.plan.jobplan import ContainerSpec
@@ -179,18 +178,17 @@ def need_of(spec: ContainerSpec) -> int:
     return int(nproc) if nproc.isdigit() else 1
 
 
-def probe_all(nodes: Session, specs: Sequence[ContainerSpec], probes: Sequence[ContainerSpec | None],
+def probe_all(backend: Backend[Session], nodes: Session, specs: Sequence[ContainerSpec], probes: Sequence[ContainerSpec | None],
               image_id: str | None) -> list[ProbeResult]:
     """Probe every node in parallel with the plan's probe containers (`probes`, beside the job's `specs`), run by
     the backend; a pass remembered for this image, boot and driver is not probed again; with no image ID every
     node is probed."""
-    scheduler = backend()
 
     def one(r: int) -> ProbeResult:
         state = read_node_state(nodes.conn(r)) if image_id else None
         probe = probes[r]
         assert probe is not None  # planned for every node of a GPU job (plan/shortlived.py)
-        return probe_node(lambda p: scheduler.run(nodes, {r: p}, PROBE_TIMEOUT_S, "GPU probe")[r], specs[r], probe,
+        return probe_node(lambda p: backend.run(nodes, {r: p}, PROBE_TIMEOUT_S, "GPU probe")[r], specs[r], probe,
                           image_id, state)
     return fan_out("GPU probe", list(range(len(specs))), one, lambda r: specs[r].host.label)
 

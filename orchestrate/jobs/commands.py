@@ -11,8 +11,8 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from orchestrate.backends import SCHEDULERS, backend
 from orchestrate.backends.protocol import Backend
+from orchestrate.backends.schedulers import SCHEDULERS
 from orchestrate.config import JobsConfig, mask_text
 from orchestrate.errors import ConfigError, JobError, MultiHostError
 from orchestrate.hosts import Host, parse_hosts_file
@@ -32,29 +32,30 @@ def hosts_for(config: JobsConfig) -> list[Host]:
     return parse_hosts_file(remembered.hosts_file, ssh_config)
 
 
-def run_jobs_command(command: str, config: JobsConfig, console: Console) -> int:
+def run_jobs_command(command: str, config: JobsConfig, console: Console, backend: Backend[Session]) -> int:
+    """`backend`: the one the composition root chose (api.py): it finds the job's containers and answers."""
     if _scheduled(command, config, console) and config.ssh.hosts_file is None and memory.load(config.job) is None:
         return 0  # queued by a scheduler, never started: no hosts, no containers yet
-    hosts, scheduler = hosts_for(config), backend()
+    hosts = hosts_for(config)
     nodes, unreachable = Session.connect_reachable(hosts, config.ssh.accept_new_host_keys)
     try:
         if command == "kill":
-            kill(scheduler, nodes, config, console, unreachable)
+            kill(backend, nodes, config, console, unreachable)
             return 0
         if command == "status":
-            ok = (print_all_jobs(scheduler, nodes, console, unreachable) if config.all_jobs
-                  else print_status(scheduler, nodes, config.job, console, unreachable))
+            ok = (print_all_jobs(backend, nodes, console, unreachable) if config.all_jobs
+                  else print_status(backend, nodes, config.job, console, unreachable))
             if not ok:
                 raise MultiHostError("status", unreachable)
             return 0
         if not nodes.reachable():  # "no container found" would hide that no host answered at all
             raise MultiHostError(command, unreachable)
         if command in ("plot", "tensorboard"):
-            return _from_node0(command, scheduler, nodes, config, console, unreachable)
+            return _from_node0(command, backend, nodes, config, console, unreachable)
         if config.rank is not None:
-            print_rank_logs(scheduler, nodes, config, console, config.rank)
+            print_rank_logs(backend, nodes, config, console, config.rank)
         else:
-            print_logs(scheduler, nodes, config, console)
+            print_logs(backend, nodes, config, console)
         if unreachable:
             raise MultiHostError("logs", unreachable)
         return 0
@@ -62,12 +63,12 @@ def run_jobs_command(command: str, config: JobsConfig, console: Console) -> int:
         nodes.close()
 
 
-def _from_node0(command: str, scheduler: Backend, nodes: Session, config: JobsConfig, console: Console,
+def _from_node0(command: str, backend: Backend[Session], nodes: Session, config: JobsConfig, console: Console,
                 unreachable: Mapping[str, str]) -> int:
     """plot and tensorboard, which read node 0's folder: where it was not found, the hosts that did not answer are
     named (node 0 may be on one of them)."""
     try:
-        return (plot if command == "plot" else tensorboard.run)(scheduler, nodes, config, console)
+        return (plot if command == "plot" else tensorboard.run)(backend, nodes, config, console)
     except JobError as err:
         if not unreachable:
             raise
@@ -85,10 +86,10 @@ def _scheduled(command: str, config: JobsConfig, console: Console) -> bool:
     return any(known)
 
 
-def print_status(scheduler: Backend, nodes: Session, job: str, console: Console, unreachable: dict[str, str]) -> bool:
+def print_status(backend: Backend[Session], nodes: Session, job: str, console: Console, unreachable: dict[str, str]) -> bool:
     """Print one row per node, then the job's progress and its automatic restarts; False if some host could not be
     reached."""
-    status = scheduler.describe(nodes, job, unreachable)
+    status = backend.describe(nodes, job, unreachable)
     table = Table(title=f"job {job}")
     # Every cell stays whole (grep finds it) and the table fits 100 columns (a file's width, orchestrate/terminal.py):
     # the exit code goes with the state, the checkpoint is its file name (the folder is the job's), and each node's
@@ -107,12 +108,12 @@ def print_status(scheduler: Backend, nodes: Session, job: str, console: Console,
     return not unreachable
 
 
-def print_all_jobs(scheduler: Backend, nodes: Session, console: Console, unreachable: Mapping[str, str]) -> bool:
+def print_all_jobs(backend: Backend[Session], nodes: Session, console: Console, unreachable: Mapping[str, str]) -> bool:
     """`status --all`: every owner's jobs on the reachable hosts, one row each; False if a host was unreachable."""
     table = Table(title="jobs on these hosts (everyone's)")
     for col in ("owner", "job", "nodes", "GPUs", "age", "running"):
         table.add_column(col, overflow="fold", no_wrap=col != "GPUs")  # names stay whole; a long GPU list folds
-    for row in scheduler.find(nodes):
+    for row in backend.find(nodes):
         table.add_row(*(Text(cell) for cell in (row.owner, row.job, row.nodes, row.gpus, row.age,
                                                  f"{row.running}/{row.containers}")))
     console.print(table)
@@ -121,9 +122,9 @@ def print_all_jobs(scheduler: Backend, nodes: Session, console: Console, unreach
     return not unreachable
 
 
-def print_logs(scheduler: Backend, nodes: Session, config: JobsConfig, console: Console) -> None:
+def print_logs(backend: Backend[Session], nodes: Session, config: JobsConfig, console: Console) -> None:
     """Print (or follow) the nodes' logs, each line prefixed with its node rank."""
-    logs = scheduler.logs(nodes, config.job, config.node, config.tail, config.follow)
+    logs = backend.logs(nodes, config.job, config.node, config.tail, config.follow)
     if not config.follow:
         for log in logs:
             print_lines(console, log.node, b"".join(log.chunks).decode(errors="replace"), log.secrets)
@@ -137,9 +138,9 @@ def print_logs(scheduler: Backend, nodes: Session, config: JobsConfig, console: 
             t.join(0.5)
 
 
-def print_rank_logs(scheduler: Backend, nodes: Session, config: JobsConfig, console: Console, rank: int) -> None:
+def print_rank_logs(backend: Backend[Session], nodes: Session, config: JobsConfig, console: Console, rank: int) -> None:
     """One global rank's stdout and stderr files, then with --follow its new lines as they come."""
-    found = scheduler.rank_logs(nodes, config.job, rank, config.tail, config.follow)
+    found = backend.rank_logs(nodes, config.job, rank, config.tail, config.follow)
     for stream in ("stdout", "stderr"):
         for line in found.files.get(stream, "").splitlines():
             console.print(f"[rank {rank} {stream}] {mask_text(line, found.secrets)}", markup=False, highlight=False,
@@ -149,7 +150,7 @@ def print_rank_logs(scheduler: Backend, nodes: Session, config: JobsConfig, cons
                       soft_wrap=True)
 
 
-def kill(scheduler: Backend, nodes: Session, config: JobsConfig, console: Console,
+def kill(backend: Backend[Session], nodes: Session, config: JobsConfig, console: Console,
          unreachable: dict[str, str]) -> None:
     """The stop record first, on every host (an `up` waiting to restart the job, from any machine, then starts
     nothing more: see jobs/stops.py), then the job's containers. A host where either fails is reported."""
@@ -158,10 +159,10 @@ def kill(scheduler: Backend, nodes: Session, config: JobsConfig, console: Consol
     if left:
         console.print(f"left a stop record on {left} host(s): an 'up' of job {config.job!r} waiting to restart it "
                       "starts nothing more", markup=False, highlight=False)
-    scheduler.cancel(nodes, config.job, config.grace, console, {**unreachable, **not_left})
+    backend.cancel(nodes, config.job, config.grace, console, {**unreachable, **not_left})
 
 
-def plot(scheduler: Backend, nodes: Session, config: JobsConfig, console: Console) -> int:
+def plot(backend: Backend[Session], nodes: Session, config: JobsConfig, console: Console) -> int:
     """metrics.jsonl from node 0, drawn locally (trainer.plot: matplotlib, no torch)."""
     import posixpath
 
@@ -169,7 +170,7 @@ def plot(scheduler: Backend, nodes: Session, config: JobsConfig, console: Consol
     from trainer.plot import PlotError, plot_text
 
     remembered = memory.load(config.job)
-    host, folder = scheduler.node0_dir(nodes, config.job, remembered.options.get("ckpt_dir") if remembered else None,
+    host, folder = backend.node0_dir(nodes, config.job, remembered.options.get("ckpt_dir") if remembered else None,
                                      CKPT_MOUNT)
     path = posixpath.join(folder, METRICS_FILE)
     try:

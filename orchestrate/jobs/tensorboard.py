@@ -62,19 +62,19 @@ def fetch(nodes: Session, folders: dict[int, tuple[int, str]], out: Path) -> int
     return copied
 
 
-def log_folders(scheduler: Backend, nodes: Session, config: JobsConfig) -> dict[int, tuple[int, str]]:
+def log_folders(backend: Backend[Session], nodes: Session, config: JobsConfig) -> dict[int, tuple[int, str]]:
     """Node 0's log dir (from its container, or the options of the job's last `up` once it is removed) and node
     1's, the replica, when its container is there."""
-    found = scheduler.node_dirs(nodes, config.job, LOG_MOUNT)
+    found = backend.node_dirs(nodes, config.job, LOG_MOUNT)
     remembered = memory.load(config.job)
-    folders = {0: scheduler.node0_dir(nodes, config.job, remembered.options.get("log_dir") if remembered else None, LOG_MOUNT)}
+    folders = {0: backend.node0_dir(nodes, config.job, remembered.options.get("log_dir") if remembered else None, LOG_MOUNT)}
     if 1 in found:
         folders[1] = found[1]
     return folders
 
 
-def run(scheduler: Backend, nodes: Session, config: JobsConfig, console: Console) -> int:
-    folders = log_folders(scheduler, nodes, config)
+def run(backend: Backend[Session], nodes: Session, config: JobsConfig, console: Console) -> int:
+    folders = log_folders(backend, nodes, config)
     out = config.out or Path(f"{config.job}-tensorboard")
     copied = fetch(nodes, folders, out)
     if not any(out.rglob(f"{TENSORBOARD_EVENTS_PREFIX}*")):

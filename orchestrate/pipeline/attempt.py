@@ -7,7 +7,6 @@ import dataclasses
 
 from rich.console import Console
 
-from orchestrate.backends import backend
 from orchestrate.backends.docker_ssh import data
 from orchestrate.checks import gpuprobe, netcheck
 from orchestrate.config import UpConfig
@@ -29,8 +28,8 @@ def plan_attempt(config: UpConfig, attempt: Attempt, ready: PreflightedHosts, co
     the launcher (`on_hosts` False: no check container on a host, as for a dry run); and the inputs it was built
     from (a lost GPU/port claim plans again from them: backends/docker_ssh/claim.py)."""
     with timings.phase("plan"):
-        image = backend().local_layers(ready.local, ready.local_id)
-        facts = node_facts(backend(), ready.nodes, ready.reports, config.delivery, config.data if config.program.is_trainer else None, image)
+        image = ready.backend.local_layers(ready.local, ready.local_id)
+        facts = node_facts(ready.backend, ready.nodes, ready.reports, config.delivery, config.data if config.program.is_trainer else None, image)
         resume, attempt = _resume(ready, config, attempt, console) if attempt.resume else (None, attempt)
         archive_bytes, from_folder = local_data(config.data)
         scripts = short_scripts()
@@ -63,9 +62,9 @@ def _launcher(config: UpConfig, ready: PreflightedHosts, on_hosts: bool,
     node0, here = ready.reports[0].image_id, ready.local_id
     memo_id = None if config.delivery.pull else here  # a pulled image may differ from a local one of the same name
     if here is not None and (not config.delivery.pull or node0 == here):
-        return check_image(config.program, memo_id, lambda: backend().image_check(ready.nodes, check, ready.local)), "here"
+        return check_image(config.program, memo_id, lambda: ready.backend.image_check(ready.nodes, check, ready.local)), "here"
     if node0 is not None and on_hosts:
-        return (check_image(config.program, memo_id, lambda: backend().image_check(ready.nodes, check, None)),
+        return (check_image(config.program, memo_id, lambda: ready.backend.image_check(ready.nodes, check, None)),
                 ready.nodes.hosts[0].label)
     return None, ""
 

@@ -8,14 +8,13 @@ from collections.abc import Sequence
 
 from rich.console import Console
 
-from orchestrate.backends import backend
 from orchestrate.backends.docker_ssh import carried
 from orchestrate.backends.docker_ssh.data import make_dirs, prefetch_all
 from orchestrate.backends.docker_ssh.datasync import stage_all
 from orchestrate.backends.docker_ssh.image import ensure_images
 from orchestrate.backends.docker_ssh.relay import relay_address
 from orchestrate.backends.docker_ssh.start import copy_resume_checkpoint
-from orchestrate.backends.protocol import Submitted
+from orchestrate.backends.protocol import Backend, Submitted
 from orchestrate.config import UpConfig
 from orchestrate.errors import JobError
 from orchestrate.jobs import stops
@@ -38,7 +37,7 @@ def images(ready: PreflightedHosts, plan: JobPlan, config: UpConfig, console: Co
     check = plan.image_check
     assert check is not None  # planned with the attempt (plan/shortlived.py)
     return plan.with_launcher(check_image(config.program, None if config.delivery.pull else ready.local_id,
-                                          lambda: backend().image_check(ready.nodes, check, None)))
+                                          lambda: ready.backend.image_check(ready.nodes, check, None)))
 
 
 def data(nodes: Session, plan: JobPlan, config: UpConfig, console: Console) -> None:
@@ -79,15 +78,15 @@ def start(nodes: Session, plan: JobPlan, inputs: PlanInputs, ready: PreflightedH
         return port, container_specs(dataclasses.replace(inputs, facts=tuple(new_facts), master_port=port,
                                                          launcher=plan.launcher))
 
-    submitted = backend().submit(nodes, plan, config.resilience.grace, replan, console)
-    _unless_stopped(nodes, config)
+    submitted = ready.backend.submit(nodes, plan, config.resilience.grace, replan, console)
+    _unless_stopped(ready.backend, nodes, config)
     return submitted
 
 
-def _unless_stopped(nodes: Session, config: UpConfig) -> None:
+def _unless_stopped(backend: Backend[Session], nodes: Session, config: UpConfig) -> None:
     """A kill that listed no container before they were created left its stop record first: seen here, the
     containers just started are removed and the job ends as the kill asked (the races: jobs/stops.py)."""
     if stops.seen(nodes, config.program.job):
-        backend().remove(nodes, config.program.job, config.resilience.grace, nodes.reachable())
+        backend.remove(nodes, config.program.job, config.resilience.grace, nodes.reachable())
         raise JobError(f"job {config.program.job!r} was stopped with 'kill' as it started; its containers were removed, "
                        "nothing runs, no restart follows")

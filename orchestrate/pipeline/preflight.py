@@ -7,7 +7,6 @@ from dataclasses import replace as replace_field
 
 from rich.console import Console
 
-from orchestrate.backends import backend
 from orchestrate.config import UpConfig, socket_exposure
 from orchestrate.errors import MultiHostError, PreflightError, SSHError
 from orchestrate.plan.gpuset import decide_gpus
@@ -24,16 +23,17 @@ from orchestrate.plan.verdicts import (
     judge_transport,
     settle_transport,
 )
+from orchestrate.probe.daemons import Daemons
 from orchestrate.probe.observations import Check, GpuSeen, HostReport, gpu_seen
 from orchestrate.probe.preflight import clock_skew, clock_warnings, probe_host, render_table
 from orchestrate.remote.session import Session
 
 
-def check_host(nodes: Session, rank: int, config: UpConfig, master_addr: str, master_ssh_port: int,
+def check_host(daemons: Daemons[Session], nodes: Session, rank: int, config: UpConfig, master_addr: str, master_ssh_port: int,
                local_image_id: str | None, replace: bool) -> HostReport:
     """Observe one host, then judge it: every check runs, a failed one is recorded, never raised, so the table
     shows them all."""
-    conn, daemons = nodes.conn(rank), backend()
+    conn = nodes.conn(rank)
     identity = conn.identity()
     dirs = host_dirs(config.where, config.program.job, conn.host, identity.home)
     ssh = Check(True, f"{identity.name}@{conn.peer_address}")
@@ -73,7 +73,7 @@ def _transport_settled(reports: list[HostReport], config: UpConfig) -> list[Host
             for r, n in zip(reports, nets, strict=True)]
 
 
-def run_preflight(nodes: Session, config: UpConfig, master_addr: str, local_image_id: str | None,
+def run_preflight(daemons: Daemons[Session], nodes: Session, config: UpConfig, master_addr: str, local_image_id: str | None,
                   console: Console, may_fail: bool = False, replace: bool = False) -> list[HostReport]:
     """Check all hosts in parallel; print the table; raise PreflightError (one line per host) on any failure,
     unless `may_fail` (a restart that may leave failing hosts out: the caller decides). `replace`: a running
@@ -84,7 +84,7 @@ def run_preflight(nodes: Session, config: UpConfig, master_addr: str, local_imag
     reports: list[HostReport] = []
     try:
         reports = fan_out("preflight", list(range(len(nodes.hosts))),
-                          lambda r: check_host(nodes, r, config, master_addr, master_port, local_image_id, replace),
+                          lambda r: check_host(daemons, nodes, r, config, master_addr, master_port, local_image_id, replace),
                           lambda r: nodes.hosts[r].label)
     except MultiHostError as err:
         raise PreflightError("preflight could not run on every host; nothing was started:\n  "

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 from rich.console import Console
 
-from orchestrate.backends import backend
+from orchestrate.backends.protocol import Backend
 from orchestrate.config import UpConfig
 from orchestrate.errors import JobError
 from orchestrate.hosts import Host
@@ -29,6 +29,7 @@ from orchestrate.timings import Timings
 class PreflightedHosts:
     """The hosts connected and past preflight: what every command that starts containers needs first."""
 
+    backend: Backend[Session]  # what runs the containers on them, as the composition root (api.py) chose it
     nodes: Session
     reports: list[HostReport]
     master: str
@@ -37,38 +38,38 @@ class PreflightedHosts:
     port: int | None  # node 0's master port, given or chosen by preflight (plan/ports.py)
 
 
-def connect_and_preflight(config: UpConfig, attempt: Attempt, hosts: list[Host], console: Console,
+def connect_and_preflight(backend: Backend[Session], config: UpConfig, attempt: Attempt, hosts: list[Host], console: Console,
                           timings: Timings, history: Sequence[AttemptResult] = ()) -> PreflightedHosts:
     """Connect and preflight (the table; nothing starts unless it passes). `history`: how the attempts before this
     one ended (a restart's: with --min-nodes, which hosts it runs on is decided on it, plan/restarts.py)."""
     with timings.phase("connect"), ThreadPoolExecutor(1) as pool:
-        local_lookup = pool.submit(_local_image, config, console)  # the local daemon, while SSH handshakes run
+        local_lookup = pool.submit(_local_image, backend, config, console)  # the local daemon, while SSH handshakes run
         nodes = _connect(config, attempt, hosts, console, history)
         local, local_id = local_lookup.result()
     try:
         with timings.phase("preflight"):
-            nodes, reports, master = _preflight(nodes, config, attempt, local_id, console, history)
+            nodes, reports, master = _preflight(backend, nodes, config, attempt, local_id, console, history)
             if not config.delivery.pull:  # what is sent must run there (a pull picks the node's platform itself)
-                _same_platform(nodes, reports, config.program.image, local)
+                _same_platform(backend, nodes, reports, config.program.image, local)
     except BaseException:
         nodes.close()
         raise
-    return PreflightedHosts(nodes, reports, master, local, local_id, reports[0].port)
+    return PreflightedHosts(backend, nodes, reports, master, local, local_id, reports[0].port)
 
 
-def _local_image(config: UpConfig, console: Console) -> tuple[Local, str | None]:
+def _local_image(backend: Backend[Session], config: UpConfig, console: Console) -> tuple[Local, str | None]:
     """The image here, loaded first from what `submit` carried (--image-from) unless this is a dry run, which
     changes nothing."""
     if config.delivery.image_from is not None and not config.mode.dry_run_hosts:
-        backend().load_carried(config.delivery.image_from, config.program.image, console)
-    return backend().local_image(config.program.image)
+        backend.load_carried(config.delivery.image_from, config.program.image, console)
+    return backend.local_image(config.program.image)
 
 
-def _same_platform(nodes: Session, reports: list[HostReport], image: str, local: Local) -> None:
+def _same_platform(backend: Backend[Session], nodes: Session, reports: list[HostReport], image: str, local: Local) -> None:
     """Every node's daemon can run the local image (nothing to compare where there is none)."""
-    platform = backend().local_platform(local, image)
+    platform = backend.local_platform(local, image)
     if platform is not None:
-        found = backend().platforms(nodes, range(len(reports)))
+        found = backend.platforms(nodes, range(len(reports)))
         require_same(image, platform, [(r.label, p) for r, p in zip(reports, found, strict=True)])
 
 
@@ -98,14 +99,14 @@ def _keep(nodes: Session, usable: Reachable, config: UpConfig, history: Sequence
     return Session([nodes.hosts[i] for i in decision.keep], [nodes.conns[i] for i in decision.keep])
 
 
-def _preflight(nodes: Session, config: UpConfig, attempt: Attempt, local_id: str | None, console: Console,
-               history: Sequence[AttemptResult]) -> tuple[Session, list[HostReport], str]:
+def _preflight(backend: Backend[Session], nodes: Session, config: UpConfig, attempt: Attempt, local_id: str | None,
+               console: Console, history: Sequence[AttemptResult]) -> tuple[Session, list[HostReport], str]:
     """Preflight (all must pass), or on a restart with --min-nodes: hosts that fail are left out while enough
     remain, then the rest is checked again (node 0 and the master may have changed). --replace is the first
     start's only: a restart finds no job of its own running."""
     may_fail, replace = bool(attempt.number and config.resilience.min_nodes), config.resilience.replace and not attempt.number
     master = config.where.master_addr or nodes.conn(0).peer_address
-    reports = run_preflight(nodes, config, master, local_id, console, may_fail, replace)
+    reports = run_preflight(backend, nodes, config, master, local_id, console, may_fail, replace)
     passed = [i for i, r in enumerate(reports) if not r.problems]
     if len(passed) == len(reports):
         return nodes, reports, master
@@ -114,6 +115,6 @@ def _preflight(nodes: Session, config: UpConfig, attempt: Attempt, local_id: str
             console.print(f"leaving out {r.label}: " + "; ".join(r.problems), markup=False, highlight=False)
     nodes = _keep(nodes, Reachable(tuple(passed), len(reports), "passed preflight"), config, history)
     master = config.where.master_addr or nodes.conn(0).peer_address
-    reports = run_preflight(nodes, config, master, local_id, console, replace=replace)
+    reports = run_preflight(backend, nodes, config, master, local_id, console, replace=replace)
     return nodes, reports, master
 

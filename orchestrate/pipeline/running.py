@@ -11,8 +11,8 @@ from typing import Any
 
 from rich.console import Console
 
-from orchestrate.backends import backend
 from orchestrate.backends.docker_ssh.replicate import Replicator
+from orchestrate.backends.protocol import Backend
 from orchestrate.config import UpConfig, secret_values
 from orchestrate.outcome import End, Outcome
 from orchestrate.plan.jobplan import ContainerSpec
@@ -29,12 +29,12 @@ from orchestrate.watch.watcher import (
 )
 
 
-def watch(nodes: Session, specs: Sequence[ContainerSpec], handles: Sequence[Any], config: UpConfig,
+def watch(backend: Backend[Session], nodes: Session, specs: Sequence[ContainerSpec], handles: Sequence[Any], config: UpConfig,
           console: Console, hangup: Hangup) -> Outcome:
     """Stay attached until the job succeeds or a node fails; on failure stop the job everywhere. Meanwhile:
     progress from the heartbeat, each new checkpoint replicated off node 0. The terminal going away (SIGHUP) ends
     the watch and leaves the job running."""
-    watcher = Watcher(nodes, specs, backend().attach(nodes, handles), console, secret_values(config.program.env_dict),
+    watcher = Watcher(nodes, specs, backend.attach(nodes, handles), console, secret_values(config.program.env_dict),
                       config.resilience.stall_timeout)
     replicator = Replicator(nodes, specs, config.resilience.ckpt_mirror, console)
     view = ProgressView(console)
@@ -48,7 +48,7 @@ def watch(nodes: Session, specs: Sequence[ContainerSpec], handles: Sequence[Any]
         watcher.stop_event.set()
         view.close()
         replicator.stop()
-        return _interrupted(nodes, config, console)
+        return _interrupted(backend, nodes, config, console)
     except TerminalGone:
         watcher.stop_event.set()
         replicator.stop()
@@ -67,7 +67,7 @@ def watch(nodes: Session, specs: Sequence[ContainerSpec], handles: Sequence[Any]
         console.print(f"stopping job {config.program.job!r} on all nodes", markup=False)
         try:
             # Short grace: with a peer gone the others cannot agree on a checkpoint anyway.
-            backend().cancel(nodes, config.program.job, min(config.resilience.grace, FAILED_GRACE_S), console)
+            backend.cancel(nodes, config.program.job, min(config.resilience.grace, FAILED_GRACE_S), console)
         except Exception as err:  # reported; the job failure is what matters
             console.print(f"while stopping: {err}", markup=False, highlight=False)
             outcome = replace(outcome, leftovers=True)
@@ -86,7 +86,7 @@ def _save_stall_report(nodes: Session, specs: Sequence[ContainerSpec], report: s
         console.print(f"could not save the stack dumps on node 0: {err}", markup=False, highlight=False)
 
 
-def _interrupted(nodes: Session, config: UpConfig, console: Console) -> Outcome:
+def _interrupted(backend: Backend[Session], nodes: Session, config: UpConfig, console: Console) -> Outcome:
     stop = config.resilience.stop_on_interrupt
     if not stop:
         try:
@@ -95,7 +95,7 @@ def _interrupted(nodes: Session, config: UpConfig, console: Console) -> Outcome:
             answer = "y"
         stop = answer.strip().lower() in ("y", "yes")
     if stop:
-        backend().cancel(nodes, config.program.job, config.resilience.grace, console)
+        backend.cancel(nodes, config.program.job, config.resilience.grace, console)
         return Outcome(False, End.INTERRUPTED, None, "stopped by Ctrl-C")
     console.print(f"job {config.program.job!r} keeps running; see it with 'status --job {config.program.job}', "
                   f"stop it with 'kill --job {config.program.job}'", markup=False)

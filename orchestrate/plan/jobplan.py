@@ -135,7 +135,7 @@ def nproc_for(resources: Resources, host: Host, facts: NodeFacts) -> int | str:
     if resources.nproc_per_node is not None:
         return resources.nproc_per_node
     held = gpu_set(resources, host, facts)
-    if held.held:  # one process per GPU granted, on CPU too (--gpus-on-cpu)
+    if held.held:  # one process per GPU granted, on CPU too (hosts whose GPUs are CPU stand-ins)
         return len(held.ids)
     if resources.cpu_mode:
         return host.slots or 1
@@ -329,8 +329,8 @@ def _claim_labels(rank: int, gpu_set: tuple[int, ...], port: int | None) -> dict
 
 
 def _simulated_devices(resources: Resources, gpu_set: tuple[int, ...]) -> dict[str, str]:
-    """--gpus-on-cpu: what a container on a GPU node sees without a DeviceRequest to make it so. Docker's NVIDIA
-    device driver sets NVIDIA_VISIBLE_DEVICES to the requested device IDs (moby daemon/nvidia_linux.go); CUDA in
+    """Hosts whose GPUs are CPU stand-ins (gpus_on_cpu): what a container on a GPU node sees without a DeviceRequest
+    to make it so. Docker's NVIDIA device driver sets NVIDIA_VISIBLE_DEVICES to the requested device IDs (moby daemon/nvidia_linux.go); CUDA in
     the container then numbers those GPUs 0..k-1. On a real GPU node neither is set here: Docker does it."""
     if not (resources.gpus_on_cpu and gpu_set):
         return {}

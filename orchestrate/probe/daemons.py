@@ -6,17 +6,18 @@ probes over SSH and the pure reading and judging of what it is told."""
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar
 
 from orchestrate.probe.observations import ContainerSeen, Holdings, LocalImage
-from orchestrate.remote.session import Session
 
 # This machine's image store as the backend holds it (Docker: the local daemon's client), None where there is none;
 # only the backend reads it, the pipeline carries it from `local_image` to the other local reads.
 Local = Any
+# The connection to the nodes the reads go over, opaque here: the backend names it (Docker over SSH: its SSH Session).
+NodesT = TypeVar("NodesT", contravariant=True)
 
 
-class Daemons(Protocol):
+class Daemons(Protocol[NodesT]):
     def local_image(self, name: str) -> tuple[Local, str | None]:
         """This machine's image store and the image's ID there ((None, None): no store here; ID None: no image)."""
         ...
@@ -29,31 +30,31 @@ class Daemons(Protocol):
         """(os, architecture) of the local image; None when there is no local image."""
         ...
 
-    def daemon_version(self, nodes: Session, rank: int) -> str:
+    def daemon_version(self, nodes: NodesT, rank: int) -> str:
         """The node's daemon answers: its version (SSHError naming why when it does not)."""
         ...
 
-    def holdings(self, nodes: Session, rank: int, job: str, uid: int) -> Holdings:
+    def holdings(self, nodes: NodesT, rank: int, job: str, uid: int) -> Holdings:
         """What the containers on the node hold (GPU sets, node 0's master port), the caller's own of `job` apart."""
         ...
 
-    def job_containers(self, nodes: Session, rank: int, job: str, uid: int) -> list[ContainerSeen]:
+    def job_containers(self, nodes: NodesT, rank: int, job: str, uid: int) -> list[ContainerSeen]:
         """The caller's containers of `job` on the node (the login `uid`'s), running or not."""
         ...
 
-    def image_id(self, nodes: Session, rank: int, image: str) -> str | None:
+    def image_id(self, nodes: NodesT, rank: int, image: str) -> str | None:
         """The image's ID on the node; None when it has none of that name."""
         ...
 
-    def platforms(self, nodes: Session, ranks: Sequence[int]) -> list[tuple[str, str]]:
+    def platforms(self, nodes: NodesT, ranks: Sequence[int]) -> list[tuple[str, str]]:
         """(os, `uname -m` machine) of each node's daemon, in `ranks` order (MultiHostError: one line per host)."""
         ...
 
-    def chain_ids(self, nodes: Session, ranks: Sequence[int]) -> list[set[str]]:
+    def chain_ids(self, nodes: NodesT, ranks: Sequence[int]) -> list[set[str]]:
         """The chain IDs of every image layer each node holds, in `ranks` order."""
         ...
 
-    def registry_reach(self, nodes: Session, ranks: Sequence[int], ref: str) -> list[str]:
+    def registry_reach(self, nodes: NodesT, ranks: Sequence[int], ref: str) -> list[str]:
         """Whether each node's daemon gets `ref`'s manifest from its registry ("" yes, else why not), pulling
         nothing."""
         ...

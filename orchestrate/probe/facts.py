@@ -21,7 +21,7 @@ from orchestrate.remote.session import Session
 from orchestrate.remote.ssh import fan_out
 
 
-def _layers_held(daemons: Daemons, nodes: Session, ranks: Sequence[int], diff_ids: Sequence[str]) -> dict[int, int]:
+def _layers_held(daemons: Daemons[Session], nodes: Session, ranks: Sequence[int], diff_ids: Sequence[str]) -> dict[int, int]:
     found = daemons.chain_ids(nodes, ranks)
     return {r: held_prefix(diff_ids, chains) for r, chains in zip(ranks, found, strict=True)}
 
@@ -36,7 +36,7 @@ def _data_present(nodes: Session, reports: Sequence[HostReport], data: Data | No
                    lambda r: nodes.hosts[r].label)
 
 
-def node_facts(daemons: Daemons, nodes: Session, reports: Sequence[HostReport], delivery: Delivery, data: Data | None,
+def node_facts(daemons: Daemons[Session], nodes: Session, reports: Sequence[HostReport], delivery: Delivery, data: Data | None,
                image: LocalImage | None) -> list[NodeFacts]:
     """Every node's facts: its preflight report, and what the plan's image and data actions are decided on (`data`
     None: the program is not the trainer, its data is not looked for); `daemons` reads the image layers there."""
@@ -49,7 +49,7 @@ def node_facts(daemons: Daemons, nodes: Session, reports: Sequence[HostReport], 
     return [_facts(rep, held.get(r, 0), present[r], reach.get(r, NodeFacts.base_reach)) for r, rep in enumerate(reports)]
 
 
-def _base_reach(daemons: Daemons, nodes: Session, ranks: Sequence[int], base: LocalBase) -> dict[int, str]:
+def _base_reach(daemons: Daemons[Session], nodes: Session, ranks: Sequence[int], base: LocalBase) -> dict[int, str]:
     """Whether each node that lacks the base reaches its registry ("" yes, else why not); no question is asked
     when no node may pull it (base.why)."""
     if base.why:

@@ -1,6 +1,6 @@
-"""GPU sets on 2 test hosts whose simulated nvidia-smi reports 4 GPUs (`devcluster up --gpus 4`; jobs run with
-`--gpus-on-cpu`, docs/shared-hosts.md): real sshd, dockerd, torchrun and labels; the containers run on CPU, so
-only a GPU node shows CUDA honouring the set. The program is examples/minimal (init, all_reduce, a tiny model)."""
+"""GPU sets on 2 test hosts whose simulated nvidia-smi reports 4 GPUs (`devcluster up --gpus 4`; its clients'
+environment sets DEVCLUSTER_GPUS_ON_CPU=1, so jobs hold their GPU sets on CPU, docs/shared-hosts.md): real sshd,
+dockerd, torchrun and labels; the containers run on CPU, so only a GPU node shows CUDA honouring the set. The program is examples/minimal (init, all_reduce, a tiny model)."""
 
 from __future__ import annotations
 
@@ -49,7 +49,7 @@ def image(target: Cluster, tmp_path_factory: pytest.TempPathFactory) -> str:
 
 
 def gpu_up(hosts: Path, image: str, job: str, gpus: str) -> list[str]:
-    return ["up", "--hosts", str(hosts), "--job", job, "--gpus", gpus, "--gpus-on-cpu", "--image", image,
+    return ["up", "--hosts", str(hosts), "--job", job, "--gpus", gpus, "--image", image,
             "--entry", "/app/minimal/train.py", "--grace", "10", "--detach", "--", *HOLD]
 
 

@@ -218,7 +218,7 @@ def test_up_inside_salloc_takes_the_allocation_and_each_nodes_own_gpu(target: Cl
         wait_for(lambda: slurm_state(c, holder)[0] == "RUNNING", 30, "the job holding GPU 0 of the first node")
         res = subprocess.run(["salloc", "-N2", "--gpus-per-node", "1", "--mem", "64", "--immediate=60",
                               sys.executable, "-m", "orchestrate", "up", "--job", "inside", "--image", IMAGE,
-                              "--gpus-on-cpu", "--data-url", data.url, "--data-md5", data.md5,
+                              "--data-url", data.url, "--data-md5", data.md5,
                               "--", *TRAIN, "--epochs", "1", "--max-steps", "2"],
                              env=env(c), cwd=c.dir, capture_output=True, text=True, timeout=bounded(240))
         print(res.stdout, res.stderr)

@@ -55,7 +55,7 @@ def submit(c: Cluster, data: Data, job: str, *extra: str, epochs: int, image: st
     rank (SHARED_CORES, as `up_args` gives the other cluster tests): torchrun sets it only for several processes a
     node, and a rank's second OpenMP thread spins against the other tests' for nothing here."""
     res = orchestrate(c, "submit", "--nodes", "2", "--gpus-per-node", "1", "--python", SYSTEM_PYTHON,
-                      "--output", f"{c.dir}/slurm-%j.out", "--job", job, "--image", image, "--gpus-on-cpu",
+                      "--output", f"{c.dir}/slurm-%j.out", "--job", job, "--image", image,
                       "--data-url", data.url, "--data-md5", data.md5, *SHARED_CORES, *extra,
                       "--", *TRAIN, "--epochs", str(epochs), "--log-every", "1", *trainer)
     assert res.returncode == 0 and re.fullmatch(r"\d+\n", res.stdout), res.stderr

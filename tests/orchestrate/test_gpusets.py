@@ -10,6 +10,8 @@ from pathlib import Path
 import pytest
 from kit.units import HOSTS, gpu_facts, gpus_judged, job_plan, job_specs, parse
 
+from devcluster import cluster as devcluster_cluster
+from orchestrate import cli
 from orchestrate.backends.docker_ssh.owner import gpus_of
 from orchestrate.backends.docker_ssh.request import docker_run_argv, plan_json, render_job_plan, sdk_kwargs
 from orchestrate.config import GPUS_ALL
@@ -100,16 +102,21 @@ def test_the_granted_set_goes_to_docker_as_device_ids_with_labels_and_nproc() ->
     assert "CUDA_VISIBLE_DEVICES" not in n0.env  # on a GPU node Docker sets NVIDIA_VISIBLE_DEVICES itself
 
 
-def test_gpus_on_cpu_holds_the_set_and_passes_it_as_a_gpu_node_would() -> None:
+def test_gpus_on_cpu_holds_the_set_and_passes_it_as_a_gpu_node_would(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The devcluster's setting (its clients' environment), not an option: the hosts' GPUs are CPU stand-ins."""
     facts = [gpu_facts(4, (1, 3), iface="eth0", gpus=4, user="1000:1000", login="ann")] * 2
-    n0, _ = job_specs(parse("--gpus", "2", "--gpus-on-cpu", "--master-port", "29501"), HOSTS, "10.0.0.11", facts)
+    assert not parse("--gpus", "2").resources.gpus_on_cpu
+    monkeypatch.setenv(cli.GPUS_ON_CPU_ENV, "1")
+    assert cli.GPUS_ON_CPU_ENV == devcluster_cluster.GPUS_ON_CPU_ENV  # the name the devcluster sets
+    n0, _ = job_specs(parse("--gpus", "2", "--master-port", "29501"), HOSTS, "10.0.0.11", facts)
     assert sdk_kwargs(n0)["device_requests"] is None  # a CPU host's daemon has no GPU driver to ask
     assert n0.env["NVIDIA_VISIBLE_DEVICES"] == "1,3" and n0.env["CUDA_VISIBLE_DEVICES"] == "0,1"
     assert n0.labels["ddp-cifar.gpus"] == "1,3" and "--device" not in n0.command
     assert n0.command[n0.command.index("--nproc_per_node") + 1] == "2"
     assert gpus_of({"Config": {"Labels": n0.labels}, "HostConfig": {}}) == "1,3"  # status --all shows it
-    with pytest.raises(ConfigError, match="--gpus-on-cpu holds GPUs"):
-        parse("--gpus", "0", "--gpus-on-cpu")
+    assert parse("--gpus", "0").resources.cpu_mode  # --gpus 0 on such hosts: plain CPU, as anywhere
+    with pytest.raises(ConfigError, match="unrecognized arguments: --gpus-on-cpu"):  # no user's option
+        parse("--gpus", "2", "--gpus-on-cpu")
 
 
 def test_created_order_pads_the_fraction() -> None:

@@ -20,6 +20,17 @@ def test_importing_the_plan_loads_no_ssh_and_no_docker() -> None:
     assert out.stdout.split() == []
 
 
+def test_importing_the_backend_protocol_loads_no_ssh_and_no_docker() -> None:
+    """The protocol is generic over the connection (issue 43): a second backend, or a program that only types
+    against it, need not load paramiko and docker-py, which the Docker-over-SSH backend alone brings."""
+    code = ("import sys\nimport orchestrate.backends.protocol, orchestrate.probe.daemons\n"
+            "print(' '.join(sorted(m for m in sys.modules if m.split('.')[0] in ('docker', 'paramiko')"
+            " or m.startswith(('orchestrate.remote.', 'orchestrate.backends.docker_ssh', 'orchestrate.backends.slurm'))"
+            " and m != 'orchestrate.remote.identity')))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True)
+    assert out.stdout.split() == []
+
+
 def test_a_scheduler_is_named_only_in_its_folder_and_its_registration() -> None:
     """Slurm is one folder (backends/slurm/) and its line in SCHEDULERS: cli.py, jobs/ and every other file reach it
     through the Scheduler protocol (the lint contract `through-the-scheduler` holds the imports; this, the names in
@@ -28,8 +39,8 @@ def test_a_scheduler_is_named_only_in_its_folder_and_its_registration() -> None:
     naming = {str(path.relative_to(root)) for path in root.rglob("*") if path.is_file()
               and "__pycache__" not in path.parts and path.relative_to(root).parts[:2] != ("backends", "slurm")
               and "slurm" in path.read_text(errors="replace").lower()}
-    assert naming == {"backends/__init__.py"}
-    registration = [line for line in (root / "backends" / "__init__.py").read_text().splitlines()
+    assert naming == {"backends/schedulers.py"}
+    registration = [line for line in (root / "backends" / "schedulers.py").read_text().splitlines()
                     if "slurm" in line.lower()]
     assert registration == ["from orchestrate.backends.slurm import Slurm",
                             "SCHEDULERS: tuple[Scheduler, ...] = (Slurm(),)"]

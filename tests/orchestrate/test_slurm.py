@@ -103,7 +103,7 @@ def fake_slurm(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, job: str = "job-
 def test_up_inside_an_allocation_takes_its_nodes_and_each_nodes_gpus(tmp_path: Path,
                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
     fake_slurm(tmp_path, monkeypatch)
-    for argv in (["up", "--gpus-on-cpu"], ["up", "--hosts", "slurm", "--gpus-on-cpu"],  # no --hosts: SLURM_JOB_ID
+    for argv in (["up"], ["up", "--hosts", "slurm"],  # no --hosts: SLURM_JOB_ID
                  ["check", "--hosts", "slurm"]):
         _, config = cli.parse_args(argv)
         assert isinstance(config, UpConfig) and config.resources.gpus == 1
