@@ -28,8 +28,9 @@ sys.path.insert(0, str(REPO))
 
 from bounds import Figure, finish  # noqa: E402
 
-from trainer import checkpoint, defaults, dist, loop, metrics, state, strategies  # noqa: E402
+from trainer import checkpoint, defaults, dist, loop, metrics, saving, state, strategies  # noqa: E402
 from trainer.config import Config  # noqa: E402
+from trainer.pace import Pace  # noqa: E402
 
 torch.set_num_threads(1)
 MAX_OVERLAP_STEPS = 200  # a bound: a write takes a few steps' time
@@ -57,7 +58,7 @@ def _measure(ns: argparse.Namespace, folder: Path, asynchronous: bool) -> dict[s
     st = state.build(cfg, ctx)
     x, y = torch.randn(ns.batch, 3, 32, 32, device=ctx.device), torch.randint(0, 10, (ns.batch,), device=ctx.device)
     # The settings as for this device, except the mode under test (fp32 on a GPU too: the same state as on CPU).
-    pace = loop.Pace(metrics.Heartbeat(folder, False, 0, 1, ns.batch),
+    pace = Pace(metrics.Heartbeat(folder, False, 0, 1, ns.batch),
                      defaults.resolve(cfg, ctx.device.type, False, ns.batch), strategies.for_config(cfg))
     out: dict[str, list[float]] = {"pause": [], "write": [], "step_alone": [], "step_during_write": []}
     _step(st, x, y)  # the optimizer's momentum exists after the first step: the state a run saves
@@ -65,14 +66,14 @@ def _measure(ns: argparse.Namespace, folder: Path, asynchronous: bool) -> dict[s
         out["step_alone"].append(_step(st, x, y))
         st.pos.step += 1
         t0 = time.perf_counter()
-        loop.save(cfg, ctx, st, _Loader(ns.batch), pace, background=asynchronous)  # type: ignore[arg-type]
+        saving.save(cfg, ctx, st, _Loader(ns.batch), pace, background=asynchronous)  # type: ignore[arg-type]
         out["pause"].append(time.perf_counter() - t0)
         if asynchronous:
             for _ in range(MAX_OVERLAP_STEPS):
                 if not pace.writer.writing:
                     break
                 out["step_during_write"].append(_step(st, x, y))
-            loop.finish_pending_save(cfg, ctx, pace)
+            saving.finish_pending_save(cfg, ctx, pace)
             out["write"].append(pace.writer.write_s)
     return out
 

@@ -47,7 +47,7 @@ sys.path.insert(0, str(REPO))
 from bounds import Figure, finish  # noqa: E402
 
 from trainer import dist, metrics, models  # noqa: E402
-from trainer.loop import AGREE_EVERY  # noqa: E402
+from trainer.pace import AGREE_EVERY  # noqa: E402
 from trainer.ranktime import FIELDS, RankTimer  # noqa: E402
 
 RESULT_ENV = "RANK_TIMING_RESULT"  # where rank 0 writes its rounds (the worker's output to the parent)

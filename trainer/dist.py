@@ -149,7 +149,7 @@ def any_ranks(ctx: DistContext, *flags: bool) -> tuple[bool, ...]:
 
 
 def wait_for_peers(ctx: DistContext, t: torch.Tensor) -> list[float]:
-    """All-reduce (MAX) a tensor and read it: the host's one wait per agreement (trainer/loop.py's Cadence). On a GPU the
+    """All-reduce (MAX) a tensor and read it: the host's one wait per agreement (trainer/pace.py's Cadence). On a GPU the
     read waits for every queued kernel and for the collective, so a rank whose peer is lost blocks here, in a
     frame the stall report recognises by its name (contract.PEER_WAIT_FUNCTION)."""
     if ctx.distributed:

@@ -1,37 +1,32 @@
-"""The training loop: learning-rate schedule, one mixed-precision step, sharded evaluation, stop handling."""
+"""The training loop: learning-rate schedule, one mixed-precision step, sharded evaluation, the epoch's steps and
+what follows them (evaluation, records, the checkpoints pace.py's clocks and saving.py write), the stop."""
 
 from __future__ import annotations
 
 import contextlib
 import logging
 import math
-import signal
 import time
 from collections.abc import Callable
 from contextlib import AbstractContextManager
-from dataclasses import dataclass, field
-from pathlib import Path
-from types import FrameType
+from dataclasses import dataclass
 
 import torch
 import torch.distributed as tdist
 import torch.nn.functional as F
 from torch import nn
 
-from . import checkpoint, dist, metrics, parallel
+from . import dist, metrics, parallel
 from .config import Config
-from .contract import DIVERGED_LINE, EXIT_STOPPED, STOP_LINE
+from .contract import EXIT_STOPPED, STOP_LINE
 from .data import Split, TrainLoader, normalize
-from .dcp_checkpoint import PendingShards, finish_save
 from .defaults import RunSettings
 from .device import memory_format
 from .dist import DistContext
-from .errors import CheckpointError, DivergedError
+from .pace import AGREE_EVERY, Pace, StopRequest
 from .precision import autocast
-from .ranktime import RankTimer
-from .snapshot import off_device, save_sharded, start_sharded, to_checkpoint
-from .state import Position, TrainState
-from .strategy import Strategy
+from .saving import diverged_error, save
+from .state import TrainState
 
 log = logging.getLogger(__name__)
 
@@ -140,112 +135,6 @@ def _eval_batches(idx: torch.Tensor, batch: int, n_test: int, world: int, lockst
     return parts
 
 
-# When the ranks agree on the stop, save and evaluation flags (and the loss's finiteness). The agreement is an
-# all_reduce whose result the host reads: on a GPU that waits for every queued kernel, so doing it each fast step
-# would drain the queue each step. A SIGTERM must be agreed soon though: torchrun SIGKILLs its workers 30 s after
-# its SIGTERM, and the stop's checkpoint must be written before that. So the interval follows the step time: at
-# most AGREE_EVERY steps, and no more steps than fit in AGREE_WITHIN_S at the slowest rank's pace (one step, if a
-# step is longer). A 6 ms GPU step agrees every 8 steps (1/8 of a drain per step, as before); a 4 s step agrees
-# every step (the drain costs nothing against it). With a fixed 8 such a job waited 32 s and lost its checkpoint.
-AGREE_EVERY = 8
-AGREE_WITHIN_S = 2.0
-
-
-def agreement_interval(slowest_step_s: float) -> int:
-    """Steps to the next agreement: the largest of 8, 4, 2, 1 whose steps at `slowest_step_s` (the slowest rank's
-    seconds per step, agreed) fit in AGREE_WITHIN_S; 1 while no step is measured (0). Divisors of AGREE_EVERY, and
-    agreements fall on their multiples, so every multiple of AGREE_EVERY is an agreement (the rank timings' windows
-    end there, as before). PURE."""
-    every = AGREE_EVERY
-    while every > 1 and (slowest_step_s <= 0 or every * slowest_step_s > AGREE_WITHIN_S):
-        every //= 2
-    return every
-
-
-@dataclass
-class Cadence:
-    """When the next agreement is: at the steps that are multiples of `every`, the same on every rank since it is
-    decided from agreed figures only (a rank agreeing alone would meet its peers in another collective). Each
-    agreement carries this rank's seconds per step over its previous window and sets `every` from the slowest
-    rank's. The figure lags one window because on a GPU only a window closed by an agreement's read (which waits
-    for every queued kernel) is the steps' real time; the host alone runs ahead of the device."""
-
-    every: int = 1
-    step_s: float = 0.0  # this rank's last complete window, sent at the next agreement (0: none yet)
-    start: float = field(default_factory=time.perf_counter)
-    start_step: int = 0
-    windows: int = 0
-
-    def due(self, step: int) -> bool:
-        return step % self.every == 0
-
-    def restart(self, step: int) -> None:
-        """After a pause that is not steps (a checkpoint, an epoch's end and evaluation): not in the window."""
-        self.start, self.start_step = time.perf_counter(), step
-
-    def agreed(self, step: int, slowest_step_s: float) -> None:
-        """After the agreement at `step`: close this rank's window (not the process's first, whose step pays
-        for start-up: allocation, a GPU's kernel selection) and take the agreed interval."""
-        now = time.perf_counter()
-        if self.windows > 0 and step > self.start_step:
-            self.step_s = (now - self.start) / (step - self.start_step)
-        self.windows += 1
-        self.restart(step)
-        self.every = agreement_interval(slowest_step_s)
-
-
-class StopRequest:
-    """SIGTERM sets a flag; the loop finishes its step, agrees with the other ranks, saves and exits 143."""
-
-    def __init__(self) -> None:
-        self.requested = False
-
-    def install(self) -> None:
-        signal.signal(signal.SIGTERM, self._handle)
-
-    def _handle(self, signum: int, frame: FrameType | None) -> None:
-        self.requested = True  # only a flag: no I/O or locks inside a signal handler
-
-
-@dataclass
-class Pace:
-    """What runs beside the steps: the resolved settings, the heartbeat, the clocks of time-based checkpoints
-    and evaluations, the background checkpoint writer."""
-
-    heartbeat: metrics.Heartbeat
-    settings: RunSettings
-    strategy: Strategy  # how the model is spread: its step, evaluation and checkpoint format (trainer/strategies/)
-    micro: int = 0  # micro-batch size for gradient accumulation (0: none)
-    last_save: float = field(default_factory=lambda: time.monotonic())
-    last_eval: float = field(default_factory=lambda: time.monotonic())
-    writer: checkpoint.BackgroundWriter = field(default_factory=checkpoint.BackgroundWriter)  # DDP's
-    ckpt_group: tdist.ProcessGroup | None = None  # sharded background saves (dist.checkpoint_group)
-    shards: PendingShards | None = None  # a sharded save in flight (the same on every rank)
-    timer: RankTimer | None = None  # this rank's step timings (None: not timed)
-    steps: metrics.StepLog | None = None  # global rank 0's step records and TensorBoard (None on the others)
-    cadence: Cadence = field(default_factory=Cadence)  # when the ranks next agree
-
-    def restart_clocks(self, step: int) -> None:
-        """After a pause that is not steps (a checkpoint, an epoch's end): the step clocks start again."""
-        self.cadence.restart(step)
-        if self.timer:
-            self.timer.restart()
-        if self.steps:
-            self.steps.restart(step)
-
-    def save_due(self, ctx: DistContext) -> bool:
-        """Rank 0's clock decides (the others agree through the step's flag all_reduce)."""
-        return ctx.is_main and _elapsed(self.last_save, self.settings.ckpt_every_s)
-
-    def eval_due(self, ctx: DistContext) -> bool:
-        """Rank 0's clock, agreed like save_due; acted on at an epoch's end only."""
-        return ctx.is_main and _elapsed(self.last_eval, self.settings.eval_every_s)
-
-
-def _elapsed(since: float, every_s: float) -> bool:
-    return every_s > 0 and time.monotonic() - since >= every_s
-
-
 @dataclass
 class EpochStats:
     loss: float
@@ -256,118 +145,6 @@ class EpochStats:
     # these, never rank 0's clock read again (rank 0 alone would enter their collectives).
     save_due: bool = False
     eval_due: bool = False
-
-
-def save(cfg: Config, ctx: DistContext, st: TrainState, loader: TrainLoader, pace: Pace,
-         background: bool = False) -> Path | None:
-    """A checkpoint of this step, after the pending one (at most one in flight). `background` (DDP): global
-    rank 0 copies the state to the CPU and writes it in a thread while training goes on; returns None, and
-    the next save (or the end) learns how it went. Otherwise global rank 0 writes now and every rank learns
-    whether it worked (a collective, so no rank is left waiting); FSDP's ranks each write their shards."""
-    finish_pending_save(cfg, ctx, pace, fail=background)
-    _refuse_nonfinite_weights(ctx, st, pace.settings.precision)
-    pace.heartbeat.mark("checkpointing", step=st.pos.step)
-    path = None
-    if pace.strategy.sharded_checkpoints and background:
-        pace.shards = start_sharded(cfg, ctx, st, loader.global_batch, pace.ckpt_group)
-    elif pace.strategy.sharded_checkpoints:  # every rank writes its own shards; a failure raises on every rank alike
-        path = save_sharded(cfg, ctx, st, loader.global_batch)
-    elif background and ctx.is_main:
-        _save_in_background(cfg, ctx, st, loader, pace)
-    elif not background:
-        path = _save_now(cfg, ctx, st, loader)
-    pace.last_save = time.monotonic()
-    pace.heartbeat.mark("training", step=st.pos.step, **({"ckpt_step": st.pos.step} if path else {}))
-    return path
-
-
-def _write_full(cfg: Config, ctx: DistContext, state: dict[str, object], pos: Position) -> Path:
-    return checkpoint.save(cfg.ckpt_dir, state, step=pos.step, epoch=pos.epoch, epoch_complete=pos.sample == 0,
-                           world_size=ctx.world_size, keep=cfg.keep_checkpoints)
-
-
-def _save_now(cfg: Config, ctx: DistContext, st: TrainState, loader: TrainLoader) -> Path | None:
-    path, err = None, None
-    if ctx.is_main:
-        t0 = time.monotonic()
-        try:
-            path = _write_full(cfg, ctx, to_checkpoint(cfg, ctx, st, loader.global_batch), st.pos)
-            log.info("checkpoint %s (training paused %.2f s)", path, time.monotonic() - t0)
-        except CheckpointError as e:
-            err = e
-    if dist.any_rank(ctx, err is not None):
-        raise err or CheckpointError("global rank 0 could not write the checkpoint; see its error line")
-    return path
-
-
-def _save_in_background(cfg: Config, ctx: DistContext, st: TrainState, loader: TrainLoader, pace: Pace) -> None:
-    """Global rank 0: the pause is the copy of the state to the CPU; the write, fsync and sha256 run in the
-    writer's thread."""
-    t0 = time.monotonic()
-    state = off_device(to_checkpoint(cfg, ctx, st, loader.global_batch))
-    pos = Position(st.pos.epoch, st.pos.sample, st.pos.step)  # the step's own: training moves on
-    pace.writer.start(lambda: _write_full(cfg, ctx, state, pos), pos.step)
-    log.info("checkpoint of step %d copied off the device (training paused %.3f s), writing in the background",
-             pos.step, time.monotonic() - t0)
-
-
-def finish_pending_save(cfg: Config, ctx: DistContext, pace: Pace, fail: bool = True) -> None:
-    """Wait for the background write and tell every rank whether it worked. A collective on every rank when
-    checkpoints are asynchronous (a setting every rank shares), nothing otherwise. A failed write raises on
-    every rank, or with `fail` False (before the end's or a stop's own save, which must still be tried) is a
-    warning."""
-    if not pace.settings.ckpt_async:
-        return
-    try:
-        if pace.strategy.sharded_checkpoints:
-            _finish_sharded(cfg, ctx, pace)
-        else:
-            _finish_full(cfg, ctx, pace)
-    except CheckpointError as e:
-        if fail:
-            raise
-        if ctx.is_main:
-            log.warning("%s; writing this step's checkpoint now", e)
-
-
-def _finish_full(cfg: Config, ctx: DistContext, pace: Pace) -> None:
-    """DDP: global rank 0 waits for its writer thread; every rank learns the outcome (collective)."""
-    err = None
-    if ctx.is_main:
-        try:
-            step = pace.writer.wait(cfg.dist_timeout)
-            if step is not None:
-                pace.heartbeat.mark("training", ckpt_step=step)
-        except CheckpointError as e:
-            err = e
-    if dist.any_rank(ctx, err is not None):
-        raise err or CheckpointError("global rank 0 could not write the checkpoint; see its error line")
-
-
-def _finish_sharded(cfg: Config, ctx: DistContext, pace: Pace) -> None:
-    """FSDP: every rank waits for its own background shard write, then rank 0 seals (collective)."""
-    pending, pace.shards = pace.shards, None
-    if pending is not None:
-        finish_save(pending, ctx, cfg.dist_timeout)
-        pace.heartbeat.mark("training", ckpt_step=pending.save.step)
-
-
-def _diverged(precision: str, step: int, what: str, lr: float) -> DivergedError:
-    """`what`: `loss nan` (the agreement saw it) or `weights not finite` (a save refused them)."""
-    hint = "lower --lr" + (" or use --precision bf16 (fp32's range, no loss scale)" if precision == "fp16" else
-                           " (or lengthen --warmup-epochs)")
-    return DivergedError(f"{DIVERGED_LINE} at step {step}: {what}, lr {lr:g}; no checkpoint of it was written, "
-                         f"the newest one is from before; {hint}, then --resume")
-
-
-def _refuse_nonfinite_weights(ctx: DistContext, st: TrainState, precision: str) -> None:
-    """No checkpoint of non-finite weights, ever: a step can leave them so with a loss that was still finite.
-    Each rank checks what it holds (DDP: its full copy; FSDP: its shards, whose reduction over a replicated mesh
-    dimension DTensor cannot do) and every rank learns the verdict, so all stop here together; once per save."""
-    held = [parallel.local_part(p.detach()) for p in st.model.parameters()]
-    bad = bool(held) and not bool(torch.stack([torch.isfinite(t).all() for t in held]).all())
-    if dist.any_rank(ctx, bad):
-        raise _diverged(precision, st.pos.step, "weights not finite", st.optimizer.param_groups[0]["lr"])
 
 
 def _train_epoch(cfg: Config, ctx: DistContext, st: TrainState, loader: TrainLoader, stop: StopRequest,
@@ -416,7 +193,7 @@ def _train_epoch(cfg: Config, ctx: DistContext, st: TrainState, loader: TrainLoa
             pace.heartbeat.ranks(pace.timer.window_done(agreed.times), ctx.local_world_size,
                                  pace.strategy.rank_stages(ctx))
         if diverged:
-            raise _diverged(run.precision, st.pos.step, f"loss {float(loss):g}", lr)
+            raise diverged_error(run.precision, st.pos.step, f"loss {float(loss):g}", lr)
         if stopped or hit_max:
             break
         if save_due and not epoch_end:  # at an epoch's end, _after_epoch's save is due anyway

@@ -5,7 +5,7 @@ Per step, each rank measures (docs/DESIGN.md §2):
 - forward: on a CPU perf_counter around the model's forward; on a GPU two CUDA events around it, read only after
   the next agreement, whose host read has waited for every kernel anyway (no synchronisation added);
 - step: the wall clock of a window (AGREE_EVERY steps, or an epoch's rest) over its steps (a checkpoint's pause
-  left out); a window ends at an agreement (trainer/loop.py: they may come more often, for slow steps).
+  left out); a window ends at an agreement (trainer/pace.py: they may come more often, for slow steps).
 Under DDP the forward holds no collective (no buffer broadcast), so data wait + forward is the rank's own work:
 a throttled node or a slow data path makes it longer there and nowhere else. The backward cannot be told apart
 from communication: DDP all-reduces gradient buckets while the backward still runs (gloo in a thread, NCCL on a

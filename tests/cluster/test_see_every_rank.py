@@ -39,7 +39,7 @@ from kit.orchestrate_kit import Data, Up, job_dir, orch_env, orchestrate, spawn,
 
 from devcluster import Cluster
 from trainer.contract import HEARTBEAT_FILE, Beat
-from trainer.loop import AGREE_EVERY
+from trainer.pace import AGREE_EVERY
 from trainer.straggler import STRAGGLER_WINDOWS, clearly_slower
 
 pytestmark = [pytest.mark.cluster, pytest.mark.docker, pytest.mark.slow]

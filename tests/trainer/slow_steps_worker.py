@@ -13,7 +13,7 @@ from torch import nn
 from trainer import models
 from trainer.__main__ import main
 
-SLOW_S = 1.2  # over loop.AGREE_WITHIN_S / 2: the cadence agrees every step
+SLOW_S = 1.2  # over pace.AGREE_WITHIN_S / 2: the cadence agrees every step
 _for_run = models.for_run
 
 

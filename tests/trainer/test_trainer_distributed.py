@@ -33,7 +33,8 @@ from trainer import checkpoint, data, models
 from trainer.__main__ import main
 from trainer.contract import HEARTBEAT_FILE, TENSORBOARD_FOLDER, Beat
 from trainer.dist import DistContext
-from trainer.loop import AGREE_EVERY, evaluate
+from trainer.loop import evaluate
+from trainer.pace import AGREE_EVERY
 
 pytestmark = pytest.mark.slow
 FINALIZE_PROBE = REPO / "tests" / "finalize_probe"  # its sitecustomize marks ranks that finalize
@@ -207,7 +208,7 @@ def test_sigterm_to_the_torchrun_process_group_leaves_a_valid_checkpoint(data_di
 
 def test_a_sigterm_to_a_job_of_slow_steps_stops_it_at_the_next_step_with_its_checkpoint(
         data_dir: Path, tmp_path: Path) -> None:
-    """Steps of over a second (slow_steps_worker.py): the ranks agree every step (loop.Cadence), so a SIGTERM
+    """Steps of over a second (slow_steps_worker.py): the ranks agree every step (pace.Cadence), so a SIGTERM
     is agreed at the step after the one it lands in. With a fixed agreement every 8 steps, a job of 4 s steps
     waited up to 32 s, past torchrun's SIGKILL at 30 s, and lost its stop checkpoint (the Slurm lease test under
     load); here the old rule stopped at step 8."""

@@ -14,12 +14,13 @@ import torch
 from kit.net import free_port
 from kit.trainer_helpers import REPO, base_args, child_env
 
-from trainer import checkpoint, defaults, loop, metrics, state, strategies
+from trainer import checkpoint, defaults, metrics, saving, state, strategies
 from trainer.__main__ import main
 from trainer.config import Config
 from trainer.contract import DIVERGED_LINE, EXIT_DIVERGED
 from trainer.dist import DistContext
 from trainer.errors import DivergedError
+from trainer.pace import Pace
 
 HUGE_LR = ["--lr", "1e12", "--warmup-epochs", "0", "--momentum", "0"]
 
@@ -49,7 +50,7 @@ def test_every_rank_stops_at_the_same_step_and_says_so_in_its_own_line(data_dir:
         # torchrun names its worker's own code (and exits 1).
         assert re.search(rf"exitcode\s*:\s*{EXIT_DIVERGED}\b", err), err[-3000:]
     # Both at one step, the first agreement to see the loss non-finite (the first three steps agree each:
-    # loop.Cadence); the step's lr made it so at step 2.
+    # Cadence); the step's lr made it so at step 2.
     assert steps == ["2", "2"], steps
     assert checkpoint.newest_valid(tmp_path) is None and not list(tmp_path.glob("ckpt-*"))
 
@@ -73,9 +74,9 @@ def test_nonfinite_weights_are_never_saved(tmp_path: Path) -> None:
     checkpoint.check_writable(cfg.ckpt_dir)
     with torch.no_grad():
         next(st.model.parameters())[0] = math.inf
-    pace = loop.Pace(metrics.Heartbeat(cfg.ckpt_dir, True, 10, 1, 8), defaults.resolve(cfg, "cpu", False, 8),
+    pace = Pace(metrics.Heartbeat(cfg.ckpt_dir, True, 10, 1, 8), defaults.resolve(cfg, "cpu", False, 8),
                      strategies.for_config(cfg))
     loader = type("L", (), {"global_batch": 8})()
     with pytest.raises(DivergedError, match=f"{DIVERGED_LINE} at step 0: weights not finite, lr 0.1; "):
-        loop.save(cfg, ctx, st, loader, pace)  # type: ignore[arg-type]
+        saving.save(cfg, ctx, st, loader, pace)  # type: ignore[arg-type]
     assert not list(cfg.ckpt_dir.glob("ckpt-*"))

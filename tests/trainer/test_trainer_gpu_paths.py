@@ -23,6 +23,7 @@ from trainer.__main__ import main
 from trainer.config import Config
 from trainer.dist import DistContext
 from trainer.errors import DeviceError
+from trainer.pace import AGREE_EVERY
 from trainer.precision import grad_scaler, precision_plan
 
 
@@ -280,7 +281,7 @@ def test_the_stop_and_save_flags_are_agreed_every_few_steps_not_every_step(
     """Reading an all_reduce's result on a GPU waits for every queued kernel: once a step, it would drain
     the queue each step. 2 epochs of 32 fast steps agree 64 / AGREE_EVERY times (epoch ends fall on multiples),
     on three flags each: stop, save due, evaluation due; plus at steps 1, 2 and 3, before a step is measured
-    (loop.Cadence)."""
+    (Cadence)."""
     agreements = []
     real = dist.agree
 
@@ -291,4 +292,4 @@ def test_the_stop_and_save_flags_are_agreed_every_few_steps_not_every_step(
 
     monkeypatch.setattr(dist, "agree", counting)
     assert main(base_args(data_dir, tmp_path, "--epochs", "2", "--batch-size", "16")) == 0
-    assert agreements.count(3) == 64 // loop.AGREE_EVERY + 3
+    assert agreements.count(3) == 64 // AGREE_EVERY + 3

@@ -27,6 +27,7 @@ from trainer.__main__ import main
 from trainer.config import Config
 from trainer.contract import PEER_WAIT_FUNCTION
 from trainer.dist import DistContext
+from trainer.pace import AGREE_EVERY, Cadence, Pace, StopRequest, agreement_interval
 
 _FROM_PYTHON = {torch.tensor, torch.as_tensor, torch.scalar_tensor}
 _READS = {torch.Tensor.item, torch.Tensor.cpu, torch.Tensor.tolist, torch.Tensor.numpy, torch.Tensor.__bool__,
@@ -140,7 +141,7 @@ def test_an_epochs_loop_syncs_only_to_agree_and_to_sum_the_epoch(per_epoch: list
     args = base_args(data_dir, tmp_path, "--epochs", "2", "--batch-size", "32", "--log-every", "1000")
     assert main(args) == 0
     print("syncs of each epoch's loop:", per_epoch)
-    agreements = 16 // loop.AGREE_EVERY
+    agreements = 16 // AGREE_EVERY
     assert len(per_epoch) == 2
     assert len(per_epoch[1]) <= agreements + 3, per_epoch
     assert len(per_epoch[0]) <= agreements + 3 + 4, per_epoch
@@ -152,7 +153,7 @@ def test_a_heartbeat_every_step_adds_no_host_sync(monkeypatch: pytest.MonkeyPatc
     with no beat at all. Before the fix the beat read the loss itself (`.item()`: 16 more per epoch, seen)."""
     counts = count_epoch_syncs(monkeypatch, 0.0)
     assert main(base_args(data_dir, tmp_path, "--epochs", "2", "--batch-size", "32", "--log-every", "1000")) == 0
-    assert len(counts[1]) <= 16 // loop.AGREE_EVERY + 3, counts
+    assert len(counts[1]) <= 16 // AGREE_EVERY + 3, counts
 
 
 def test_the_agreement_waits_in_the_function_the_stall_report_names(tmp_path: Path,
@@ -185,11 +186,11 @@ def test_only_global_rank_0_reads_the_loss_for_its_log_line(rank: int, reads: in
     train, _ = data.load_cifar(data_dir, allow_unverified=True)
     loader = data.TrainLoader(train, 32, rank, 2, cfg.seed)  # 8 steps of global batch 64
     steps = metrics.StepLog(tmp_path, 64, None, None) if ctx.is_main else None  # as trainer/__main__.py has it
-    pace = loop.Pace(metrics.Heartbeat(tmp_path, ctx.is_main, 8, 1, 64), defaults.resolve(cfg, "cpu", False, 64),
+    pace = Pace(metrics.Heartbeat(tmp_path, ctx.is_main, 8, 1, 64), defaults.resolve(cfg, "cpu", False, 64),
                      strategies.for_config(cfg), steps=steps)
     st = state.build(cfg, ctx)
     with SyncCounter() as c:
-        loop._train_epoch(cfg, ctx, st, loader, loop.StopRequest(), pace)
+        loop._train_epoch(cfg, ctx, st, loader, StopRequest(), pace)
     assert c.calls.count("item") == reads
 
 
@@ -199,7 +200,7 @@ def test_the_agreement_interval_fits_the_slowest_ranks_steps_in_two_seconds(slow
                                                                              every: int) -> None:
     """A fast step agrees every 8 (one drain of the GPU queue per 8 steps); a slow one as often as a stop needs
     (torchrun's SIGKILL follows its SIGTERM by 30 s); 0 (nothing measured yet) every step."""
-    assert loop.agreement_interval(slowest_step_s) == every
+    assert agreement_interval(slowest_step_s) == every
 
 
 def test_the_cadence_measures_from_its_second_window_and_leaves_pauses_out(
@@ -208,7 +209,7 @@ def test_the_cadence_measures_from_its_second_window_and_leaves_pauses_out(
     process's first window (start-up) is not measured, a checkpoint's pause (restart) is not counted."""
     clock = [100.0]
     monkeypatch.setattr(loop.time, "perf_counter", lambda: clock[0])
-    cadence = loop.Cadence()
+    cadence = Cadence()
     assert cadence.every == 1 and cadence.due(1)
     clock[0] += 30.0  # step 1: start-up
     cadence.agreed(1, slowest_step_s=0.0)

@@ -124,8 +124,8 @@ def test_ckpt_every_minutes_saves_mid_epoch(data_dir: Path, tmp_path: Path, inpr
                      "--ckpt-every-minutes", "2.5")
     assert main(args) == 0
     steps = sorted(int(p.name[5:13]) for p in ck.glob("ckpt-*.json"))
-    # Due after 3 steps each time; the ranks agree on it at steps 1, 2 and 3 (no step measured yet: loop.Cadence),
-    # then every loop.AGREE_EVERY (8) steps (the real steps are fast): four mid-epoch saves, then the end of the
+    # Due after 3 steps each time; the ranks agree on it at steps 1, 2 and 3 (no step measured yet: Cadence),
+    # then every AGREE_EVERY (8) steps (the real steps are fast): four mid-epoch saves, then the end of the
     # run (step 32).
     assert steps == [3, 8, 16, 24, 32]
     assert newest_state(ck)["samples_in_epoch"] == 0
