@@ -9,10 +9,12 @@ import json
 import random
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 import torch
+from kit.net import free_port
 from kit.trainer_helpers import (
     REPO,
     base_args,
@@ -172,23 +174,23 @@ def test_the_stages_in_a_row_compute_the_full_model() -> None:
     torch.testing.assert_close(out, model(x), rtol=0, atol=0)
 
 
-@pytest.mark.slow
-def test_every_schedule_gives_the_unpipelined_loss_gradients_accuracy_and_checkpoints(tmp_path: Path) -> None:
-    """4 processes: pp2 x dp2 (1f1b, gpipe, interleaved; DDP and FSDP inside the stages) and pp4 x dp1, one step
-    each against the unpipelined model on the same global batch; then a checkpoint saved at pp2 x dp2 resumed at
-    pp1 (FSDP over 4, DDP over 4) and at pp2 x dp2 (whose next step's loss equals the live run's), one saved at pp1
-    (FSDP's folder, DDP's .pt) resumed at pp2 x dp2, and DDP's .pt resumed by FSDP over 4 (which then steps)."""
-    worker = (str(REPO / "tests" / "trainer" / "pp_numerics_worker.py"), str(tmp_path / "rank"))
-    proc = subprocess.run(torchrun_cmd(4, [], entry=worker), cwd=REPO, env=child_env(), capture_output=True,
+def _numerics(tmp_path: Path, world: int) -> list[list[dict]]:
+    """pp_numerics_worker.py's `world` ranks (forked by it: no torchrun start of 2 s per process): each rank's
+    cases, in order."""
+    worker = [sys.executable, str(REPO / "tests" / "trainer" / "pp_numerics_worker.py"), str(tmp_path / "rank"),
+              str(world)]
+    proc = subprocess.run(worker, cwd=REPO, env={**child_env(), "MASTER_PORT": str(free_port())}, capture_output=True,
                           text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    per_rank = [[json.loads(line) for line in (tmp_path / f"rank.{r}").read_text().splitlines()] for r in range(4)]
-    numeric = [[c for c in cases if not c["case"].startswith("ckpt")] for cases in per_rank]
-    assert [c["case"] for c in numeric[0]] == ["pp2-1f1b-ddp", "pp2-gpipe-ddp", "pp2-interleaved-ddp",
-                                               "pp4-1f1b-ddp", "pp2-1f1b-fsdp"]
+    return [[json.loads(line) for line in (tmp_path / f"rank.{r}").read_text().splitlines()] for r in range(world)]
+
+
+def _assert_unpipelined_numbers(numeric: list[list[dict]]) -> None:
+    """Every case: the replicas' mean loss is the reference's, every gradient and the accuracy match; the stages'
+    names are disjoint and complete; an auto split is one decision (every rank's the same, its links measured)."""
     for same_case in zip(*numeric, strict=True):
         name = same_case[0]["case"]
-        # Each replica's loss is its half of the batch; their mean is the whole batch's.
+        # Each replica's loss is its share of the batch; their mean is the whole batch's.
         mean_loss = sum(c["loss"] for c in same_case) / len(same_case)
         assert mean_loss == pytest.approx(same_case[0]["ref_loss"], rel=1e-5, abs=4e-5), (name, same_case)
         assert all(c["grads_close"] for c in same_case), (name, [c["grad_err"] for c in same_case])
@@ -197,6 +199,24 @@ def test_every_schedule_gives_the_unpipelined_loss_gradients_accuracy_and_checkp
         stages: dict[int, set[str]] = {c["pp_rank"]: set(c["names"]) for c in same_case}
         assert all(not (a & b) for a, b in itertools.combinations(stages.values(), 2)), name
         assert set().union(*stages.values()) == set(same_case[0]["full_names"]), name
+        assert all((c["split"], c["links"]) == (same_case[0]["split"], same_case[0]["links"]) for c in same_case)
+        links = same_case[0]["links"]
+        assert links is None or (len(links) == len(same_case[0]["split"]) - 1 and all(0 < b < 1e13 for b in links))
+
+
+@pytest.mark.slow
+def test_every_schedule_gives_the_unpipelined_loss_gradients_accuracy_and_checkpoints(tmp_path: Path) -> None:
+    """4 processes: pp2 x dp2 (1f1b, gpipe, interleaved split by auto; DDP and FSDP inside the stages) and pp4 x
+    dp1, one step each against the unpipelined model on the same global batch; then a checkpoint saved at pp2 x dp2
+    resumed at pp1 (FSDP over 4, DDP over 4) and at pp2 x dp2 (whose next step's loss equals the live run's), one
+    saved at pp1 (FSDP's folder, DDP's .pt) resumed at pp2 x dp2, and DDP's .pt resumed by FSDP over 4 (which then
+    steps)."""
+    per_rank = _numerics(tmp_path, 4)
+    numeric = [[c for c in cases if not c["case"].startswith("ckpt")] for cases in per_rank]
+    assert [c["case"] for c in numeric[0]] == ["pp2-1f1b-ddp", "pp2-gpipe-ddp", "pp2-interleaved-ddp",
+                                               "pp4-1f1b-ddp", "pp2-1f1b-fsdp"]
+    assert [c["links"] is not None for c in numeric[0]] == [False, False, True, False, False]
+    _assert_unpipelined_numbers(numeric)
     for cases in per_rank:
         moved = {c["case"]: c for c in cases if c["case"].startswith("ckpt")}
         assert sorted(moved) == ["ckpt-pp1-to-pp1-ddp-to-fsdp", "ckpt-pp1-to-pp2-ddp", "ckpt-pp1-to-pp2-fsdp",
@@ -205,6 +225,16 @@ def test_every_schedule_gives_the_unpipelined_loss_gradients_accuracy_and_checkp
             assert c["same_keys"] and c["equal"], c
             assert c["position"] == [0, 8, 1, 8]  # epoch, samples of the epoch (global), step, global batch
         assert moved["ckpt-pp2-to-pp2-ddp"]["same_next_loss"] is True
+
+
+@pytest.mark.slow
+def test_pp4_x_dp2_gives_the_unpipelined_loss_gradients_and_accuracy(tmp_path: Path) -> None:
+    """8 processes (4 stages x 2 replicas, the split by auto: 3 links measured), one 1F1B step against the
+    unpipelined model on the same global batch of 16 images."""
+    numeric = _numerics(tmp_path, 8)
+    assert [c["case"] for c in numeric[0]] == ["pp4-1f1b-ddp"]
+    assert sorted(c["pp_rank"] for c in (cases[0] for cases in numeric)) == [0, 0, 1, 1, 2, 2, 3, 3]
+    _assert_unpipelined_numbers(numeric)
 
 
 def _folder_state(folder: Path, tmp: Path) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
