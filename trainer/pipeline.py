@@ -2,8 +2,11 @@
 
 - The split: contiguous runs of blocks, one per stage, the stem with the first and the head with the last.
   `balanced_split` minimises the slowest stage exactly (dynamic program over prefixes, O(blocks^2 x stages)),
-  from each block's forward+backward time measured on the job's device at its micro-batch size (`block_costs`).
-  torchgpipe's balance_by_time measures the same way; DeepSpeed's partition_balanced minimises the spread instead.
+  a stage's cost being its blocks' forward+backward time measured on the job's device at its micro-batch size
+  (`profile`) plus the transfers at its cuts (each cut's activation forward and gradient back, over the link
+  `measure_links` timed between the neighbouring stages' processes), among the splits whose every stage fits the
+  device's memory (`StageCosts`). torchgpipe's balance_by_time measures compute the same way (no transfers, no
+  memory); DeepSpeed's partition_balanced minimises the spread instead.
 - The stages: `Part` holds the full model's attributes under their own names (the blocks as an nn.Sequential of
   the kept ones, under their original indices), so every parameter name is the full model's: DCP checkpoints
   merge the stages back into one model and load into any other layout (FIELD-NOTES: `del seq[i]` renumbers).
