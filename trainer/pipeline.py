@@ -318,7 +318,11 @@ def profile(model: nn.Module, micro: int, device: torch.device, warmup: int = 2,
     ends = Part(model, [], True, False), Part(model, [], False, True)
 
     def fwd_bwd(module: nn.Module, inp: torch.Tensor, loss: bool = False, backward: bool = True) -> None:
+        """Forward and backward (a stand-in loss for the blocks before the head); without `backward`, the forward
+        with the real loss only (what the stage keeps: no stand-in's saved output)."""
         out = module(inp.detach().requires_grad_(inp.is_floating_point()))
+        if not (loss or backward):
+            return
         value = F.cross_entropy(out, y) if loss else out.float().square().mean()
         if backward:
             value.backward()
