@@ -9,7 +9,8 @@ process: the global batch is the same in every one), which prints one JSON line 
 - pp2 1f1b auto / uniform, pp2 gpipe auto: 2 stages x 1 replica, 4 x pp micro-batches.
 Figures (bench/bounds.py; exit 1 past a bound):
 - step / bubble bound: the measured step over (m+p-1) x the slowest stage's time per micro-batch (each block's
-  forward+backward measured alone, trainer/pipeline.py): at most 1.15 (issue 42);
+  forward+backward measured alone, plus the transfers at the stage's cuts over the link measured between the two
+  processes, trainer/pipeline.py): at most 1.15 (issue 42);
 - the auto split's slowest stage, as a share of the uniform split's: below 1 (a CIFAR ResNet's blocks are uneven);
 - GPipe's peak memory over 1F1B's, per process (ru_maxrss): at least 1 (GPipe keeps every micro-batch's
   activations until backward, 1F1B at most p);
@@ -76,15 +77,19 @@ def worker(model: str, batch: int, steps: int, extra: list[str]) -> None:
             times.append(time.perf_counter() - t0)
     peak = torch.tensor([resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024.0])
     torch.distributed.all_reduce(peak, op=torch.distributed.ReduceOp.MAX)
+    links = pipeline.measure_links(ctx, cfg.pp, 1, cfg.pp, getattr(strategy, "pp_group")) if cfg.pp > 1 else []  # noqa: B009
     if ctx.is_main:
         out = {"step_s": statistics.median(times), "images_per_s": batch * ctx.world_size / statistics.median(times),
                "peak_rss": float(peak)}
-        if cfg.pp > 1:
+        if cfg.pp > 1:  # every split's stages weighed alike, after training: compute and the transfers at its cuts
             torch.manual_seed(cfg.seed)
-            costs = pipeline.block_costs(models.build(model), n // pp_microbatches(cfg), ctx.device)
+            measured = pipeline.profile(models.build(model), n // pp_microbatches(cfg), ctx.device)
+            costs = pipeline.StageCosts(measured.seconds, measured.out_bytes, links)
             split = getattr(strategy, "split")  # noqa: B009
-            out |= {"split": split, "stage_s": pipeline.stage_cost(costs, split), "microbatches": pp_microbatches(cfg),
-                    "uniform_stage_s": pipeline.stage_cost(costs, pipeline.uniform_split(len(costs), cfg.pp))}
+            out |= {"split": split, "stage_s": costs.per_stage(split, costs.seconds),
+                    "transfer_s": costs.per_stage(split, costs.transfer_s), "link_bps": links,
+                    "microbatches": pp_microbatches(cfg), "uniform_stage_s": costs.per_stage(
+                        pipeline.uniform_split(len(costs.compute_s), cfg.pp), costs.seconds)}
         print("RESULT " + json.dumps(out), flush=True)
     dist.barrier(ctx)
     exit_without_finalizing(0)

@@ -11,6 +11,17 @@ class ConfigError(TrainerError):
     """Options that cannot work together or values out of range."""
 
 
+class StagesDoNotFit(ConfigError):
+    """No split of the model into the pipeline's stages keeps every stage within the device's memory."""
+
+    def __init__(self, need: float, limit: float, stages: int) -> None:
+        self.need, self.limit, self.stages = need, limit, stages
+        super().__init__(f"--pp: no split into {stages} stages fits the device's memory: the largest stage needs at "
+                         f"least {need / 2**30:.2f} GiB (parameters, gradients, momentum and the activations of its "
+                         f"micro-batches in flight), the device has {limit / 2**30:.2f} GiB; raise --pp (more stages), "
+                         "or make the micro-batches smaller (a smaller --batch-size or more --pp-microbatches)")
+
+
 class DataError(TrainerError):
     """The data set is missing, corrupt or not the official one."""
 

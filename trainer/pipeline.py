@@ -2,8 +2,11 @@
 
 - The split: contiguous runs of blocks, one per stage, the stem with the first and the head with the last.
   `balanced_split` minimises the slowest stage exactly (dynamic program over prefixes, O(blocks^2 x stages)),
-  from each block's forward+backward time measured on the job's device at its micro-batch size (`block_costs`).
-  torchgpipe's balance_by_time measures the same way; DeepSpeed's partition_balanced minimises the spread instead.
+  a stage's cost being its blocks' forward+backward time measured on the job's device at its micro-batch size
+  (`profile`) plus the transfers at its cuts (each cut's activation forward and gradient back, over the link
+  `measure_links` timed between the neighbouring stages' processes), among the splits whose every stage fits the
+  device's memory (`StageCosts`). torchgpipe's balance_by_time measures compute the same way (no transfers, no
+  memory); DeepSpeed's partition_balanced minimises the spread instead.
 - The stages: `Part` holds the full model's attributes under their own names (the blocks as an nn.Sequential of
   the kept ones, under their original indices), so every parameter name is the full model's: DCP checkpoints
   merge the stages back into one model and load into any other layout (FIELD-NOTES: `del seq[i]` renumbers).
@@ -14,53 +17,117 @@ from __future__ import annotations
 import statistics
 import time
 from collections import OrderedDict
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import torch
+import torch.distributed as tdist
 import torch.nn.functional as F
 from torch import nn
 
-from .errors import ConfigError
+from .dist import DistContext
+from .errors import ConfigError, StagesDoNotFit
 from .models import PIPELINED, Pipelined
 
 
+@dataclass(frozen=True)
+class StageCosts:
+    """What the split weighs, per block at the job's micro-batch size; a stage of blocks j..i-1 costs their compute
+    plus the transfers at its cuts, and needs their memory.
+
+    - compute_s: each block's forward+backward seconds (the stem's added to the first block, the head's and the
+      loss's to the last).
+    - out_bytes: each block's output activation. A cut after block k sends it forward and receives its gradient
+      (as large) back, per micro-batch: both stages at the cut spend 2 x out_bytes[k] / link on it.
+    - link_bps: the bytes per second of the link between stage s and s+1 (stages-1 entries); empty: free transfers.
+    - state_bytes: each block's parameters, gradients and optimizer state, held whatever the micro-batches.
+    - saved_bytes: what each block's forward keeps for its backward, per micro-batch.
+    - in_flight: per stage, the most micro-batches whose activations it holds at once (the schedule says).
+    - limit_bytes: what one stage may need on its device; None: no limit (a CPU)."""
+
+    compute_s: Sequence[float]
+    out_bytes: Sequence[float] = ()
+    link_bps: Sequence[float] = ()
+    state_bytes: Sequence[float] = ()
+    saved_bytes: Sequence[float] = ()
+    in_flight: Sequence[int] = ()
+    limit_bytes: float | None = None
+
+    def transfer_s(self, stage: int, start: int, end: int) -> float:
+        """Stage `stage`'s share of the transfers at its two cuts (before block `start`, after block end-1)."""
+        if not self.link_bps:
+            return 0.0
+        before = 2 * self.out_bytes[start - 1] / self.link_bps[stage - 1] if stage > 0 else 0.0
+        after = 2 * self.out_bytes[end - 1] / self.link_bps[stage] if stage < len(self.link_bps) else 0.0
+        return before + after
+
+    def seconds(self, stage: int, start: int, end: int) -> float:
+        return float(sum(self.compute_s[start:end])) + self.transfer_s(stage, start, end)
+
+    def bytes(self, stage: int, start: int, end: int) -> float:
+        if not self.state_bytes:
+            return 0.0
+        held = self.in_flight[stage] * sum(self.saved_bytes[start:end])
+        return float(sum(self.state_bytes[start:end]) + held)
+
+    def per_stage(self, split: Sequence[int], of: Callable[[int, int, int], float]) -> list[float]:
+        """`of` (seconds, bytes or transfer_s) for each stage of `split`."""
+        return [of(s, run[0], run[-1] + 1) for s, run in enumerate(stage_blocks(split))]
+
+
 def stage_cost(costs: Sequence[float], split: Sequence[int]) -> list[float]:
-    """The summed cost of each stage's blocks."""
-    out, at = [], 0
-    for n in split:
-        out.append(float(sum(costs[at:at + n])))
-        at += n
-    return out
+    """The summed compute of each stage's blocks (no transfers)."""
+    return StageCosts(costs).per_stage(split, StageCosts(costs).seconds)
 
 
-def balanced_split(costs: Sequence[float], stages: int) -> list[int]:
-    """Block counts per stage (contiguous, each >= 1) whose slowest stage is the least possible.
-
-    best[k][i]: the least possible slowest stage when the first i blocks form k stages; the last of those stages
-    is blocks j..i-1 for the j that minimises max(best[k-1][j], sum(j..i-1)). Ties keep the earliest cut."""
-    n = len(costs)
-    if not 1 <= stages <= n:
-        raise ValueError(f"cannot cut {n} blocks into {stages} non-empty stages")
-    prefix = [0.0]
-    for c in costs:
-        prefix.append(prefix[-1] + c)
+def _least_largest(blocks: int, stages: int, cost: Callable[[int, int, int], float]) -> tuple[float, list[int]]:
+    """The contiguous split (block counts, each >= 1) whose largest `cost(stage, start, end)` is the least possible,
+    and that value. best[k][i]: the least largest cost when the first i blocks form k stages; the last of those is
+    blocks j..i-1 for the j that minimises max(best[k-1][j], cost(k-1, j, i)). Ties keep the earliest cut. Exact,
+    since a stage's cost depends only on its own index and blocks (its cut transfers included)."""
     inf = float("inf")
-    best = [[inf] * (n + 1) for _ in range(stages + 1)]
-    cut = [[0] * (n + 1) for _ in range(stages + 1)]
+    best = [[inf] * (blocks + 1) for _ in range(stages + 1)]
+    cut = [[0] * (blocks + 1) for _ in range(stages + 1)]
     best[0][0] = 0.0
     for k in range(1, stages + 1):
-        for i in range(k, n - (stages - k) + 1):
+        for i in range(k, blocks - (stages - k) + 1):
             for j in range(k - 1, i):
-                value = max(best[k - 1][j], prefix[i] - prefix[j])
+                value = max(best[k - 1][j], cost(k - 1, j, i))
                 if value < best[k][i]:
                     best[k][i], cut[k][i] = value, j
-    counts, i = [], n
+    counts, i = [], blocks
     for k in range(stages, 0, -1):
         j = cut[k][i]
         counts.append(i - j)
         i = j
-    return counts[::-1]
+    return best[stages][blocks], counts[::-1]
+
+
+def balanced_split(costs: StageCosts | Sequence[float], stages: int) -> list[int]:
+    """Block counts per stage (contiguous, each >= 1) whose slowest stage (compute + transfers at its cuts) is the
+    least possible among the splits whose every stage fits `limit_bytes`. StagesDoNotFit when none does."""
+    model = costs if isinstance(costs, StageCosts) else StageCosts(costs)
+    n = len(model.compute_s)
+    if not 1 <= stages <= n:
+        raise ValueError(f"cannot cut {n} blocks into {stages} non-empty stages")
+    limit = model.limit_bytes
+    if limit is None:
+        return _least_largest(n, stages, model.seconds)[1]
+    need, _ = _least_largest(n, stages, model.bytes)
+    if need > limit:
+        raise StagesDoNotFit(need, limit, stages)
+    inf = float("inf")
+    return _least_largest(n, stages, lambda s, j, i: model.seconds(s, j, i) if model.bytes(s, j, i) <= limit else inf)[1]
+
+
+def in_flight(schedule: str, stages: int, microbatches: int) -> list[int]:
+    """The most micro-batches whose activations each stage holds at once: GPipe all m until the backwards start;
+    1F1B stage s its p-s of warm-up (torch's Schedule1F1B), at most m; interleaved bounded by m (its warm-up
+    depends on the rounds; the bound keeps the check on the safe side)."""
+    if schedule == "1f1b":
+        return [min(microbatches, stages - s) for s in range(stages)]
+    return [microbatches] * stages
 
 
 def uniform_split(blocks: int, stages: int) -> list[int]:
@@ -145,6 +212,56 @@ def merged(parts: Sequence[Part]) -> Part:
     return holder
 
 
+# A ping-pong's size to measure a link by: between resnet20-gn's cuts (0.25-0.5 MiB at a micro-batch of 8) and
+# resnet18-gn's at a GPU's micro-batch (16 MiB at 64), large enough that gloo's per-message cost on one host does
+# not dominate; the figure is used as bytes per second for every cut's size.
+LINK_PROBE_BYTES = 1 << 20
+
+
+def _ping_pong(ctx: DistContext, a: int, b: int, group: tdist.ProcessGroup | None) -> float:
+    """Bytes per second one way between global ranks a and b (this rank is one of them)."""
+    buf = torch.zeros(LINK_PROBE_BYTES // 4, dtype=torch.float32, device=ctx.device)
+    peer = b if ctx.rank == a else a
+    times = []
+    for i in range(6):
+        t0 = time.perf_counter()
+        if ctx.rank == a:
+            tdist.send(buf, peer, group=group)
+            tdist.recv(buf, peer, group=group)
+        else:
+            tdist.recv(buf, peer, group=group)
+            tdist.send(buf, peer, group=group)
+        if ctx.device.type == "cuda":
+            torch.cuda.synchronize(ctx.device)
+        if i:  # the first one connects
+            times.append(time.perf_counter() - t0)
+    return LINK_PROBE_BYTES / (statistics.median(times) / 2)
+
+
+def measure_links(ctx: DistContext, pp: int, dp: int, stages: int, group: tdist.ProcessGroup | None) -> list[float]:
+    """Bytes per second between the processes of each two neighbouring stages (stage s runs on process s mod
+    pp; process r is global rank r x dp), measured on the first replica's pipeline by a ping-pong of
+    LINK_PROBE_BYTES, median of 5 after a warm-up: whatever the link is (loopback, NVLink, the network between
+    nodes). Every pair is measured in one order by both its processes (no two wait on each other); every rank
+    then takes every figure (a MAX all-reduce: each pair's figure comes from its own two processes). Collective:
+    every rank calls it."""
+    if not ctx.distributed:
+        return [float("inf")] * (stages - 1)
+
+    def pair(s: int) -> tuple[int, int]:
+        a, b = sorted((s % pp, (s + 1) % pp))
+        return a, b
+
+    pairs = list(dict.fromkeys(pair(s) for s in range(stages - 1)))
+    found = torch.zeros(len(pairs), dtype=torch.float64, device=ctx.device)
+    for q, (a, b) in enumerate(pairs):
+        if ctx.rank in (a * dp, b * dp):
+            found[q] = _ping_pong(ctx, a * dp, b * dp, group)
+    tdist.all_reduce(found, op=tdist.ReduceOp.MAX)
+    bps = dict(zip(pairs, found.tolist(), strict=True))
+    return [bps[pair(s)] for s in range(stages - 1)]
+
+
 def _timed(fn: Any, device: torch.device, warmup: int, reps: int) -> float:
     """Median seconds of `fn` after `warmup` untimed runs (the first ones allocate and pick kernels)."""
     times = []
@@ -160,29 +277,79 @@ def _timed(fn: Any, device: torch.device, warmup: int, reps: int) -> float:
     return statistics.median(times)
 
 
-def block_costs(model: nn.Module, micro: int, device: torch.device, warmup: int = 2, reps: int = 5) -> list[float]:
-    """Seconds of forward+backward for each block on a micro-batch of `micro` images, the stem's added to the
-    first block and the head's (with the loss) to the last: what each stage will run per micro-batch."""
+@dataclass(frozen=True)
+class Profile:
+    """Per block at one micro-batch (the stem's figures in the first block's, the head's and the loss's in the
+    last's): forward+backward seconds, the output's bytes (what a cut after it sends), the bytes autograd keeps
+    from its forward for its backward (parameters not counted) and its parameters' bytes."""
+
+    seconds: list[float]
+    out_bytes: list[int]
+    saved_bytes: list[int]
+    param_bytes: list[int]
+
+
+def _nbytes(t: torch.Tensor) -> int:
+    return t.numel() * t.element_size()
+
+
+def _saved_bytes(fn: Any, params: nn.Module) -> int:
+    """Bytes of the distinct storages autograd saves while `fn` runs a forward, the parameters' left out (they are
+    the state's, held anyway)."""
+    skip = {p.untyped_storage().data_ptr() for p in params.parameters()}
+    seen: dict[int, int] = {}
+
+    def pack(t: torch.Tensor) -> torch.Tensor:
+        ptr = t.untyped_storage().data_ptr()
+        if ptr not in skip:
+            seen[ptr] = t.untyped_storage().nbytes()
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        fn()
+    return sum(seen.values())
+
+
+def profile(model: nn.Module, micro: int, device: torch.device, warmup: int = 2, reps: int = 5) -> Profile:
+    """Each block's figures on a micro-batch of `micro` images: what each stage will run per micro-batch."""
     kind, blocks = kind_of(model), blocks_of(model)
     x = torch.randn(micro, 3, 32, 32, device=device)
     y = torch.zeros(micro, dtype=torch.long, device=device)
     ends = Part(model, [], True, False), Part(model, [], False, True)
-    costs, h = [], x
 
-    def fwd_bwd(module: nn.Module, inp: torch.Tensor, loss: bool = False) -> None:
+    def fwd_bwd(module: nn.Module, inp: torch.Tensor, loss: bool = False, backward: bool = True) -> None:
+        """Forward and backward (a stand-in loss for the blocks before the head); without `backward`, the forward
+        with the real loss only (what the stage keeps: no stand-in's saved output)."""
         out = module(inp.detach().requires_grad_(inp.is_floating_point()))
-        (F.cross_entropy(out, y) if loss else out.float().square().mean()).backward()
+        if not (loss or backward):
+            return
+        value = F.cross_entropy(out, y) if loss else out.float().square().mean()
+        if backward:
+            value.backward()
+
+    def param_bytes(module: nn.Module) -> int:
+        return sum(_nbytes(p) for p in module.parameters())
 
     stem_s = _timed(lambda: fwd_bwd(ends[0], x), device, warmup, reps)
+    stem_saved = _saved_bytes(lambda: fwd_bwd(ends[0], x, backward=False), ends[0])
     with torch.no_grad():
         h = kind.run_stem(ends[0], x)
+    seconds, out_bytes, saved, params = [], [], [], []
     for block in blocks:
         inp = h
-        costs.append(_timed(lambda b=block, i=inp: fwd_bwd(b, i), device, warmup, reps))
+        seconds.append(_timed(lambda b=block, i=inp: fwd_bwd(b, i), device, warmup, reps))
+        saved.append(_saved_bytes(lambda b=block, i=inp: fwd_bwd(b, i, backward=False), block))
+        params.append(param_bytes(block))
         with torch.no_grad():
             h = block(inp)
+        out_bytes.append(_nbytes(h))
     head_s = _timed(lambda: fwd_bwd(ends[1], h, loss=True), device, warmup, reps)
+    head_saved = _saved_bytes(lambda: fwd_bwd(ends[1], h, loss=True, backward=False), ends[1])
     model.zero_grad(set_to_none=True)
-    costs[0] += stem_s
-    costs[-1] += head_s
-    return costs
+    seconds[0] += stem_s
+    seconds[-1] += head_s
+    saved[0] += stem_saved
+    saved[-1] += head_saved
+    params[0] += param_bytes(ends[0])
+    params[-1] += param_bytes(ends[1])
+    return Profile(seconds, out_bytes, saved, params)

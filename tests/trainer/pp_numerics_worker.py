@@ -1,4 +1,5 @@
-"""Run under torchrun (gloo, CPU, fp32): for each pipeline layout this world allows and each schedule, one step of
+"""Run under torchrun (`pp_numerics_worker.py OUT`) or as one process that forks the ranks (`OUT WORLD`; gloo,
+CPU, fp32): for each pipeline layout this world allows and each schedule, one step of
 the trainer's PipelineStrategy against the unpipelined model on the same global batch. Each rank appends one JSON
 line per case to ARGV1.RANK: the loss and gradient errors, the accuracies, this stage's parameter names."""
 
@@ -6,7 +7,10 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
+import signal
 import sys
+import traceback
 from pathlib import Path
 
 import torch
@@ -27,11 +31,15 @@ BATCH = 2  # per process: each replica takes BATCH x pp images, 2 x pp micro-bat
 N_TEST = 23  # uneven over the replicas and over the evaluation batches: the padding is exercised
 
 
-def cases(world: int) -> list[tuple[int, str, str]]:
-    """(pp, schedule, --strategy inside the stage)."""
-    out = [(2, s, "ddp") for s in ("1f1b", "gpipe", "interleaved")]
+def cases(world: int) -> list[tuple[int, str, str, str]]:
+    """(pp, schedule, --strategy inside the stage, --pp-split). Interleaved and pp4 x dp2 split by `auto`: its
+    measurements (the blocks' profile, every pair of neighbouring stages' link, pp2's two links on one pair) and
+    its decision sent from rank 0 run in these real processes."""
+    if world == 8:  # pp4 x dp2, one schedule: the others' code is the same (the pp2 x dp2 cases)
+        return [(4, "1f1b", "ddp", "auto")]
+    out = [(2, s, "ddp", "auto" if s == "interleaved" else "uniform") for s in ("1f1b", "gpipe", "interleaved")]
     if world == 4:  # pp=4 with one schedule: the others' code is the same, at 3-4 s a case on 2 cores
-        out += [(4, "1f1b", "ddp"), (2, "1f1b", "fsdp")]
+        out += [(4, "1f1b", "ddp", "uniform"), (2, "1f1b", "fsdp", "uniform")]
     return out
 
 
@@ -40,9 +48,9 @@ def full_grads(model: torch.nn.Module) -> dict[str, torch.Tensor]:
             for n, p in model.named_parameters()}
 
 
-def one_case(ctx: DistContext, pp: int, schedule: str, inside: str, test: Split) -> dict[str, object]:
+def one_case(ctx: DistContext, pp: int, schedule: str, inside: str, split: str, test: Split) -> dict[str, object]:
     cfg = Config(data_dir=Path("/unused"), ckpt_dir=Path("/unused"), model="resnet20-gn", precision="fp32",
-                 batch_size=BATCH, pp=pp, pp_schedule=schedule, pp_microbatches=2 * pp, pp_split="uniform",
+                 batch_size=BATCH, pp=pp, pp_schedule=schedule, pp_microbatches=2 * pp, pp_split=split,
                  strategy=inside, momentum=0.0, weight_decay=0.0)
     gen = torch.Generator().manual_seed(25)
     x = torch.randn(BATCH * ctx.world_size, 3, 32, 32, generator=gen)
@@ -67,7 +75,8 @@ def one_case(ctx: DistContext, pp: int, schedule: str, inside: str, test: Split)
     ref_acc = loop.evaluate(reference, test, DistContext(0, 0, 1, ctx.device), "fp32", 500)
     return {"case": f"pp{pp}-{schedule}-{inside}", "loss": float(loss), "ref_loss": float(ref_loss.detach()),
             "grad_err": err, "grads_close": close, "acc": acc, "ref_acc": ref_acc,
-            "names": sorted(grads), "full_names": sorted(ref), "pp_rank": strategy.pp_rank}
+            "names": sorted(grads), "full_names": sorted(ref), "pp_rank": strategy.pp_rank, "split": strategy.split,
+            "links": None if strategy.costs is None else list(strategy.costs.link_bps)}
 
 
 def full_state(st: TrainState, gather: bool) -> dict[str, torch.Tensor]:
@@ -144,8 +153,8 @@ def main() -> None:
             normalize(images)).argmax(dim=1)
     test = Split(images, torch.where(torch.arange(N_TEST) % 2 == 0, predicted, (predicted + 1) % 10))
     with open(f"{sys.argv[1]}.{rank}", "w") as out:
-        for pp, schedule, inside in cases(world):
-            out.write(json.dumps(one_case(ctx, pp, schedule, inside, test)) + "\n")
+        for pp, schedule, inside, split in cases(world):
+            out.write(json.dumps(one_case(ctx, pp, schedule, inside, split, test)) + "\n")
             out.flush()
         if world == 4:
             for save_pp, load_pp, inside, load_inside in ((2, 1, "fsdp", "fsdp"), (1, 2, "fsdp", "fsdp"),
@@ -157,5 +166,35 @@ def main() -> None:
     exit_without_finalizing(0)
 
 
+def fork_ranks(world: int) -> int:
+    """`world` ranks forked from this process, which has imported torch and the trainer once for all of them: 8
+    processes of torchrun each importing them took 20 s of this 2-core machine before any work (what torchrun
+    itself does is tested elsewhere). A rank that fails ends the others (a gloo peer would wait out its timeout);
+    the exit code is the first failure's, or 0."""
+    children = []
+    for rank in range(world):
+        pid = os.fork()
+        if pid == 0:
+            os.environ.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(world))
+            try:
+                main()  # ends the process itself, with 0
+            except BaseException:
+                traceback.print_exc()
+            finally:
+                sys.stderr.flush()
+                os._exit(1)
+        children.append(pid)
+    while children:
+        pid, status = os.wait()
+        children.remove(pid)
+        if os.waitstatus_to_exitcode(status):
+            for other in children:
+                os.kill(other, signal.SIGKILL)
+            return 1
+    return 0
+
+
 if __name__ == "__main__":
+    if len(sys.argv) > 2:  # OUT WORLD: fork the ranks (MASTER_ADDR and MASTER_PORT from the environment)
+        sys.exit(fork_ranks(int(sys.argv[2])))
     main()

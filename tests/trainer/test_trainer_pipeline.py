@@ -3,15 +3,18 @@ model (gloo, CPU, fp32, real processes under torchrun)."""
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import json
 import random
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 import torch
+from kit.net import free_port
 from kit.trainer_helpers import (
     REPO,
     base_args,
@@ -30,43 +33,121 @@ from trainer.__main__ import main
 from trainer.config import PP_MODEL_BLOCKS
 from trainer.contract import ckpt_folder_name
 from trainer.dist import DistContext
-from trainer.errors import ConfigError
+from trainer.errors import ConfigError, StagesDoNotFit
 from trainer.strategies.pp import PipelineStrategy
 
 
-def _brute_force(costs: list[float], stages: int) -> float:
-    """The least slowest stage over every contiguous split (every choice of stages-1 cut points)."""
-    n = len(costs)
-    best = float("inf")
+def _brute_force(costs: pipeline.StageCosts, stages: int) -> tuple[float, float]:
+    """Over every contiguous split (every choice of stages-1 cut points), each stage's cost written out anew:
+    the least slowest stage among those whose every stage fits the limit (inf when none does), and the least
+    largest stage memory of all."""
+    n, fast, small = len(costs.compute_s), float("inf"), float("inf")
     for cuts in itertools.combinations(range(1, n), stages - 1):
         bounds = [0, *cuts, n]
-        best = min(best, max(sum(costs[a:b]) for a, b in itertools.pairwise(bounds)))
-    return best
+        seconds, memory = [], []
+        for s, (a, b) in enumerate(itertools.pairwise(bounds)):
+            sent = 2 * costs.out_bytes[b - 1] / costs.link_bps[s] if s < stages - 1 else 0.0
+            received = 2 * costs.out_bytes[a - 1] / costs.link_bps[s - 1] if s > 0 else 0.0
+            seconds.append(sum(costs.compute_s[a:b]) + sent + received)
+            memory.append(sum(costs.state_bytes[a:b]) + costs.in_flight[s] * sum(costs.saved_bytes[a:b]))
+        small = min(small, max(memory))
+        if costs.limit_bytes is None or max(memory) <= costs.limit_bytes:
+            fast = min(fast, max(seconds))
+    return fast, small
 
 
 def test_the_balanced_split_is_the_brute_force_optimum_and_covers_every_block_once() -> None:
+    """Random compute, cut transfers (each cut's bytes over its own link) and memories, with a memory limit that
+    binds in about half the cases and leaves no split in some: the dynamic program's split is the brute force's,
+    or both find none and the refusal carries the least largest stage's need."""
     rng = random.Random(42)
-    for _ in range(300):
-        n = rng.randint(1, 10)
+    refused = bound = 0
+    for _ in range(400):
+        n = rng.randint(1, 9)
         stages = rng.randint(1, n)
-        costs = [rng.choice([rng.random(), rng.random() * 10, 1.0]) for _ in range(n)]
+        costs = pipeline.StageCosts(
+            [rng.choice([rng.random(), rng.random() * 10, 1.0]) for _ in range(n)],
+            [rng.choice([0.0, rng.random() * 4]) for _ in range(n)], [rng.uniform(0.5, 2) for _ in range(stages - 1)],
+            [rng.random() for _ in range(n)], [rng.random() for _ in range(n)],
+            [rng.randint(1, 4) for _ in range(stages)])
+        unbounded_s, least_need = _brute_force(costs, stages)
+        limit = rng.choice([None, least_need * rng.uniform(0.8, 1.6)])
+        costs = dataclasses.replace(costs, limit_bytes=limit)
+        fast, _ = _brute_force(costs, stages)
+        if fast == float("inf"):
+            refused += 1
+            with pytest.raises(StagesDoNotFit) as refusal:
+                pipeline.balanced_split(costs, stages)
+            assert (refusal.value.need, refusal.value.limit) == (pytest.approx(least_need), limit)
+            continue
+        bound += fast > unbounded_s
         split = pipeline.balanced_split(costs, stages)
         assert len(split) == stages and min(split) >= 1 and sum(split) == n
         assert sorted(i for run in pipeline.stage_blocks(split) for i in run) == list(range(n))
-        assert max(pipeline.stage_cost(costs, split)) == pytest.approx(_brute_force(costs, stages), rel=1e-12)
+        assert max(costs.per_stage(split, costs.seconds)) == pytest.approx(fast, rel=1e-12)
+        assert limit is None or max(costs.per_stage(split, costs.bytes)) <= limit
+    assert refused > 20 and bound > 20  # both kinds of case are drawn
+
+
+# resnet20-gn's block outputs at a micro-batch of 8 images, fp32: 16x32x32, 32x16x16, 64x8x8 channels x pixels
+RESNET20_OUT_BYTES = [8 * 16 * 32 * 32 * 4] * 3 + [8 * 32 * 16 * 16 * 4] * 3 + [8 * 64 * 8 * 8 * 4] * 3
+
+
+def test_a_cut_that_sends_twice_the_bytes_moves_the_split() -> None:
+    """The case bench/pipeline.py met: resnet20-gn's blocks timed so that, by compute alone, [3, 6] (18.0 and 18.6
+    ms) beats [4, 5] (18.9, 17.7); but a cut after block 3 sends 16x32x32 per image, twice a cut after block 4.
+    At 1 GB/s (gloo on one host measured about that) the transfers make [4, 5] the faster."""
+    compute_ms = [6.0, 6.0, 6.0, 0.9, 3.5, 3.5, 3.5, 3.6, 3.6]
+    costs = pipeline.StageCosts([c / 1000 for c in compute_ms], RESNET20_OUT_BYTES, [1e9])
+    assert pipeline.balanced_split(costs.compute_s, 2) == [3, 6]
+    assert pipeline.balanced_split(costs, 2) == [4, 5]
+    assert costs.per_stage([3, 6], costs.transfer_s) == pytest.approx([2 * 524288 / 1e9] * 2)
+
+
+def test_the_split_keeps_every_stage_within_the_devices_memory_or_is_refused_with_the_need() -> None:
+    """Four blocks of equal time; the first keeps 3 bytes of activations per micro-batch, the others 1. Under 1F1B
+    stage 0 holds 2 micro-batches, stage 1 one: [2, 2] (the fastest) needs 8, [1, 3] 6. Under a limit of 7 the split
+    is [1, 3]; under 5 none fits, and the refusal says the least largest stage's need (6) and the limit."""
+    assert pipeline.in_flight("1f1b", 4, 16) == [4, 3, 2, 1]
+    assert pipeline.in_flight("1f1b", 4, 2) == [2, 2, 2, 1]
+    assert pipeline.in_flight("gpipe", 2, 8) == [8, 8]
+    costs = pipeline.StageCosts([1.0] * 4, state_bytes=[0.0] * 4, saved_bytes=[3.0, 1.0, 1.0, 1.0],
+                                in_flight=pipeline.in_flight("1f1b", 2, 8))
+    assert pipeline.balanced_split(costs, 2) == [2, 2]
+    assert costs.per_stage([2, 2], costs.bytes) == [8.0, 2.0]
+    assert pipeline.balanced_split(dataclasses.replace(costs, limit_bytes=7.0), 2) == [1, 3]
+    with pytest.raises(StagesDoNotFit) as refusal:
+        pipeline.balanced_split(dataclasses.replace(costs, limit_bytes=5.0), 2)
+    assert (refusal.value.need, refusal.value.limit, refusal.value.stages) == (6.0, 5.0, 2)
+    assert isinstance(refusal.value, ConfigError) and "\n" not in str(refusal.value)  # one error line, exit 2
 
 
 def test_the_measured_auto_split_of_a_resnet_beats_the_uniform_one() -> None:
     """On this CPU a CIFAR ResNet's early blocks (32x32, 16 channels) cost more than its late ones (8x8): the split
     of the measured costs is never worse than the uniform one. By how much it is better is bench/pipeline.py's figure:
-    under the test suite's load the measured costs were once even enough that both splits tied (0.0234 s each)."""
+    under the test suite's load the measured costs were once even enough that both splits tied (0.0234 s each).
+    The profile's bytes are the blocks' real ones: their outputs' shapes, every parameter once, some activations."""
     torch.manual_seed(0)
     model = models.build("resnet20-gn")
-    costs = pipeline.block_costs(model, 8, torch.device("cpu"), warmup=1, reps=3)
+    measured = pipeline.profile(model, 8, torch.device("cpu"), warmup=1, reps=3)
+    costs = measured.seconds
     assert len(costs) == PP_MODEL_BLOCKS["resnet20-gn"] and min(costs) > 0
+    assert measured.out_bytes == RESNET20_OUT_BYTES
+    assert sum(measured.param_bytes) == sum(p.numel() * 4 for p in model.parameters())
+    assert min(measured.saved_bytes) >= RESNET20_OUT_BYTES[-1]  # each block keeps at least its input for backward
     auto = max(pipeline.stage_cost(costs, pipeline.balanced_split(costs, 2)))
     uniform = max(pipeline.stage_cost(costs, pipeline.uniform_split(len(costs), 2)))
     assert auto <= uniform
+
+
+def test_the_first_log_line_says_the_split_each_stages_cost_with_its_transfers_its_memory_and_the_bubble() -> None:
+    strategy = PipelineStrategy(unit_cfg(model="resnet20-gn", pp=2, batch_size=8))
+    strategy.split = [4, 5]
+    strategy.costs = pipeline.StageCosts([0.004] * 9, RESNET20_OUT_BYTES, [524288e3], [2**20] * 9, [2**20] * 9,
+                                         [2, 1], 3 * 2**30)
+    assert strategy.describe() == (
+        "pipeline: 2 stages x 1 replicas (1f1b, 8 micro-batches), split [4, 5] blocks (auto), stage costs 17.0 21.0 "
+        "ms, of which transfers 1.0 1.0 ms, memory 0.01 0.01 GiB of 3.00, bubble 11.1%")
 
 
 @pytest.mark.parametrize("name", sorted(PP_MODEL_BLOCKS))
@@ -93,23 +174,23 @@ def test_the_stages_in_a_row_compute_the_full_model() -> None:
     torch.testing.assert_close(out, model(x), rtol=0, atol=0)
 
 
-@pytest.mark.slow
-def test_every_schedule_gives_the_unpipelined_loss_gradients_accuracy_and_checkpoints(tmp_path: Path) -> None:
-    """4 processes: pp2 x dp2 (1f1b, gpipe, interleaved; DDP and FSDP inside the stages) and pp4 x dp1, one step
-    each against the unpipelined model on the same global batch; then a checkpoint saved at pp2 x dp2 resumed at
-    pp1 (FSDP over 4, DDP over 4) and at pp2 x dp2 (whose next step's loss equals the live run's), one saved at pp1
-    (FSDP's folder, DDP's .pt) resumed at pp2 x dp2, and DDP's .pt resumed by FSDP over 4 (which then steps)."""
-    worker = (str(REPO / "tests" / "trainer" / "pp_numerics_worker.py"), str(tmp_path / "rank"))
-    proc = subprocess.run(torchrun_cmd(4, [], entry=worker), cwd=REPO, env=child_env(), capture_output=True,
+def _numerics(tmp_path: Path, world: int) -> list[list[dict]]:
+    """pp_numerics_worker.py's `world` ranks (forked by it: no torchrun start of 2 s per process): each rank's
+    cases, in order."""
+    worker = [sys.executable, str(REPO / "tests" / "trainer" / "pp_numerics_worker.py"), str(tmp_path / "rank"),
+              str(world)]
+    proc = subprocess.run(worker, cwd=REPO, env={**child_env(), "MASTER_PORT": str(free_port())}, capture_output=True,
                           text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    per_rank = [[json.loads(line) for line in (tmp_path / f"rank.{r}").read_text().splitlines()] for r in range(4)]
-    numeric = [[c for c in cases if not c["case"].startswith("ckpt")] for cases in per_rank]
-    assert [c["case"] for c in numeric[0]] == ["pp2-1f1b-ddp", "pp2-gpipe-ddp", "pp2-interleaved-ddp",
-                                               "pp4-1f1b-ddp", "pp2-1f1b-fsdp"]
+    return [[json.loads(line) for line in (tmp_path / f"rank.{r}").read_text().splitlines()] for r in range(world)]
+
+
+def _assert_unpipelined_numbers(numeric: list[list[dict]]) -> None:
+    """Every case: the replicas' mean loss is the reference's, every gradient and the accuracy match; the stages'
+    names are disjoint and complete; an auto split is one decision (every rank's the same, its links measured)."""
     for same_case in zip(*numeric, strict=True):
         name = same_case[0]["case"]
-        # Each replica's loss is its half of the batch; their mean is the whole batch's.
+        # Each replica's loss is its share of the batch; their mean is the whole batch's.
         mean_loss = sum(c["loss"] for c in same_case) / len(same_case)
         assert mean_loss == pytest.approx(same_case[0]["ref_loss"], rel=1e-5, abs=4e-5), (name, same_case)
         assert all(c["grads_close"] for c in same_case), (name, [c["grad_err"] for c in same_case])
@@ -118,6 +199,24 @@ def test_every_schedule_gives_the_unpipelined_loss_gradients_accuracy_and_checkp
         stages: dict[int, set[str]] = {c["pp_rank"]: set(c["names"]) for c in same_case}
         assert all(not (a & b) for a, b in itertools.combinations(stages.values(), 2)), name
         assert set().union(*stages.values()) == set(same_case[0]["full_names"]), name
+        assert all((c["split"], c["links"]) == (same_case[0]["split"], same_case[0]["links"]) for c in same_case)
+        links = same_case[0]["links"]
+        assert links is None or (len(links) == len(same_case[0]["split"]) - 1 and all(0 < b < 1e13 for b in links))
+
+
+@pytest.mark.slow
+def test_every_schedule_gives_the_unpipelined_loss_gradients_accuracy_and_checkpoints(tmp_path: Path) -> None:
+    """4 processes: pp2 x dp2 (1f1b, gpipe, interleaved split by auto; DDP and FSDP inside the stages) and pp4 x
+    dp1, one step each against the unpipelined model on the same global batch; then a checkpoint saved at pp2 x dp2
+    resumed at pp1 (FSDP over 4, DDP over 4) and at pp2 x dp2 (whose next step's loss equals the live run's), one
+    saved at pp1 (FSDP's folder, DDP's .pt) resumed at pp2 x dp2, and DDP's .pt resumed by FSDP over 4 (which then
+    steps)."""
+    per_rank = _numerics(tmp_path, 4)
+    numeric = [[c for c in cases if not c["case"].startswith("ckpt")] for cases in per_rank]
+    assert [c["case"] for c in numeric[0]] == ["pp2-1f1b-ddp", "pp2-gpipe-ddp", "pp2-interleaved-ddp",
+                                               "pp4-1f1b-ddp", "pp2-1f1b-fsdp"]
+    assert [c["links"] is not None for c in numeric[0]] == [False, False, True, False, False]
+    _assert_unpipelined_numbers(numeric)
     for cases in per_rank:
         moved = {c["case"]: c for c in cases if c["case"].startswith("ckpt")}
         assert sorted(moved) == ["ckpt-pp1-to-pp1-ddp-to-fsdp", "ckpt-pp1-to-pp2-ddp", "ckpt-pp1-to-pp2-fsdp",
@@ -126,6 +225,16 @@ def test_every_schedule_gives_the_unpipelined_loss_gradients_accuracy_and_checkp
             assert c["same_keys"] and c["equal"], c
             assert c["position"] == [0, 8, 1, 8]  # epoch, samples of the epoch (global), step, global batch
         assert moved["ckpt-pp2-to-pp2-ddp"]["same_next_loss"] is True
+
+
+@pytest.mark.slow
+def test_pp4_x_dp2_gives_the_unpipelined_loss_gradients_and_accuracy(tmp_path: Path) -> None:
+    """8 processes (4 stages x 2 replicas, the split by auto: 3 links measured), one 1F1B step against the
+    unpipelined model on the same global batch of 16 images."""
+    numeric = _numerics(tmp_path, 8)
+    assert [c["case"] for c in numeric[0]] == ["pp4-1f1b-ddp"]
+    assert sorted(c["pp_rank"] for c in (cases[0] for cases in numeric)) == [0, 0, 1, 1, 2, 2, 3, 3]
+    _assert_unpipelined_numbers(numeric)
 
 
 def _folder_state(folder: Path, tmp: Path) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:

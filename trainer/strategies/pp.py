@@ -29,7 +29,7 @@ from .. import device, models, optim, parallel, pipeline, snapshot
 from ..config import Config, pp_microbatches, pp_split_counts, pp_stages
 from ..data import Split, normalize
 from ..dist import DistContext
-from ..errors import ConfigError
+from ..errors import ConfigError, StagesDoNotFit
 from ..precision import autocast, resolve
 from ..state import Position, TrainState
 from ..strategy import Strategy
@@ -73,7 +73,7 @@ class PipelineStrategy(Strategy):
         self.pp, self.microbatches, self.stages = cfg.pp, pp_microbatches(cfg), pp_stages(cfg)
         self.dp, self.pp_rank, self.dp_rank = 1, 0, 0
         self.split: list[int] = []
-        self.costs: list[float] | None = None
+        self.costs: pipeline.StageCosts | None = None
         self.schedule: Any = None
         self.pp_group: tdist.ProcessGroup | None = None
         self.has_first = self.has_last = False
@@ -95,8 +95,14 @@ class PipelineStrategy(Strategy):
         return tuple(rank // self.dp for rank in range(ctx.world_size))
 
     def describe(self) -> str:
-        costs = ("not measured" if self.costs is None else
-                 " ".join(f"{c * 1000:.1f}" for c in pipeline.stage_cost(self.costs, self.split)) + " ms")
+        costs = "not measured"
+        if self.costs is not None:
+            seconds, moved = (self.costs.per_stage(self.split, of) for of in (self.costs.seconds, self.costs.transfer_s))
+            costs = (" ".join(f"{c * 1000:.1f}" for c in seconds) + " ms, of which transfers "
+                     + " ".join(f"{c * 1000:.1f}" for c in moved) + " ms")
+            if self.costs.limit_bytes is not None:
+                costs += (", memory " + " ".join(f"{b / 2**30:.2f}" for b in self.costs.per_stage(
+                    self.split, self.costs.bytes)) + f" GiB of {self.costs.limit_bytes / 2**30:.2f}")
         return (f"pipeline: {self.stages} stages x {self.dp} replicas ({self.cfg.pp_schedule}, "
                 f"{self.microbatches} micro-batches), split {self.split} blocks ({self.cfg.pp_split}), "
                 f"stage costs {costs}, bubble {pipeline.bubble(self.pp, self.microbatches):.1%}")
@@ -112,22 +118,47 @@ class PipelineStrategy(Strategy):
         return init_device_mesh(ctx.device.type, (self.pp, self.dp), mesh_dim_names=("pp", "dp"))
 
     def _decide_split(self, ctx: DistContext, model: nn.Module) -> None:
-        """Rank 0 decides (measuring with auto) and every rank takes its decision."""
+        """Rank 0 decides (measuring with auto) and every rank takes its decision, or its refusal."""
         blocks = len(pipeline.blocks_of(model))
-        decision: list[Any] = [None, None]
+        links = pipeline.measure_links(ctx, self.pp, self.dp, self.stages, self.pp_group) if self.cfg.pp_split == "auto" else []
+        decision: list[Any] = [None, None, None]
         if ctx.is_main:
             explicit = pp_split_counts(self.cfg)
             if explicit is not None:
-                decision = [explicit, None]
+                decision = [explicit, None, None]
             elif self.cfg.pp_split == "uniform":
-                decision = [pipeline.uniform_split(blocks, self.stages), None]
+                decision = [pipeline.uniform_split(blocks, self.stages), None, None]
             else:
-                micro = self.cfg.batch_size * self.pp // self.microbatches
-                costs = pipeline.block_costs(model, micro, ctx.device)
-                decision = [pipeline.balanced_split(costs, self.stages), costs]
+                costs = self._costs(ctx, model, links)
+                try:
+                    decision = [pipeline.balanced_split(costs, self.stages), costs, None]
+                except StagesDoNotFit as e:
+                    decision = [None, None, (e.need, e.limit, e.stages)]
         if ctx.distributed:
             tdist.broadcast_object_list(decision, src=0, device=ctx.device)
-        self.split, self.costs = decision
+        if decision[2] is not None:
+            raise StagesDoNotFit(*decision[2])
+        self.split, self.costs = decision[0], decision[1]
+
+    def _costs(self, ctx: DistContext, model: nn.Module, links: list[float]) -> pipeline.StageCosts:
+        """What the split weighs on this job's device, at its micro-batch size (rank 0's figures stand for every
+        rank's: the processes of a job run on alike devices)."""
+        micro = self.cfg.batch_size * self.pp // self.microbatches
+        measured = pipeline.profile(model, micro, ctx.device)
+        per_param = 2 + (1 if self.cfg.momentum > 0 else 0)  # the weights, their gradients, SGD's momentum
+        return pipeline.StageCosts(
+            measured.seconds, measured.out_bytes, links, [b * per_param for b in measured.param_bytes],
+            measured.saved_bytes, pipeline.in_flight(self.cfg.pp_schedule, self.stages, self.microbatches),
+            self._stage_memory(ctx))
+
+    def _stage_memory(self, ctx: DistContext) -> float | None:
+        """What one stage may use on a GPU: the device's free memory plus what this process's allocator holds
+        (the whole model now, the stage's own part later), shared by the process's stages (interleaved: 2). None
+        on a CPU: no limit there (the host's memory is the operating system's to share)."""
+        if ctx.device.type != "cuda":
+            return None
+        free, _ = torch.cuda.mem_get_info(ctx.device)
+        return (free + torch.cuda.memory_reserved(ctx.device)) / (self.stages // self.pp)
 
     def build(self, cfg: Config, ctx: DistContext) -> TrainState:
         mesh = self._mesh(ctx)
