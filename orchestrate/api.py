@@ -19,7 +19,8 @@ from typing import Any
 
 from rich.console import Console
 
-from orchestrate.config import JobsConfig, SSHOptions, UpConfig, split
+from orchestrate.config import JobsConfig, SSHOptions, UpConfig
+from orchestrate.gpuspec import split
 from orchestrate.terminal import console_for
 
 

@@ -20,17 +20,9 @@ from rich.console import Console
 
 from orchestrate.backends.protocol import Allocation
 from orchestrate.backends.schedulers import SCHEDULERS
-from orchestrate.config import (
-    JOB_COMMANDS,
-    SECTIONS,
-    SELFTEST_OPTIONS,
-    JobsConfig,
-    SSHOptions,
-    UpConfig,
-    parse_gpus,
-    split,
-)
+from orchestrate.config import JOB_COMMANDS, SECTIONS, SELFTEST_OPTIONS, JobsConfig, SSHOptions, UpConfig
 from orchestrate.errors import ConfigError, MultiHostError, OrchestrateError
+from orchestrate.gpuspec import parse_gpus, split
 from orchestrate.terminal import console_for
 
 EXAMPLES = """\

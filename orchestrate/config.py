@@ -1,16 +1,21 @@
-"""Typed, validated configuration for each subcommand, built once from the command line and never mutated."""
+"""Typed, validated configuration for each subcommand, built once from the command line and never mutated: the
+option framework (`option`, one declaration per option) and the sections each phase takes. What the options are
+checked against lives beside it: gpuspec.py (--gpus), hostdirs.py (the job's folders), masking.py (secrets masked) and
+trainerargs.py (--entry and the trainer's options)."""
 
 from __future__ import annotations
 
 import math
-import posixpath
 import re
-from collections.abc import Sequence
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
 from orchestrate.errors import ConfigError
+from orchestrate.gpuspec import GPUS_ALL
+from orchestrate.hostdirs import host_dir_problem
+from orchestrate.masking import mask_text, secret_values, url_masked
+from orchestrate.trainerargs import check_entry, check_trainer_args
 from trainer import config as trainer_config
 from trainer.contract import ARCHIVE_MD5, ARCHIVE_NAME, METRICS_FILE
 from trainer.errors import ConfigError as TrainerConfigError
@@ -27,9 +32,7 @@ IMAGE_RE = re.compile(
 MAX_IMAGE_REF = 255 + 1 + 128 + 72
 MAX_SLOTS = 1024  # processes (or GPUs) per node, as the hosts file's slots=: more is a typo, not a machine
 ENV_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
-SECRET_NAME_RE = re.compile(r"TOKEN|KEY|PASSWORD|PASSWD|SECRET|CREDENTIAL", re.IGNORECASE)
 MD5_RE = re.compile(r"^[0-9a-f]{32}$")
-MASK = "****"
 LAYER_CACHE_MODES = ("auto", "on", "off")
 RELAY_MODES = ("auto", "on", "off")
 # --relay auto: a relay from this many nodes that get layers sent (plan/relay.py says why)
@@ -46,19 +49,12 @@ DEFAULT_DATA_MD5 = ARCHIVE_MD5
 DEFAULT_DATA_DIR = "~/.cache/ddp-cifar/data"
 DEFAULT_CKPT_DIR = "~/.local/share/ddp-cifar/jobs/{job}/checkpoints"
 DEFAULT_LOG_DIR = "~/.local/share/ddp-cifar/jobs/{job}/logs"
-GPUS_ALL = -1
 DEFAULT_STALL_TIMEOUT_S = 300.0
 MIN_STALL_TIMEOUT_S = 10.0
 MAX_RESTARTS = 100
 DEFAULT_RESTART_BACKOFF_S = 10.0
 MAX_RESTART_BACKOFF_S = 3600.0
 TRAINER_ENTRY = "-m trainer"
-MODULE_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$")
-
-# Set by the orchestrator itself; a user passing them would break the container layout.
-RESERVED_TRAINER_OPTIONS = {"--data-dir": "--data-dir of 'up'", "--ckpt-dir": "--ckpt-dir of 'up'",
-                            "--resume": "'up --resume'",
-                            "--keep-global-batch": "'up --min-nodes' (its restarts on fewer nodes pass it)"}
 
 TRANSPORTS = ("auto", "ib", "socket")  # NCCL's network between the nodes (plan/transport.py)
 
@@ -66,73 +62,6 @@ GPUS_HELP = ("GPUs per node: a number (Docker gives the first N), 'all' (-1), de
              "one GPU: 3-3), or 0 for CPU mode (gloo)")
 TRANSPORT_HELP = ("NCCL between the nodes: ib = InfiniBand/RoCE (preflight refuses a node without an active port), "
                   "socket = TCP, auto = IB when every node has it")
-
-MAX_GPU_INDEX = 1023  # as MAX_SLOTS: an index above is a typo, not a machine
-_HELP = "give a number of GPUs per node, 'all', device indices (0,1,2,3 or 4-7), or 0 for CPU"
-_ITEM_RE = re.compile(r"^([0-9]+)(?:-([0-9]+))?$")
-
-
-def parse_gpus(text: str) -> int | tuple[int, ...]:
-    """`--gpus` as given: GPUS_ALL, a count, or the device indices in the order written. A single number is a
-    count (Docker's meaning); indices need a comma or a range, so `--gpus 3` stays three GPUs."""
-    text = text.strip()
-    if text == "all":
-        return GPUS_ALL
-    if re.fullmatch(r"-?[0-9]+", text):
-        value = int(text)
-        if value < 0:
-            raise ConfigError(f"--gpus {value} is negative; {_HELP}")
-        return value
-    indices: list[int] = []
-    for item in text.split(","):
-        found = _ITEM_RE.fullmatch(item.strip())
-        if not found:
-            raise ConfigError(f"--gpus {text!r}: {_HELP}")
-        first, last = int(found.group(1)), int(found.group(2) or found.group(1))
-        if last < first or last > MAX_GPU_INDEX:
-            raise ConfigError(f"--gpus {text!r}: range {item.strip()} is empty or above {MAX_GPU_INDEX}; "
-                              "write it low-high, e.g. 4-7")
-        indices += range(first, last + 1)
-    repeated = sorted({i for i in indices if indices.count(i) > 1})
-    if repeated:
-        raise ConfigError(f"--gpus {text!r}: GPU {', '.join(map(str, repeated))} listed twice; "
-                          "give each device index once")
-    return tuple(indices)
-
-
-def split(value: int | Sequence[int]) -> tuple[int, tuple[int, ...]]:
-    """(count, device indices) of a parsed `--gpus`: a count has no indices; indices count themselves."""
-    if isinstance(value, int):
-        return value, ()
-    return len(value), tuple(value)
-
-
-def is_secret(name: str) -> bool:
-    return bool(SECRET_NAME_RE.search(name))
-
-
-def masked_env(env: dict[str, str]) -> dict[str, str]:
-    return {k: (MASK if is_secret(k) else v) for k, v in env.items()}
-
-
-def secret_values(env: dict[str, str]) -> list[str]:
-    return [v for k, v in env.items() if is_secret(k) and v]
-
-
-def url_masked(url: str) -> str:
-    """A URL as shown and stored: a user:password@ in it becomes ****@ (the node still gets the real one)."""
-    return re.sub(r"//[^/@]*@", "//****@", url)
-
-
-def mask_text(text: str, secrets: list[str]) -> str:
-    """Every secret value hidden; a multi-line secret also line by line (logs are shown a line at a time)."""
-    for value in secrets:
-        text = text.replace(value, MASK)
-        for part in value.splitlines():
-            if len(part) >= 4:  # a very short piece would mask ordinary text
-                text = text.replace(part, MASK)
-    return text
-
 
 def option(default: Any, flag: str | None = None, help: str = "", *, check: dict[str, Any] | None = None,  # noqa: A002
            commands: tuple[str, ...] | dict[str, str] = (), **cli: Any) -> Any:
@@ -564,40 +493,6 @@ class JobsConfig:
             raise ConfigError(f"--rank {self.rank}: give a global rank (0 or more), without --node")
 
 
-# Folders a container must never get as a bind mount: the host's root, its system trees, the Docker socket's
-# folder (/run, /var/run) and Docker's data root. A job writes into its dirs, and containers get them read-write.
-SYSTEM_DIRS = ("/etc", "/run", "/var/run", "/proc", "/sys", "/dev", "/boot", "/usr", "/bin", "/sbin", "/lib",
-               "/var/lib/docker")
-
-
-def host_dir_problem(path: str) -> str | None:
-    """PURE: why `path` cannot be a data/checkpoint/log dir on the hosts (None when it can)."""
-    if "\x00" in path or not (path.startswith("/") or path == "~" or path.startswith("~/")):
-        return "must be an absolute path on the hosts (or start with ~/ for the login's home there)"
-    norm = posixpath.normpath(path)
-    if norm == "/" or any(norm == d or norm.startswith(d + "/") for d in SYSTEM_DIRS):
-        return ("is a system folder (or under one) that would be mounted into the containers; "
-                "choose a folder of your own, e.g. under your home")
-    return None
-
-
-DEFAULT_DOCKER_SOCKET = "/var/run/docker.sock"
-
-
-def socket_exposure(dirs: dict[str, str], docker_host: str | None) -> str | None:
-    """PURE: a dir that is the Docker socket's folder or one above it would hand the socket (root on the host)
-    to the containers; say which (None when none is). `dirs` as resolved on the host (~ expanded)."""
-    socket = docker_host[len("unix://"):] if docker_host and docker_host.startswith("unix://") \
-        else DEFAULT_DOCKER_SOCKET
-    folder = posixpath.dirname(posixpath.normpath(socket))
-    for kind, path in dirs.items():
-        norm = posixpath.normpath(path)
-        if folder == norm or folder.startswith(norm.rstrip("/") + "/"):
-            return (f"{kind} dir {path} holds the Docker socket {socket}, which the containers would get; "
-                    "choose a folder beside it, e.g. a subfolder of your home")
-    return None
-
-
 def check_job(job: str) -> None:
     if not JOB_RE.fullmatch(job):
         raise ConfigError(f"job name {job!r} is not allowed; use lowercase letters, digits, '.', '_', '-' "
@@ -621,34 +516,3 @@ def check_memory(text: str) -> None:
     if int(number) << {"": 0, "b": 0, "k": 10, "m": 20, "g": 30}[unit.lower()] < MIN_MEMORY:
         raise ConfigError(f"--memory {text} is below Docker's minimum of 6m; give the memory a node's container "
                           "may use, e.g. 16g")
-
-
-def check_entry(entry: str) -> None:
-    """`-m pkg.mod` or a script path (no spaces); whether it exists in the image is preflight's question."""
-    if entry.startswith("-m "):
-        if not MODULE_RE.fullmatch(entry[3:]):
-            raise ConfigError(f"--entry {entry!r}: {entry[3:]!r} is not a module name; write e.g. --entry '-m pkg.train'")
-        return
-    if not entry or entry.startswith("-") or any(ch.isspace() or ch == "\x00" for ch in entry):
-        raise ConfigError(f"--entry {entry!r}: give '-m pkg.module' or a script path inside the image "
-                          "(e.g. /app/train.py); program arguments go after '--'")
-
-
-def check_trainer_args(args: tuple[str, ...], cpu: bool) -> None:
-    """The options after `--` through the trainer's own parser and validation (trainer/config.py, no torch):
-    what the containers would refuse is refused here, before anything starts on the cluster."""
-    for word in args:
-        name = word.partition("=")[0]
-        if name in RESERVED_TRAINER_OPTIONS:
-            raise ConfigError(f"trainer option {name} is set by the orchestrator; use {RESERVED_TRAINER_OPTIONS[name]}")
-    try:
-        cfg, _ = trainer_config.parse(["--data-dir", "/data", "--ckpt-dir", "/ckpt", *args])
-    except TrainerConfigError as e:
-        raise ConfigError(f"trainer options after '--': {e}") from None
-    needs_cuda = trainer_config.cuda_only(cfg) if cpu else []
-    if not cpu and cfg.device == "cpu":  # the orchestrator passes --device cuda; the user's own wins unless it is this
-        raise ConfigError("trainer option --device cpu with GPUs: the job would hold GPUs and train on the CPU; "
-                          "use --gpus 0 for a CPU job, or leave --device out (GPU jobs get --device cuda)")
-    if needs_cuda:
-        option, instead = needs_cuda[0]
-        raise ConfigError(f"trainer option {option} needs a GPU, and --gpus 0 runs on CPU; {instead}")

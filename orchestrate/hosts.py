@@ -12,8 +12,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from orchestrate.config import MAX_GPU_INDEX, MAX_SLOTS, host_dir_problem
+from orchestrate.config import MAX_SLOTS
 from orchestrate.errors import HostsFileError
+from orchestrate.gpuspec import MAX_GPU_INDEX
+from orchestrate.hostdirs import host_dir_problem
 from trainer.errors import shown
 
 if TYPE_CHECKING:  # imported where ssh configs are read: the pure plan imports Host without loading SSH

@@ -145,7 +145,9 @@ def _stored_value(action: argparse.Action, value: Any) -> Any:
 def of_config(config: Any) -> str:
     """PURE: a job as a job file (secrets masked): the options that differ from the defaults. What `--dry-run`
     prints first, and what `up -f` of that text would apply."""
-    from orchestrate.config import GPUS_ALL, mask_text, masked_env, option_defaults, secret_values, url_masked
+    from orchestrate.config import option_defaults
+    from orchestrate.gpuspec import GPUS_ALL
+    from orchestrate.masking import mask_text, masked_env, secret_values, url_masked
     from orchestrate.plan.gpus import gpus_text
 
     skip = {"dry_run", "dry_run_hosts", "as_json", "env", "gpu_ids", "gpus_on_cpu"}  # gpus_on_cpu: the hosts' setting

@@ -9,7 +9,7 @@ from collections.abc import Iterable, Sequence
 
 from rich.console import Console
 
-from orchestrate.config import mask_text
+from orchestrate.masking import mask_text
 
 # Terminal control sequences (ESC ... and other C0/C1 controls but tab) from a node's log could move the cursor,
 # rewrite the screen or set the window title: they are shown as printable escapes instead.

@@ -18,8 +18,9 @@ from typing import Any, Protocol, TypeVar
 
 from rich.console import Console
 
-from orchestrate.config import GPUS_ALL, UpConfig
+from orchestrate.config import UpConfig
 from orchestrate.errors import ConfigError, MultiHostError
+from orchestrate.gpuspec import GPUS_ALL
 from orchestrate.plan.jobplan import ContainerSpec, JobPlan
 from orchestrate.probe.daemons import Daemons, Local
 from orchestrate.probe.observations import Holdings

@@ -13,11 +13,12 @@ from rich.text import Text
 
 from orchestrate.backends.protocol import Backend
 from orchestrate.backends.schedulers import SCHEDULERS
-from orchestrate.config import JobsConfig, mask_text
+from orchestrate.config import JobsConfig
 from orchestrate.errors import ConfigError, JobError, MultiHostError
 from orchestrate.hosts import Host, parse_hosts_file
 from orchestrate.jobs import memory, stops, tensorboard
 from orchestrate.loglines import follow_lines, print_lines, shown
+from orchestrate.masking import mask_text
 from orchestrate.plan.jobplan import CKPT_MOUNT
 from orchestrate.remote.session import Session
 

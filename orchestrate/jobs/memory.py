@@ -11,8 +11,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from orchestrate.config import UpConfig, url_masked
+from orchestrate.config import UpConfig
 from orchestrate.localfs import state_root, write_atomically
+from orchestrate.masking import url_masked
 
 
 def state_dir() -> Path:

@@ -7,8 +7,9 @@ from dataclasses import replace as replace_field
 
 from rich.console import Console
 
-from orchestrate.config import UpConfig, socket_exposure
+from orchestrate.config import UpConfig
 from orchestrate.errors import MultiHostError, PreflightError, SSHError
+from orchestrate.hostdirs import socket_exposure
 from orchestrate.plan.gpuset import decide_gpus
 from orchestrate.plan.jobplan import host_dirs
 from orchestrate.plan.ports import listening_ports

@@ -13,7 +13,8 @@ from rich.console import Console
 
 from orchestrate.backends.docker_ssh.replicate import Replicator
 from orchestrate.backends.protocol import Backend
-from orchestrate.config import UpConfig, secret_values
+from orchestrate.config import UpConfig
+from orchestrate.masking import secret_values
 from orchestrate.outcome import End, Outcome
 from orchestrate.plan.jobplan import ContainerSpec
 from orchestrate.remote.session import Session

@@ -11,7 +11,8 @@ from collections.abc import Sequence
 from dataclasses import replace
 from typing import Any
 
-from orchestrate.config import GPUS_ALL, Resources
+from orchestrate.config import Resources
+from orchestrate.gpuspec import GPUS_ALL
 from orchestrate.hosts import Host
 
 

@@ -20,7 +20,8 @@ import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
-from orchestrate.config import GPUS_ALL, Resources
+from orchestrate.config import Resources
+from orchestrate.gpuspec import GPUS_ALL
 from orchestrate.hosts import Host
 from orchestrate.plan import gpus
 from orchestrate.probe.observations import GpuSeen, Held, Holdings

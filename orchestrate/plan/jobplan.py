@@ -14,17 +14,9 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from orchestrate.config import (
-    GPUS_ALL,
-    Data,
-    Delivery,
-    Program,
-    Resilience,
-    Resources,
-    Where,
-    url_masked,
-)
+from orchestrate.config import Data, Delivery, Program, Resilience, Resources, Where
 from orchestrate.errors import ConfigError
+from orchestrate.gpuspec import GPUS_ALL
 from orchestrate.hosts import Host
 from orchestrate.labels import (
     GPUS_LABEL,
@@ -38,6 +30,7 @@ from orchestrate.labels import (
     container_name,
     owner_labels,
 )
+from orchestrate.masking import url_masked
 from orchestrate.plan import gpus, gpuset, transport
 from orchestrate.probe.observations import CheckResult, LocalImage, NodeFacts, ResumePoint, lacks_base
 from orchestrate.version import __version__

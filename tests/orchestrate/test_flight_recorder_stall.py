@@ -24,7 +24,8 @@ from types import SimpleNamespace
 from kit.net import free_port
 from kit.units import SSH, job_specs
 
-from orchestrate.config import GPUS_ALL, UpConfig
+from orchestrate.config import UpConfig
+from orchestrate.gpuspec import GPUS_ALL
 from orchestrate.hosts import Host
 from orchestrate.probe.observations import NodeFacts
 from orchestrate.watch.health import RankStack, flight_recorder_lines

@@ -15,8 +15,9 @@ from kit.units import HOSTS, SSH, gpus_judged, job_specs, parse
 
 from orchestrate import cli
 from orchestrate.backends.docker_ssh.request import docker_run_argv, sdk_kwargs
-from orchestrate.config import GPUS_ALL, UpConfig
+from orchestrate.config import UpConfig
 from orchestrate.errors import ConfigError
+from orchestrate.gpuspec import GPUS_ALL
 from orchestrate.plan.verdicts import Network, judge_transport, settle_transport
 from orchestrate.probe.observations import NodeFacts
 

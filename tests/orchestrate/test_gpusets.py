@@ -14,8 +14,8 @@ from devcluster import cluster as devcluster_cluster
 from orchestrate import cli
 from orchestrate.backends.docker_ssh.owner import gpus_of
 from orchestrate.backends.docker_ssh.request import docker_run_argv, plan_json, render_job_plan, sdk_kwargs
-from orchestrate.config import GPUS_ALL
 from orchestrate.errors import ConfigError
+from orchestrate.gpuspec import GPUS_ALL
 from orchestrate.hosts import Host
 from orchestrate.plan import gpuset, ports
 from orchestrate.plan.gpuset import GpuSet, allocate, decide_gpus, yields_to

@@ -11,7 +11,8 @@ from rich.console import Console
 
 from orchestrate import cli
 from orchestrate.backends.docker_ssh.request import docker_run_argv, sdk_kwargs
-from orchestrate.config import GPUS_ALL, UpConfig
+from orchestrate.config import UpConfig
+from orchestrate.gpuspec import GPUS_ALL
 from orchestrate.hosts import Host
 from orchestrate.plan.jobplan import Attempt
 from orchestrate.probe.observations import NodeFacts

@@ -96,7 +96,7 @@ def test_the_preflight_table_fits_80_and_120_columns() -> None:
 
 def test_a_dir_holding_the_docker_socket_is_refused() -> None:
     """A rootless daemon's socket in the home (docker_host=) must not reach the containers through ~."""
-    from orchestrate.config import socket_exposure
+    from orchestrate.hostdirs import socket_exposure
 
     home_sock = "unix:///home/u/.docker/run/docker.sock"
     problem = socket_exposure({"data": "/home/u/data", "ckpt": "/home/u", "log": "/home/u/logs"}, home_sock)

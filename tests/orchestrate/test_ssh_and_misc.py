@@ -16,9 +16,9 @@ import pytest
 from kit.fetching import archive, fetch, serving
 from kit.net import free_port
 
-from orchestrate.config import mask_text, masked_env
 from orchestrate.errors import MultiHostError, SSHError
 from orchestrate.hosts import Host
+from orchestrate.masking import mask_text, masked_env
 from orchestrate.probe.datacopy import BATCHES
 from orchestrate.remote.docker import dial_command
 from orchestrate.remote.identity import Identity

@@ -17,9 +17,9 @@ from orchestrate import labels
 from orchestrate.backends.docker_ssh import jobview, owner
 from orchestrate.backends.docker_ssh.jobview import folder_of, node_rank
 from orchestrate.backends.protocol import JobStatus, NodeLog, RankFiles, StatusRow
-from orchestrate.config import mask_text
 from orchestrate.errors import JobError, MultiHostError
 from orchestrate.labels import JOB_LABEL, PREFETCH_LABEL
+from orchestrate.masking import mask_text
 from orchestrate.plan.jobplan import CKPT_MOUNT, LOG_MOUNT
 from orchestrate.probe.checkpoints import newest_manifest
 from orchestrate.remote import scripts
@@ -141,7 +141,7 @@ def _runs_trainer(container: Any) -> bool:
 
 
 def _secrets_of(container: Any) -> list[str]:
-    from orchestrate.config import is_secret
+    from orchestrate.masking import is_secret
 
     pairs = [e.split("=", 1) for e in container.attrs.get("Config", {}).get("Env", []) if "=" in e]
     return [v for k, v in pairs if is_secret(k) and v]

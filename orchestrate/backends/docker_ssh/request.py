@@ -9,7 +9,8 @@ import shlex
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from orchestrate.config import RELAY_FAN_OUT, mask_text, masked_env, secret_values, url_masked
+from orchestrate.config import RELAY_FAN_OUT
+from orchestrate.masking import mask_text, masked_env, secret_values, url_masked
 from orchestrate.plan import gpus
 from orchestrate.plan.jobplan import ContainerSpec, DataAction, ImageAction, JobPlan, NodePlan
 from orchestrate.plan.relay import RelayPlan, plan_relay

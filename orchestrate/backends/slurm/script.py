@@ -8,8 +8,9 @@ import sys
 from dataclasses import MISSING, dataclass
 from pathlib import Path
 
-from orchestrate.config import MAX_SLOTS, check_grace, mask_text, option
+from orchestrate.config import MAX_SLOTS, check_grace, option
 from orchestrate.errors import ConfigError
+from orchestrate.masking import mask_text
 
 BATCH_SCRIPT = Path(__file__).with_name("batch.sh")
 # Run by batch.sh on every node; its text travels as an argument of the job (as batch.sh's does in sbatch), so the

@@ -16,9 +16,10 @@ from orchestrate.backends.docker_ssh import carried
 from orchestrate.backends.docker_ssh.layercache import registry_binary
 from orchestrate.backends.protocol import CommandLine
 from orchestrate.backends.slurm import commands, script
-from orchestrate.config import SSHOptions, UpConfig, is_secret
+from orchestrate.config import SSHOptions, UpConfig
 from orchestrate.errors import ConfigError
 from orchestrate.localfs import state_root
+from orchestrate.masking import is_secret
 
 HOSTS = Path("slurm")  # --hosts slurm: the allocation's nodes
 DESCRIPTION = ("Queue the job with Slurm (sbatch) and return: the batch script runs 'up --hosts slurm' on the "
