@@ -10,7 +10,7 @@ from typing import Any
 
 import docker.errors
 
-from orchestrate.backends.docker_ssh.observe import read_holdings
+from orchestrate.backends.docker_ssh.observe import created_claim, read_holdings
 
 
 class FakeContainer:
@@ -82,3 +82,16 @@ def test_exited_containers_of_other_jobs_are_not_read_one_by_one() -> None:
     assert [(h.who, h.port, h.created) for h in found.others] == [("bob/other", 29507, "2026-11-24T08:00:07.1Z")]
     assert found.own_port == 29508
     assert daemon.reads == ["7"]
+
+
+def test_the_claim_of_a_container_just_created_is_read_from_the_create_itself() -> None:
+    """docker-py's create reads the new container back: the claim check takes its creation time from that read,
+    with no request of its own per node between the creates and the starts."""
+    made = FakeContainer("3", {"ddp-cifar.job": "mine", "ddp-cifar.owner": "al", "ddp-cifar.master-port": "29503"})
+
+    def read_again() -> None:
+        raise AssertionError("read again")
+
+    made.reload = read_again  # type: ignore[method-assign]
+    claim = created_claim(made)
+    assert claim is not None and (claim.port, claim.created) == (29503, "2026-11-24T08:00:03.1Z")

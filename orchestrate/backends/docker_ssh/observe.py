@@ -96,8 +96,9 @@ def read_holdings(client: Any, job: str, uid: int, skip: Collection[str] = ()) -
 
 
 def created_claim(container: Any) -> Held | None:
-    """The claim of a container this `up` just created (re-read, so its creation time is the daemon's)."""
-    container.reload()
+    """The claim of a container this `up` just created: docker-py's create reads the container back, so its
+    creation time is already the daemon's (a reload here was a second read of it, one request per node between the
+    creates and the starts)."""
     return held(container.id, container.labels, container.status, container.attrs.get("Created", ""))
 
 
