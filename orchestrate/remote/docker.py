@@ -94,6 +94,10 @@ def client_over_ssh(conn: Connection, timeout: float | None = 60.0) -> docker.Do
     api = docker.APIClient(base_url="tcp://127.0.0.1:1", version=API_VERSION_MIN,
                            timeout=timeout)  # type: ignore[arg-type]  # None: no timeout (log followers)
     adapter = _TunnelAdapter(conn, dial_command(conn.host.docker_host), timeout)
+    # The URL is http+docker://ssh on every host: the user's proxy variables (ALL_PROXY matches any scheme) would
+    # put the request in a proxy's absolute form and a ~/.netrc entry for `ssh` would add its credentials; and
+    # requests scans the environment for them on every request (27 ms a host in `up`'s profile).
+    api.trust_env = False
     api.mount("http+docker://ssh", adapter)
     api._unmount("http://", "https://")  # type: ignore[attr-defined]
     api.base_url = "http+docker://ssh"

@@ -10,12 +10,12 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 from orchestrate.backends.docker_ssh.request import sdk_kwargs
 from orchestrate.errors import PreflightError
-from orchestrate.labels import GPUS_LABEL, PORT_LABEL, is_mine
+from orchestrate.labels import GPUS_LABEL, JOB_LABEL, PORT_LABEL, is_mine
 from orchestrate.plan.jobplan import ContainerSpec
 from orchestrate.probe.baseimage import BASE_DIGEST_LABEL, BASE_NAME_LABEL, base_of
 from orchestrate.probe.holdings import holdings
 from orchestrate.probe.layers import all_chain_ids
-from orchestrate.probe.observations import ContainerSeen, Held, Holdings, LocalBase, LocalImage, held
+from orchestrate.probe.observations import HOLDING, ContainerSeen, Held, Holdings, LocalBase, LocalImage, held
 from orchestrate.remote.docker import client_over_ssh, job_containers
 from orchestrate.remote.session import Session
 from orchestrate.remote.ssh import fan_out
@@ -92,23 +92,42 @@ def local_platform(local_client: Any, image: str) -> tuple[str, str] | None:
 def read_holdings(client: Any, job: str, uid: int, skip: Collection[str] = ()) -> Holdings:
     """The claims on this daemon (probe/holdings.py); `skip`: container IDs that are the caller's own claim being
     checked."""
-    return holdings((ContainerSeen(c.id, c.status, c.labels, c.attrs.get("Created", "")) for c in _claiming(client)),
-                    job, uid, skip)
+    return holdings(_claiming(client, job, uid, skip), job, uid, skip)
 
 
 def created_claim(container: Any) -> Held | None:
-    """The claim of a container this `up` just created (re-read, so its creation time is the daemon's)."""
-    container.reload()
+    """The claim of a container this `up` just created: docker-py's create reads the container back, so its
+    creation time is already the daemon's (a reload here was a second read of it, one request per node between the
+    creates and the starts)."""
     return held(container.id, container.labels, container.status, container.attrs.get("Created", ""))
 
 
-def _claiming(client: Any) -> list[Any]:
-    # ignore_removed: docker-py reads each listed container again, and one removed in between (another `up` that
-    # lost its claim removes its containers at that very moment) failed the claim check with a 404 (seen in CI).
-    found = {c.id: c for c in client.containers.list(all=True, filters={"label": GPUS_LABEL}, ignore_removed=True)}
-    found.update({c.id: c for c in client.containers.list(all=True, filters={"label": PORT_LABEL},
-                                                          ignore_removed=True)})
-    return list(found.values())
+def _claiming(client: Any, job: str, uid: int, skip: Collection[str]) -> list[ContainerSeen]:
+    """The labelled containers that can count in the holdings. Listed sparse: docker-py's full listing reads every
+    listed container again, and each job a node ran leaves an exited container with a port label, so every `up`
+    read them all, three times per node. Only another job's container in a holding state is read whole (its
+    creation time to the nanosecond orders the claims); the caller's own count by their labels alone, and the
+    rest hold nothing (probe/observations.py's `held`)."""
+    import docker.errors
+
+    listed = {c.id: c.attrs for label in (GPUS_LABEL, PORT_LABEL)
+              for c in client.containers.list(all=True, filters={"label": label}, sparse=True)}
+    found = []
+    for cid, summary in listed.items():
+        labels, state = summary.get("Labels") or {}, str(summary.get("State", ""))
+        if cid in skip:
+            continue
+        if labels.get(JOB_LABEL) == job and is_mine(labels, uid):
+            found.append(ContainerSeen(cid, state, labels))
+        elif state in HOLDING:
+            try:
+                c = client.containers.get(cid)
+            except docker.errors.NotFound:
+                # Another `up` that lost its claim removes its containers at that very moment (a 404 failed the
+                # claim check in CI): a container gone holds nothing.
+                continue
+            found.append(ContainerSeen(c.id, c.status, c.labels, c.attrs.get("Created", "")))
+    return found
 
 
 def my_containers(client: Any, job: str, uid: int) -> list[ContainerSeen]:
