@@ -172,7 +172,9 @@ class Part(nn.Module):
         if self.first:
             x = self.kind.run_stem(self, x)
         x = getattr(self, self.kind.blocks)(x)
-        return self.kind.run_head(self, x) if self.last else x
+        # Not the last stage: the schedule sends x on, and gloo's and NCCL's send/recv take contiguous tensors
+        # only (the receiver's buffer has x's strides). ViT's tokens are a transposed view of the patches.
+        return self.kind.run_head(self, x) if self.last else x.contiguous()
 
 
 def _share(holder: nn.Module, name: str, value: Any) -> None:

@@ -1,11 +1,13 @@
 """Run under torchrun (`pp_numerics_worker.py OUT`) or as one process that forks the ranks (`OUT WORLD`; gloo,
-CPU, fp32): for each pipeline layout this world allows and each schedule, one step of
-the trainer's PipelineStrategy against the unpipelined model on the same global batch. Each rank appends one JSON
-line per case to ARGV1.RANK: the loss and gradient errors, the accuracies, this stage's parameter names."""
+CPU, fp32): for each pipeline layout this world allows and each schedule, on resnet20-gn and (at 4 processes)
+vit-cifar, one step of the trainer's PipelineStrategy against the unpipelined model on the same global batch. Each
+rank appends one JSON line per case to ARGV1.RANK: the loss and gradient errors, the accuracies, this stage's
+parameter names; at 4 processes also the checkpoint moves and 20 steps' losses of pp2 x dp2 and of DDP."""
 
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import os
 import signal
@@ -27,19 +29,27 @@ from trainer.snapshot import save_sharded, to_checkpoint
 from trainer.state import Position, TrainState
 from trainer.strategies.pp import PipelineStrategy
 
+# vit-cifar's architecture (its 8 blocks, stem and head, the stages cut as in a run) at width 64 instead of 512:
+# the same code under pipelining for 1/60 of its parameters (full width, every rank's reference forward of the 23
+# test images alone would be 300 GFLOP a case on 2 cores).
+models.OWN_MODELS["vit-cifar"] = functools.partial(models.CifarViT, dim=64, heads=4)
 BATCH = 2  # per process: each replica takes BATCH x pp images, 2 x pp micro-batches of 1 image
 N_TEST = 23  # uneven over the replicas and over the evaluation batches: the padding is exercised
 
 
-def cases(world: int) -> list[tuple[int, str, str, str]]:
-    """(pp, schedule, --strategy inside the stage, --pp-split). Interleaved and pp4 x dp2 split by `auto`: its
-    measurements (the blocks' profile, every pair of neighbouring stages' link, pp2's two links on one pair) and
-    its decision sent from rank 0 run in these real processes."""
+def cases(world: int) -> list[tuple[str, int, str, str, str, int]]:
+    """(model, pp, schedule, --strategy inside the stage, --pp-split, images per process). Interleaved and pp4 x
+    dp2 split by `auto`: its measurements (the blocks' profile, every pair of neighbouring stages' link, pp2's two
+    links on one pair) and its decision sent from rank 0 run in these real processes. vit-cifar and pp4's gpipe
+    and interleaved take 1 image per process: pp micro-batches of 1 image per replica, the fewest 1F1B takes."""
     if world == 8:  # pp4 x dp2, one schedule: the others' code is the same (the pp2 x dp2 cases)
-        return [(4, "1f1b", "ddp", "auto")]
-    out = [(2, s, "ddp", "auto" if s == "interleaved" else "uniform") for s in ("1f1b", "gpipe", "interleaved")]
-    if world == 4:  # pp=4 with one schedule: the others' code is the same, at 3-4 s a case on 2 cores
-        out += [(4, "1f1b", "ddp", "uniform"), (2, "1f1b", "fsdp", "uniform")]
+        return [("resnet20-gn", 4, "1f1b", "ddp", "auto", BATCH)]
+    out = [("resnet20-gn", 2, s, "ddp", "auto" if s == "interleaved" else "uniform", BATCH)
+           for s in ("1f1b", "gpipe", "interleaved")]
+    if world == 4:  # pp4 x dp1 and FSDP inside the stages, at 3-4 s a case on 2 cores
+        out += [("resnet20-gn", 4, "1f1b", "ddp", "uniform", BATCH), ("resnet20-gn", 2, "1f1b", "fsdp", "uniform", BATCH)]
+        out += [("vit-cifar", 2, s, "ddp", "uniform", 1) for s in ("1f1b", "gpipe", "interleaved")]
+        out += [("resnet20-gn", 4, "gpipe", "ddp", "uniform", 1), ("vit-cifar", 4, "interleaved", "ddp", "uniform", 1)]
     return out
 
 
@@ -48,13 +58,14 @@ def full_grads(model: torch.nn.Module) -> dict[str, torch.Tensor]:
             for n, p in model.named_parameters()}
 
 
-def one_case(ctx: DistContext, pp: int, schedule: str, inside: str, split: str, test: Split) -> dict[str, object]:
-    cfg = Config(data_dir=Path("/unused"), ckpt_dir=Path("/unused"), model="resnet20-gn", precision="fp32",
-                 batch_size=BATCH, pp=pp, pp_schedule=schedule, pp_microbatches=2 * pp, pp_split=split,
+def one_case(ctx: DistContext, name: str, pp: int, schedule: str, inside: str, split: str, batch: int,
+             test: Split) -> dict[str, object]:
+    cfg = Config(data_dir=Path("/unused"), ckpt_dir=Path("/unused"), model=name, precision="fp32",
+                 batch_size=batch, pp=pp, pp_schedule=schedule, pp_microbatches=batch * pp, pp_split=split,
                  strategy=inside, momentum=0.0, weight_decay=0.0)
     gen = torch.Generator().manual_seed(25)
-    x = torch.randn(BATCH * ctx.world_size, 3, 32, 32, generator=gen)
-    y = torch.randint(0, 10, (BATCH * ctx.world_size,), generator=gen)
+    x = torch.randn(batch * ctx.world_size, 3, 32, 32, generator=gen)
+    y = torch.randint(0, 10, (batch * ctx.world_size,), generator=gen)
     reference = models.for_run(cfg)
     # Micro-batches of the pipeline's size (1 image), averaged: the same gradient as the whole batch's, with the
     # same conv shapes, so no ReLU input within float error of 0 flips between the two (the whole batch at once
@@ -65,7 +76,7 @@ def one_case(ctx: DistContext, pp: int, schedule: str, inside: str, split: str, 
     strategy = PipelineStrategy(cfg)
     st = strategy.build(cfg, ctx)
     share, shares = strategy.data_share(ctx)
-    rows = slice(share * BATCH * pp, (share + 1) * BATCH * pp)  # TrainLoader's part of the global batch
+    rows = slice(share * batch * pp, (share + 1) * batch * pp)  # TrainLoader's part of the global batch
     loss = strategy.train_step(st, x[rows], y[rows], 0.0, "fp32", 0, contextlib.nullcontext)
     ref = dict(reference.named_parameters())
     grads = full_grads(st.model)
@@ -73,7 +84,8 @@ def one_case(ctx: DistContext, pp: int, schedule: str, inside: str, split: str, 
     close = all(torch.allclose(g, ref[n].grad, rtol=1e-5, atol=4e-5) for n, g in grads.items())  # type: ignore[arg-type]
     acc = strategy.evaluate(st, test, ctx, "fp32", 500)
     ref_acc = loop.evaluate(reference, test, DistContext(0, 0, 1, ctx.device), "fp32", 500)
-    return {"case": f"pp{pp}-{schedule}-{inside}", "loss": float(loss), "ref_loss": float(ref_loss.detach()),
+    prefix = "" if name == "resnet20-gn" else f"{name}-"
+    return {"case": f"{prefix}pp{pp}-{schedule}-{inside}", "loss": float(loss), "ref_loss": float(ref_loss.detach()),
             "grad_err": err, "grads_close": close, "acc": acc, "ref_acc": ref_acc,
             "names": sorted(grads), "full_names": sorted(ref), "pp_rank": strategy.pp_rank, "split": strategy.split,
             "links": None if strategy.costs is None else list(strategy.costs.link_bps)}
@@ -141,20 +153,56 @@ def checkpoint_case(ctx: DistContext, folder: Path, save_pp: int, load_pp: int, 
             "same_next_loss": same_next}
 
 
+CURVE_STEPS, CURVE_LR = 20, 0.05
+
+
+def curve_case(ctx: DistContext, batch: int = 2) -> dict[str, object]:
+    """A loss curve: CURVE_STEPS optimizer steps of the trainer's own train_step (the strategy objects, momentum and
+    weight decay as configured by default) under pp2 x dp2 and under DDP over the 4 ranks, each from the same
+    seeded initial weights on the same global batches of 4 x `batch` images. Every forward sees 1 image: the
+    pipeline's micro-batches and DDP's gradient accumulation (`micro` 1). Each step's loss as the loop reports it
+    (the global batch's mean)."""
+    gen = torch.Generator().manual_seed(7)
+    size = batch * ctx.world_size
+    batches = [(torch.randn(size, 3, 32, 32, generator=gen), torch.randint(0, 10, (size,), generator=gen))
+               for _ in range(CURVE_STEPS)]
+    curves: dict[str, list[float]] = {}
+    for layout, pp in (("pp2", 2), ("ddp", 1)):
+        cfg = Config(data_dir=Path("/unused"), ckpt_dir=Path("/unused"), model="resnet20-gn", precision="fp32",
+                     batch_size=batch, pp=pp, pp_microbatches=batch * pp, pp_split="uniform")
+        strategy = strategies.for_config(cfg)
+        st = strategy.build(cfg, ctx)
+        strategy.wrap(cfg, ctx, st)
+        share, shares = strategy.data_share(ctx)
+        curve = []
+        for x, y in batches:
+            rows = slice(share * size // shares, (share + 1) * size // shares)
+            loss = strategy.train_step(st, x[rows], y[rows], CURVE_LR, "fp32", 1, contextlib.nullcontext).clone()
+            dist.all_reduce(loss)  # the replicas' mean (a pipeline's ranks all hold their replica's loss)
+            curve.append(float(loss) / ctx.world_size)
+        curves[layout] = curve
+    return {"case": "curve-pp2-1f1b-vs-ddp", **curves}
+
+
+def half_right(name: str) -> Split:
+    """N_TEST images whose labels `name`'s initial model gets right for about half: an accuracy far from 0 and 1
+    to match."""
+    gen = torch.Generator().manual_seed(5)
+    images = torch.randint(0, 256, (N_TEST, 3, 32, 32), generator=gen, dtype=torch.uint8)
+    with torch.no_grad():
+        predicted = models.for_run(Config(data_dir=Path("/u"), ckpt_dir=Path("/u"), model=name))(
+            normalize(images)).argmax(dim=1)
+    return Split(images, torch.where(torch.arange(N_TEST) % 2 == 0, predicted, (predicted + 1) % 10))
+
+
 def main() -> None:
     dist.init_process_group("gloo")
     rank, world = dist.get_rank(), dist.get_world_size()
     ctx = DistContext(rank, rank, world, torch.device("cpu"), world)
-    gen = torch.Generator().manual_seed(5)
-    images = torch.randint(0, 256, (N_TEST, 3, 32, 32), generator=gen, dtype=torch.uint8)
-    # Labels the initial model gets right for about half the images: an accuracy far from 0 and 1 to match.
-    with torch.no_grad():
-        predicted = models.for_run(Config(data_dir=Path("/u"), ckpt_dir=Path("/u"), model="resnet20-gn"))(
-            normalize(images)).argmax(dim=1)
-    test = Split(images, torch.where(torch.arange(N_TEST) % 2 == 0, predicted, (predicted + 1) % 10))
+    tests = {name: half_right(name) for name in sorted({c[0] for c in cases(world)})}
     with open(f"{sys.argv[1]}.{rank}", "w") as out:
-        for pp, schedule, inside, split in cases(world):
-            out.write(json.dumps(one_case(ctx, pp, schedule, inside, split, test)) + "\n")
+        for name, pp, schedule, inside, split, batch in cases(world):
+            out.write(json.dumps(one_case(ctx, name, pp, schedule, inside, split, batch, tests[name])) + "\n")
             out.flush()
         if world == 4:
             for save_pp, load_pp, inside, load_inside in ((2, 1, "fsdp", "fsdp"), (1, 2, "fsdp", "fsdp"),
@@ -162,6 +210,7 @@ def main() -> None:
                                                           (2, 1, "ddp", "ddp"), (1, 1, "ddp", "fsdp")):
                 folder = Path(f"{sys.argv[1]}-ckpt-{save_pp}-{load_pp}-{inside}-{load_inside}")
                 out.write(json.dumps(checkpoint_case(ctx, folder, save_pp, load_pp, inside, load_inside)) + "\n")
+            out.write(json.dumps(curve_case(ctx)) + "\n")
     dist.barrier()
     exit_without_finalizing(0)
 

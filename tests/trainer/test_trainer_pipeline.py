@@ -206,17 +206,29 @@ def _assert_unpipelined_numbers(numeric: list[list[dict]]) -> None:
 
 @pytest.mark.slow
 def test_every_schedule_gives_the_unpipelined_loss_gradients_accuracy_and_checkpoints(tmp_path: Path) -> None:
-    """4 processes: pp2 x dp2 (1f1b, gpipe, interleaved split by auto; DDP and FSDP inside the stages) and pp4 x
-    dp1, one step each against the unpipelined model on the same global batch; then a checkpoint saved at pp2 x dp2
+    """4 processes: resnet20-gn at pp2 x dp2 (1f1b, gpipe, interleaved split by auto; DDP and FSDP inside the
+    stages) and pp4 x dp1 (1f1b, gpipe), vit-cifar (narrowed, pp_numerics_worker.py) at pp2 x dp2 (1f1b, gpipe,
+    interleaved) and pp4 x dp1 (interleaved: 8 stages), one step each against the unpipelined model on the same
+    global batch (vit-cifar and pp4 gpipe with 1 image per process: pp micro-batches); then a checkpoint saved at pp2 x dp2
     resumed at pp1 (FSDP over 4, DDP over 4) and at pp2 x dp2 (whose next step's loss equals the live run's), one
     saved at pp1 (FSDP's folder, DDP's .pt) resumed at pp2 x dp2, and DDP's .pt resumed by FSDP over 4 (which then
-    steps)."""
+    steps). Last, a loss curve (resnet20-gn is enough: the schedules' numbers on vit-cifar are the one-step cases'):
+    20 steps of the strategies' train_step, pp2 x dp2 1f1b and DDP over the 4 processes, from the same weights on the
+    same global batches, every step's loss within 1e-4 relative (the one-step cases run at lr 0: only this sees
+    the optimizer's side, momentum and weight decay)."""
     per_rank = _numerics(tmp_path, 4)
-    numeric = [[c for c in cases if not c["case"].startswith("ckpt")] for cases in per_rank]
+    numeric = [[c for c in cases if not c["case"].startswith(("ckpt", "curve"))] for cases in per_rank]
     assert [c["case"] for c in numeric[0]] == ["pp2-1f1b-ddp", "pp2-gpipe-ddp", "pp2-interleaved-ddp",
-                                               "pp4-1f1b-ddp", "pp2-1f1b-fsdp"]
-    assert [c["links"] is not None for c in numeric[0]] == [False, False, True, False, False]
+                                               "pp4-1f1b-ddp", "pp2-1f1b-fsdp", "vit-cifar-pp2-1f1b-ddp",
+                                               "vit-cifar-pp2-gpipe-ddp", "vit-cifar-pp2-interleaved-ddp",
+                                               "pp4-gpipe-ddp", "vit-cifar-pp4-interleaved-ddp"]
+    assert [c["links"] is not None for c in numeric[0]] == [False, False, True] + [False] * 7
     _assert_unpipelined_numbers(numeric)
+    for cases in per_rank:  # 20 steps: the loss curve of pp2 x dp2 is DDP's over the 4 processes
+        curve = cases[-1]
+        assert curve["case"] == "curve-pp2-1f1b-vs-ddp"
+        assert len(curve["pp2"]) == 20 and curve["pp2"] == pytest.approx(curve["ddp"], rel=1e-4), curve
+        assert abs(curve["ddp"][-1] - curve["ddp"][0]) > 0.05  # it trained: a curve, not 20 times the first step
     for cases in per_rank:
         moved = {c["case"]: c for c in cases if c["case"].startswith("ckpt")}
         assert sorted(moved) == ["ckpt-pp1-to-pp1-ddp-to-fsdp", "ckpt-pp1-to-pp2-ddp", "ckpt-pp1-to-pp2-fsdp",
