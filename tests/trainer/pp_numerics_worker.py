@@ -154,11 +154,16 @@ def checkpoint_case(ctx: DistContext, folder: Path, save_pp: int, load_pp: int, 
 
 
 CURVE_STEPS, CURVE_LR = 20, 0.05
+# Every schedule's curve: one step each is the one-step cases'; a second step is where DDP inside a stage failed
+# under GPipe and interleaved (and 1F1B with 2 micro-batches): two backwards in a row before the first step's end
+# recorded each parameter twice for DDP's bucket rebuild (reducer.cpp: "36 versus rebuilt params size of: 72").
+CURVE_LAYOUTS = (("pp2-1f1b", 2, "1f1b"), ("pp2-gpipe", 2, "gpipe"), ("pp2-interleaved", 2, "interleaved"),
+                 ("ddp", 1, "1f1b"))
 
 
 def curve_case(ctx: DistContext, batch: int = 2) -> dict[str, object]:
     """A loss curve: CURVE_STEPS optimizer steps of the trainer's own train_step (the strategy objects, momentum and
-    weight decay as configured by default) under pp2 x dp2 and under DDP over the 4 ranks, each from the same
+    weight decay as configured by default) under pp2 x dp2 with each schedule and under DDP over the 4 ranks, each from the same
     seeded initial weights on the same global batches of 4 x `batch` images. Every forward sees 1 image: the
     pipeline's micro-batches and DDP's gradient accumulation (`micro` 1). Each step's loss as the loop reports it
     (the global batch's mean)."""
@@ -167,9 +172,9 @@ def curve_case(ctx: DistContext, batch: int = 2) -> dict[str, object]:
     batches = [(torch.randn(size, 3, 32, 32, generator=gen), torch.randint(0, 10, (size,), generator=gen))
                for _ in range(CURVE_STEPS)]
     curves: dict[str, list[float]] = {}
-    for layout, pp in (("pp2", 2), ("ddp", 1)):
+    for layout, pp, schedule in CURVE_LAYOUTS:
         cfg = Config(data_dir=Path("/unused"), ckpt_dir=Path("/unused"), model="resnet20-gn", precision="fp32",
-                     batch_size=batch, pp=pp, pp_microbatches=batch * pp, pp_split="uniform")
+                     batch_size=batch, pp=pp, pp_microbatches=batch * pp, pp_split="uniform", pp_schedule=schedule)
         strategy = strategies.for_config(cfg)
         st = strategy.build(cfg, ctx)
         strategy.wrap(cfg, ctx, st)
@@ -181,7 +186,7 @@ def curve_case(ctx: DistContext, batch: int = 2) -> dict[str, object]:
             dist.all_reduce(loss)  # the replicas' mean (a pipeline's ranks all hold their replica's loss)
             curve.append(float(loss) / ctx.world_size)
         curves[layout] = curve
-    return {"case": "curve-pp2-1f1b-vs-ddp", **curves}
+    return {"case": "curve-pp2-vs-ddp", **curves}
 
 
 def half_right(name: str) -> Split:

@@ -213,9 +213,11 @@ def test_every_schedule_gives_the_unpipelined_loss_gradients_accuracy_and_checkp
     resumed at pp1 (FSDP over 4, DDP over 4) and at pp2 x dp2 (whose next step's loss equals the live run's), one
     saved at pp1 (FSDP's folder, DDP's .pt) resumed at pp2 x dp2, and DDP's .pt resumed by FSDP over 4 (which then
     steps). Last, a loss curve (resnet20-gn is enough: the schedules' numbers on vit-cifar are the one-step cases'):
-    20 steps of the strategies' train_step, pp2 x dp2 1f1b and DDP over the 4 processes, from the same weights on the
-    same global batches, every step's loss within 1e-4 relative (the one-step cases run at lr 0: only this sees
-    the optimizer's side, momentum and weight decay)."""
+    20 steps of the strategies' train_step, pp2 x dp2 with each schedule and DDP over the 4 processes, from the same
+    weights on the same global batches, every step's loss within 1e-4 relative (the one-step cases run at lr 0: only
+    this sees the optimizer's side, momentum and weight decay, and a second step: before DDP inside a stage looked
+    for unused parameters, GPipe and interleaved failed there in DDP's bucket rebuild, "36 versus rebuilt params size
+    of: 72")."""
     per_rank = _numerics(tmp_path, 4)
     numeric = [[c for c in cases if not c["case"].startswith(("ckpt", "curve"))] for cases in per_rank]
     assert [c["case"] for c in numeric[0]] == ["pp2-1f1b-ddp", "pp2-gpipe-ddp", "pp2-interleaved-ddp",
@@ -226,8 +228,10 @@ def test_every_schedule_gives_the_unpipelined_loss_gradients_accuracy_and_checkp
     _assert_unpipelined_numbers(numeric)
     for cases in per_rank:  # 20 steps: the loss curve of pp2 x dp2 is DDP's over the 4 processes
         curve = cases[-1]
-        assert curve["case"] == "curve-pp2-1f1b-vs-ddp"
-        assert len(curve["pp2"]) == 20 and curve["pp2"] == pytest.approx(curve["ddp"], rel=1e-4), curve
+        assert curve["case"] == "curve-pp2-vs-ddp"
+        for schedule in ("1f1b", "gpipe", "interleaved"):
+            pipelined = curve[f"pp2-{schedule}"]
+            assert len(pipelined) == 20 and pipelined == pytest.approx(curve["ddp"], rel=1e-4), (schedule, curve)
         assert abs(curve["ddp"][-1] - curve["ddp"][0]) > 0.05  # it trained: a curve, not 20 times the first step
     for cases in per_rank:
         moved = {c["case"]: c for c in cases if c["case"].startswith("ckpt")}

@@ -189,7 +189,14 @@ class PipelineStrategy(Strategy):
                 fully_shard(block, mesh=dp_mesh, mp_policy=policy, reshard_after_forward=False)
             fully_shard(part, mesh=dp_mesh, mp_policy=policy, reshard_after_forward=False)
             return part
-        return DistributedDataParallel(part, process_group=dp_mesh.get_group(), **parallel.ddp_kwargs(ctx.device))
+        # find_unused_parameters: every parameter is used, but with it DDP does not rebuild its buckets from the
+        # first step's gradient order, which a schedule with two backwards in a row before the step ends (GPipe,
+        # interleaved, 1F1B with 2 micro-batches) recorded twice: the second step failed in reducer.cpp's rebuild
+        # ("36 versus rebuilt params size of: 72"). static_graph=True avoids that too but averaged the first step's
+        # gradients wrongly under the schedules' no_sync (the numerics test's grad_err 0.44). The cost is a walk of
+        # the stage's autograd graph per micro-batch's forward.
+        return DistributedDataParallel(part, process_group=dp_mesh.get_group(), find_unused_parameters=True,
+                                       **parallel.ddp_kwargs(ctx.device))
 
     def _schedule(self, stages: list[Any]) -> Any:
         if self.cfg.pp_schedule == "interleaved":
