@@ -244,6 +244,16 @@ def test_every_schedule_gives_the_unpipelined_loss_gradients_accuracy_and_checkp
 
 
 @pytest.mark.slow
+def test_pp2_on_2_processes_gives_the_unpipelined_loss_gradients_and_accuracy(tmp_path: Path) -> None:
+    """2 processes, one replica (pp2 x dp1: no data parallelism inside the stages, the layout of `up -- --pp 2` on
+    2 one-process nodes): 1f1b, gpipe and interleaved, one step each against the unpipelined model."""
+    numeric = _numerics(tmp_path, 2)
+    assert [c["case"] for c in numeric[0]] == ["pp2-1f1b-ddp", "pp2-gpipe-ddp", "pp2-interleaved-ddp"]
+    assert sorted(c["pp_rank"] for c in (cases[0] for cases in numeric)) == [0, 1]
+    _assert_unpipelined_numbers(numeric)
+
+
+@pytest.mark.slow
 def test_pp4_x_dp2_gives_the_unpipelined_loss_gradients_and_accuracy(tmp_path: Path) -> None:
     """8 processes (4 stages x 2 replicas, the split by auto: 3 links measured), one 1F1B step against the
     unpipelined model on the same global batch of 16 images."""
