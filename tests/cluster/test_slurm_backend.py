@@ -84,6 +84,9 @@ def test_submit_queues_trains_to_the_end_and_leaves_nothing(target: Cluster, dat
     c = target
     first = submit(c, data, "first", epochs=50)
     first_step(c, first)
+    # It only has to keep the nodes busy while the second waits: a quarter of a core each meanwhile, not the CPU the
+    # other tests need (its training is not what this test reads).
+    assert throttle_job(c, "first") == 2
     job_id = submit(c, data, "queued", epochs=2)
     wait_for(lambda: f"slurm: job {job_id} PENDING (Resources)" in orchestrate(c, "status", "--job", "queued").stdout,
              30, "status to show the job pending for resources")  # Reason=None until the scheduler's first pass
