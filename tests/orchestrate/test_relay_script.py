@@ -35,10 +35,8 @@ def _fetch(port: int, payload: bytes, tmp: Path, token: bytes = TOKEN) -> subpro
                           env=_fake_docker(tmp))
 
 
-def test_the_server_serves_the_token_holder_and_removes_its_file_when_told_to_end(tmp_path: Path) -> None:
-    payload = os.urandom(3 << 20)
-    served = tmp_path / "served.tar"
-    served.write_bytes(payload)
+def _serve(served: Path) -> tuple[subprocess.Popen[str], str]:
+    """The relay script serving `served`, given the token; its port once it says it."""
     server = subprocess.Popen([sys.executable, "-c", RELAY_SCRIPT, "serve", str(served)], stdin=subprocess.PIPE,
                               stdout=subprocess.PIPE, text=True)
     assert server.stdin is not None and server.stdout is not None
@@ -46,6 +44,14 @@ def test_the_server_serves_the_token_holder_and_removes_its_file_when_told_to_en
     server.stdin.flush()
     word, port = LineReader(server.stdout).next(30, "the relay server's port").split()
     assert word == "PORT"
+    return server, port
+
+
+def test_the_server_serves_the_token_holder_and_removes_its_file_when_told_to_end(tmp_path: Path) -> None:
+    payload = os.urandom(3 << 20)
+    served = tmp_path / "served.tar"
+    served.write_bytes(payload)
+    server, port = _serve(served)
     try:
         wrong = _fetch(int(port), payload, tmp_path, b"not-the-token")
         assert wrong.returncode == 4 and "got 0 of" in wrong.stderr and not (tmp_path / "loaded").exists()
@@ -80,12 +86,7 @@ def test_keep_leaves_the_checked_archive_unlanded_to_serve_on_and_nothing_when_i
     payload = os.urandom(1 << 20)
     served = tmp_path / "served.tar"
     served.write_bytes(payload)
-    server = subprocess.Popen([sys.executable, "-c", RELAY_SCRIPT, "serve", str(served)], stdin=subprocess.PIPE,
-                              stdout=subprocess.PIPE, text=True)
-    assert server.stdin is not None and server.stdout is not None
-    server.stdin.write(TOKEN.decode() + "\n")
-    server.stdin.flush()
-    port = LineReader(server.stdout).next(30, "the relay server's port").split()[1]
+    server, port = _serve(served)
     kept = tmp_path / "in" / "image-n5.tar"
 
     def keep(sha256: str) -> subprocess.CompletedProcess[str]:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 import sys
 import time
+from collections.abc import Callable
 from typing import Any
 
 from torch import nn
@@ -20,14 +21,17 @@ SLOW_S = 0.03
 _for_run = models.for_run
 
 
-def _slow_for_run(cfg: Any) -> nn.Module:
-    model = _for_run(cfg)
-    head = [m for m in model.modules() if isinstance(m, nn.Linear)][-1]
-    head.register_forward_pre_hook(lambda module, args: time.sleep(SLOW_S))
-    return model
+def slowed_by(seconds: float) -> Callable[[Any], nn.Module]:
+    """models.for_run, with every forward of the model's head (its last Linear) `seconds` longer."""
+    def for_run(cfg: Any) -> nn.Module:
+        model = _for_run(cfg)
+        head = [m for m in model.modules() if isinstance(m, nn.Linear)][-1]
+        head.register_forward_pre_hook(lambda module, args: time.sleep(seconds))
+        return model
+    return for_run
 
 
 if __name__ == "__main__":
     if os.environ.get("RANK") == "1":
-        models.for_run = _slow_for_run
+        models.for_run = slowed_by(SLOW_S)
     sys.exit(main(sys.argv[1:]))
