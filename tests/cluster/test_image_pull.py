@@ -20,7 +20,7 @@ from pathlib import Path
 
 import docker
 import pytest
-from kit.image_kit import REPO, load_image
+from kit.image_kit import REPO, build_changed_image, load_image
 from kit.net import free_port
 from kit.orchestrate_kit import IMAGE, Data, job_containers, orch_env, orchestrate, up_args, wait_for
 
@@ -29,6 +29,18 @@ from devcluster.tinyimage import load_tiny_image
 
 pytestmark = [pytest.mark.cluster, pytest.mark.docker, pytest.mark.slow]
 REGISTRY = shutil.which("docker-registry")
+
+
+@pytest.fixture(scope="module")
+def fresh(cluster_factory, cpu_image: str) -> Iterator[Cluster]:  # type: ignore[no-untyped-def]
+    """2 hosts of the module's own, seeded with the CPU image: what they pull is new above it (the test image has a
+    changed line; the base test's is built on a base of its own). Empty hosts cost a load of 0.9 GB into host 0
+    and a pull of 0.9 GB into host 1 and added nothing: which layers a pull brings is the daemon's business, that
+    it pulls is ours; the whole image to empty hosts is the first `up`'s subject
+    (tests/cluster/test_orchestrate_up.py::test_first_up_moves_image_and_data_and_trains_one_proc_per_node)."""
+    c = cluster_factory(2, fresh=True, seeded=True)
+    yield c
+    c.close()
 
 
 @pytest.fixture(scope="module")
@@ -65,12 +77,17 @@ def registry(fresh: Cluster, work: Path) -> Iterator[str]:
 def test_up_pull_gets_the_image_from_the_registry(fresh: Cluster, work: Path, data: Data, hosts: Path,
                                                   registry: str) -> None:
     # Publish: host 0 loads the image and pushes it (the local dockerd does not trust the gateway's registry).
-    name = f"{registry}/ddp-cifar:pull-test"
+    name, changed = f"{registry}/ddp-cifar:pull-test", f"{IMAGE}-pull-test"
     h0, h1 = fresh.hosts
-    load_image(IMAGE, h0.docker_host)
-    h0.run(["docker", "tag", IMAGE, name])
+    build_changed_image(IMAGE, changed, line=f"pull {uuid.uuid4().hex}")  # no host holds it
+    try:
+        load_image(changed, h0.docker_host)
+    finally:
+        docker.from_env().images.remove(changed, noprune=False)
+    h0.run(["docker", "tag", changed, name])
     h0.run(["docker", "push", name], timeout=300)
     pushed = h0.docker_client().images.get(name).id
+    assert name not in {t for i in h1.docker_client().images.list() for t in i.tags}
     res = orchestrate(fresh, work / "state", *up_args(hosts, data, "pull", "--image", name, "--pull",
                                                       trainer=("--max-steps", "1")))
     assert res.returncode == 0

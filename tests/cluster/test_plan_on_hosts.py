@@ -1,8 +1,14 @@
-"""`up --dry-run=hosts --json` on two stock test hosts that hold nothing yet: it probes them and changes nothing,
-and the plan it prints is what `up` then applies (the containers' arguments read back from the daemons, the layers
-sent, the data moved), every container of the attempt included: the short data fetch and network check containers
-are the plan's, each as the daemon's own events tell it was created, and no container is created that the plan
-does not hold.
+"""`up --dry-run=hosts --json` on two stock test hosts that hold no data, job folder or container yet, and the
+previous build of the image (seeded) but not the job's: it probes them and changes nothing, and the plan it prints
+is what `up` then applies (the containers' arguments read back from the daemons, the layers sent, the data moved),
+every container of the attempt included: the short data fetch and network check containers are the plan's, each
+as the daemon's own events tell it was created, and no container is created that the plan does not hold.
+
+The job's image is the CPU image with one changed line (kit.image_kit.build_changed_image), so the plan sends some
+of its layers and not others, and `up` must send exactly those: a plan of every layer, as on empty hosts, would
+check less (every layer is any count's upper bound). Sending the whole image to empty hosts is the first `up`'s
+subject (tests/cluster/test_orchestrate_up.py::test_first_up_moves_image_and_data_and_trains_one_proc_per_node);
+here it cost two loads of 0.9 GB for nothing the plan adds.
 
 Needs root, the local dockerd and the CPU image (DDP_TEST_IMAGE): real sshd, dockerd and the orchestrator.
 """
@@ -12,10 +18,14 @@ from __future__ import annotations
 import json
 import re
 import time
+import uuid
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import docker
 import pytest
+from kit.image_kit import build_changed_image
 from kit.orchestrate_kit import IMAGE, Data, job_containers, orchestrate, up_args
 
 from devcluster import Cluster
@@ -25,9 +35,20 @@ JOB = "planned"
 
 
 @pytest.fixture(scope="module")
-def target(cluster_factory) -> Cluster:  # type: ignore[no-untyped-def]
-    """Two fresh hosts: no image, no data, no job folders."""
-    return cluster_factory(2, fresh=True)
+def target(cluster_factory, cpu_image: str) -> Iterator[Cluster]:  # type: ignore[no-untyped-def]
+    """Two hosts of the module's own: the CPU image (seeded), no data, no job folders."""
+    c = cluster_factory(2, fresh=True, seeded=True)
+    yield c
+    c.close()
+
+
+@pytest.fixture(scope="module")
+def image() -> Iterator[str]:
+    """The CPU image with one line changed: new to the hosts above its changed layer."""
+    tag = f"{IMAGE}-plan-test"
+    build_changed_image(IMAGE, tag, line=f"plan {uuid.uuid4().hex}")  # new to the layer cache of any earlier run
+    yield tag
+    docker.from_env().images.remove(tag, noprune=False)
 
 
 # Where a run on a host writes: the login's home (the job's default folders), and the two temporary folders, which
@@ -86,18 +107,19 @@ def _created(cluster: Cluster, since: float, until: float) -> dict[str, list[dic
     return out
 
 
-def _dry_run(cluster: Cluster, state: Path, hosts: Path, data: Data) -> dict[str, Any]:
-    res = orchestrate(cluster, state, *up_args(hosts, data, JOB, "--check-network", "--dry-run=hosts", "--json"))
+def _dry_run(cluster: Cluster, state: Path, hosts: Path, data: Data, image: str) -> dict[str, Any]:
+    res = orchestrate(cluster, state, *up_args(hosts, data, JOB, "--check-network", "--dry-run=hosts", "--json",
+                                               image=image))
     assert res.returncode == 0, res.stderr
     plan: dict[str, Any] = json.loads(res.stdout)  # stdout is the plan alone; the preflight table went to stderr
     return plan
 
 
 def test_a_dry_run_on_hosts_changes_nothing_and_up_applies_what_it_printed(
-        target: Cluster, work: Path, data: Data, hosts: Path) -> None:
+        target: Cluster, work: Path, data: Data, hosts: Path, image: str) -> None:
     state = work / "state"
     before, t0 = _snapshot(target), time.time()
-    plan = _dry_run(target, state, hosts, data)
+    plan = _dry_run(target, state, hosts, data, image)
     assert _snapshot(target) == before  # no folder, file, image or container created, sent or started
     assert _container_events(target, t0, time.time()) == []  # none started and removed meanwhile either
 
@@ -106,15 +128,15 @@ def test_a_dry_run_on_hosts_changes_nothing_and_up_applies_what_it_printed(
     for i, n in enumerate(nodes):
         home = target.hosts[i].home
         assert all(d.startswith(f"{home}/") for d in n["dirs"].values()), n["dirs"]  # resolved: no ~ left
-        assert n["image"]["kind"] == "send" and n["image"]["layers_sent"] == n["image"]["layers"] > 0
+        assert n["image"]["kind"] == "send" and 0 < n["image"]["layers_sent"] < n["image"]["layers"], n["image"]
         assert n["data"]["kind"] == "download" and n["leftovers"] == []
         assert all(c["ok"] for c in n["checks"])
-        assert n["container"]["image"] == IMAGE and n["docker_run"][:2] == ["docker", "run"]
+        assert n["container"]["image"] == image and n["docker_run"][:2] == ["docker", "run"]
         assert n["gpu_probe"] is None and n["fetch"] and n["network_check"]  # CPU hosts: no GPU probe
-    assert plan["image_check"]["container"]["image"] == IMAGE  # run here, before the plan (its launcher)
+    assert plan["image_check"]["container"]["image"] == image  # run here, before the plan (its launcher)
 
     t1 = time.time()
-    res = orchestrate(target, state, *up_args(hosts, data, JOB, "--check-network", "--detach"))
+    res = orchestrate(target, state, *up_args(hosts, data, JOB, "--check-network", "--detach", image=image))
     assert res.returncode == 0, res.stderr
     try:
         _assert_applied(target, nodes, res.stdout)
