@@ -297,7 +297,8 @@ class Delivery:
     relay: str = option("auto", "--relay", "how the image layers and the --data-from files or archive the nodes lack "
                         "reach them: 'on' = sent once from here to "
                         "the first node that lacks some, which serves them to the others inside the cluster for the "
-                        "transfer's time; 'off' = sent from here to each node; 'auto' = on from "
+                        "transfer's time (the resume checkpoint: served by the node that holds it, nothing through "
+                        "here); 'off' = sent from here to each node; 'auto' = on from "
                         f"{RELAY_AUTO_FROM} such nodes", choices=RELAY_MODES)
     # `submit` passes it to its batch job's `up` (the scheduler's page: "The image: submit brings it")
     image_from: Path | None = option(None, "--image-from", "first load the image into this machine's Docker (only "

@@ -67,7 +67,8 @@ def start(nodes: Session, plan: JobPlan, inputs: PlanInputs, ready: PreflightedH
     """The resume checkpoint where it lacks, then the attempt submitted to the backend: leftovers out, the
     containers started, their GPU sets and port claimed against other `up`s starting at the same moment (a lost
     claim is planned again here, from what the daemons hold then: the plan returned is the one that started)."""
-    copy_resume_checkpoint(nodes, plan)
+    copy_resume_checkpoint(nodes, plan, lambda line: console.print(line, markup=False, highlight=False),
+                           lambda rank: relay_address(nodes, rank, plan.master))
     remember(config)  # the user's options: a port preflight chose is not kept
 
     def replan(found: Sequence[Holdings]) -> tuple[int | None, list[ContainerSpec]]:

@@ -20,7 +20,7 @@ flat: it gains from 9 on.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from orchestrate.config import RELAY_AUTO_FROM, RELAY_FAN_OUT
@@ -86,3 +86,13 @@ def plan_relay(mode: str, held: Mapping[int, int], fan_out: int = RELAY_FAN_OUT)
         return RelayPlan(None)
     fetch = tuple(receivers[1:])
     return RelayPlan(receivers[0], fetch, min(held.values()), tree_parents(receivers[0], fetch, fan_out))
+
+
+def plan_copy_relay(mode: str, source: int, receivers: Sequence[int], fan_out: int = RELAY_FAN_OUT) -> RelayPlan:
+    """Files one node holds already (the resume checkpoint): that node is the relay, serving them to `receivers`
+    down the same tree, when `mode` relays a tree of that many nodes (the same rule as for the layers, which counts
+    the relay node among them: auto from RELAY_AUTO_FROM nodes in all, on from 2). Nothing leaves from here."""
+    fetch = tuple(sorted(receivers))
+    if not fetch or not relay_used(mode, 1 + len(fetch)):
+        return RelayPlan(None)
+    return RelayPlan(source, fetch, 0, tree_parents(source, fetch, fan_out))

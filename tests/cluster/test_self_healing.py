@@ -249,7 +249,8 @@ def test_node_0s_host_cut_off_the_job_finishes_on_the_others_from_the_replica(th
     elsewhere: a .pt replicated and verified on node 1 (test_a_killed_container_is_restarted...), a corrupted .pt
     replica passed over by the real size and sha256 check (tests/orchestrate/test_resume_search.py), a DDP
     resume on another world size (tests/trainer/test_trainer_distributed.py). --restart-backoff 1: the default 10 s
-    only waited. The first attempt runs at a quarter of a core per container (docker update), so that the cut lands
+    only waited. The resume checkpoint reaches the third host from the second inside the cluster (--relay on), not
+    through this machine. The first attempt runs at a quarter of a core per container (docker update), so that the cut lands
     mid-run on a machine of any speed; the restart's containers are new and unthrottled."""
     job, state = "heal-cut", work / "state-cut"
     # Data of its own: the stock-hosts test on these hosts sends its archive into the default data dir.
@@ -257,7 +258,8 @@ def test_node_0s_host_cut_off_the_job_finishes_on_the_others_from_the_replica(th
                                                               for h in three.hosts})
     with serve_data(work / "served3", three.gateway) as data3:
         up = Up(start(three, state, *up_args(hosts, data3, job, "--max-restarts", "1", "--restart-backoff", "1",
-                                             "--min-nodes", "2", trainer=("--epochs", "20", "--strategy", "fsdp"))))
+                                             "--min-nodes", "2", "--relay", "on",
+                                             trainer=("--epochs", "20", "--strategy", "fsdp"))))
         replica = job_dir(three, 1, job)
         # The first attempt's containers get a quarter of a core each (the job's 100 steps took ~6 s on one
         # thread each, ending before two replicas were copied and verified): the cut lands while it trains.
@@ -283,6 +285,14 @@ def test_node_0s_host_cut_off_the_job_finishes_on_the_others_from_the_replica(th
     resumed = up.text.split("resuming from", 1)[1].splitlines()[0]
     assert re.search(rf"\bstep {replicated}\b", resumed), resumed
     assert three.hosts[1].name in resumed or three.hosts[1].addr in resumed
+    # The folder went from node 1's host to node 2's inside the cluster (--relay on: auto relays from 3 nodes in all),
+    # not through here; node 2 had none of it (replicas go to node 1 only).
+    assert re.findall(r"^checkpoint step (\d+) on (.*): fetched from the relay on (.*), sha256 verified, 0 bytes "
+                      r"through here$", up.text, re.M) == [(str(replicated), three.hosts[2].name, three.hosts[1].name)]
+    assert "copying it through here" not in up.text
+    # Nothing left behind: no archive in the relay folders (the server's, the fetch's), no staging folder beside it.
+    assert [p for h in three.hosts[1:] for p in h.path(f"{h.home}/.cache/ddp-cifar/relay").glob("*")] == []
+    assert list(job_dir(three, 2, job).glob(".ddp-relay.*")) == []
     # 256 images, global batch 3 x 16 = 48: 5 steps per epoch, kept on 2 nodes (24 per process).
     records = metrics(three, 1, job)
     restart = [r for r in records if r.get("event") == "restart"]

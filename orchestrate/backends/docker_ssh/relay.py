@@ -1,6 +1,8 @@
 """The image layers relayed inside the cluster (`--relay`, plan/relay.py decides who gets what from where).
 
-The same mechanism carries the `--data-from` files (staging.py): only what lands the archive differs.
+The same mechanism carries the `--data-from` files (staging.py): only what lands the archive differs; and the resume
+checkpoint (ckptrelay.py), whose archive is packed on the node that holds it (`serving_packed`): nothing is sent
+from here.
 
 One archive (the layers the node holding the fewest lacks) goes from here to the relay node over SSH, into a file
 in its ~/.cache/ddp-cifar/relay, its sha256 computed here as it goes; the relay node loads it. Then a stdlib
@@ -22,6 +24,7 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import posixpath
 import secrets
 import threading
 import time
@@ -46,7 +49,7 @@ LOAD_S = 3600.0
 LOAD_IMAGE = ("docker", "load", "-q")  # how a node lands the image archive (on its stdin)
 RETRY_UP = (3, 4)  # fetch exits tried once more from the next ancestor up: the server unreachable, the bytes wrong
 FETCH_EXITS = {3: "cannot reach the relay", 4: "the bytes fetched do not match", 5: "the node could not load them",
-               127: "no python3 on the node"}
+               6: "the node could not pack them", 127: "no python3 on the node"}
 
 
 class RelayError(SSHError):
@@ -136,16 +139,43 @@ def serving(conn: Connection, chunks: Iterator[bytes], land: Sequence[str], what
     """`chunks` (the archive) into a file on the relay node, landed there (`land`: the command that takes it on stdin,
     e.g. `docker load -q`), then served to token holders until the block ends: then the server stops and the file is
     removed. RelayError: the relay node could not be sent, land or serve it (`what` names the archive)."""
-    token = secrets.token_hex(16)
-    folder = f"{conn.identity().home}/{RELAY_DIR}"
-    path = f"{folder}/{what}-{token[:12]}.tar"
-    try:
-        conn.run(["mkdir", "-p", "--", folder], timeout=30, check=True)
+    def put(path: str) -> tuple[int, str]:
+        conn.run(["mkdir", "-p", "--", posixpath.dirname(path)], timeout=30, check=True)
         size, sha256 = _put(conn, chunks, path)
         landed = conn.run(["sh", "-c", 'f=$1; shift; "$@" < "$f"', "land", path, *land], env=_docker_env(conn),
                           timeout=LOAD_S)
         if landed.rc != 0:
             raise RelayError(f"{land[0]} of the archive failed: {_why(landed.err, landed.rc)}")
+        return size, sha256
+
+    with _serving_made(conn, put, what) as served:
+        yield served
+
+
+@contextmanager
+def serving_packed(conn: Connection, folder: str, names: Sequence[str], what: str) -> Iterator[Served]:
+    """The files `names` (relative to `folder`) that the node holds already packed there into one archive (a tar,
+    in that order; nothing sent from here), served to token holders until the block ends: then the server stops and
+    the archive is removed. RelayError: the node could not pack or serve them."""
+    def pack(path: str) -> tuple[int, str]:
+        res = conn.run(["python3", "-c", RELAY_SCRIPT, "pack", path, folder, *names], timeout=LOAD_S)
+        size, _, sha256 = res.out.strip().partition(" ")
+        if res.rc != 0 or not size.isdigit():
+            raise RelayError(_why(res.err, res.rc))
+        return int(size), sha256
+
+    with _serving_made(conn, pack, what) as served:
+        yield served
+
+
+@contextmanager
+def _serving_made(conn: Connection, make: Callable[[str], tuple[int, str]], what: str) -> Iterator[Served]:
+    """The archive made at a new path of the node's relay folder by `make` (which returns its size and sha256),
+    then served until the block ends; the server stopped and the file removed after, or when it fails."""
+    token = secrets.token_hex(16)
+    path = f"{conn.identity().home}/{RELAY_DIR}/{what}-{token[:12]}.tar"
+    try:
+        size, sha256 = make(path)
         chan, port = _serve(conn, path, token)
     except SSHError as err:
         _remove(conn, path)

@@ -13,7 +13,7 @@ from orchestrate.config import RELAY_FAN_OUT
 from orchestrate.masking import mask_text, masked_env, secret_values, url_masked
 from orchestrate.plan import gpus
 from orchestrate.plan.jobplan import ContainerSpec, DataAction, ImageAction, JobPlan, NodePlan
-from orchestrate.plan.relay import RelayPlan, plan_relay
+from orchestrate.plan.relay import RelayPlan, plan_copy_relay, plan_relay
 
 
 def docker_run_argv(spec: ContainerSpec) -> list[str]:
@@ -106,8 +106,8 @@ def render_job_plan(plan: JobPlan) -> str:
     if plan.resume is not None:
         c = plan.resume.checkpoint
         lines.append(f"# resume: step {c.step} (epoch {c.epoch}) from node {plan.resume.source}:{c.path}"
-                     + (f", copied to node(s) {', '.join(map(str, plan.resume.copy_to))}" if plan.resume.copy_to
-                        else ""))
+                     + (f", copied to node(s) {', '.join(map(str, plan.resume.copy_to))} {_copied_text(plan)}"
+                        if plan.resume.copy_to else ""))
     if plan.launcher is None:
         lines.append("# launcher: read from the image once node 0 pulled it (torchrun shown)")
     relay = relay_of(plan)
@@ -127,6 +127,8 @@ def render_job_plan(plan: JobPlan) -> str:
                                                              if n.image.kind == "send" else ""))
         lines.append(f"#   data: {_data_text(n.data)}" + (f", from {data_relay.source(n.rank)}"
                                                            if n.data.kind in RELAYED_DATA else ""))
+        if plan.resume is not None and n.rank in plan.resume.copy_to:
+            lines.append(f"#   resume checkpoint: copied from {_checkpoint_source(plan, n.rank)}")
         lines.append("#   leftovers removed: " + (", ".join(n.leftovers) or "none"))
         lines.append("#   checks: " + ", ".join(f"{v.check} {'ok' if v.ok else 'FAILED'} ({v.text})"
                                                 for v in n.verdicts))
@@ -134,6 +136,15 @@ def render_job_plan(plan: JobPlan) -> str:
         lines.append("#   short containers first: " + (", ".join(short) or "none") + " (--json: their arguments)")
         lines.append(shlex.join(docker_run_argv(n.container)))
     return "\n".join(lines)
+
+
+def _copied_text(plan: JobPlan) -> str:
+    """How the resume checkpoint reaches the nodes that lack it: served by the node that holds it, or through here."""
+    relay = resume_relay_of(plan)
+    if relay.relay is None:
+        return "through here (from its node to this machine to theirs)"
+    return (f"inside the cluster (--relay {plan.relay_mode}): node {relay.relay} "
+            f"{_served_text(relay, 'it').removeprefix('which ')}; a node that cannot fetch it is copied it through here")
 
 
 def _served_text(relay: RelayPlan, them: str) -> str:
@@ -152,6 +163,14 @@ def relay_of(plan: JobPlan) -> RelayPlan:
     return plan_relay(plan.relay_mode, {n.rank: n.image.sent_from for n in plan.nodes if n.image.kind == "send"})
 
 
+def resume_relay_of(plan: JobPlan) -> RelayPlan:
+    """Who gets the resume checkpoint from where: the node that holds it serves it to those that lack it (--relay),
+    or each copy goes through here."""
+    if plan.resume is None:
+        return RelayPlan(None)
+    return plan_copy_relay(plan.relay_mode, plan.resume.source, plan.resume.copy_to)
+
+
 RELAYED_DATA = ("sync", "send")  # the data kinds that --data-from sends from here: a folder synced, an archive
 
 
@@ -160,6 +179,13 @@ def data_relay_of(plan: JobPlan) -> RelayPlan:
     lacks, known only when the nodes are read, so the plan counts every syncing node) or lack a verified copy of
     the archive's data. A node on shared storage with another gets nothing, said then."""
     return plan_relay(plan.relay_mode, {n.rank: 0 for n in plan.nodes if n.data.kind in RELAYED_DATA})
+
+
+def _checkpoint_source(plan: JobPlan, rank: int) -> str:
+    """Where node `rank` gets the resume checkpoint from: 'node R', or 'node S through here'."""
+    assert plan.resume is not None
+    up = resume_relay_of(plan).parent(rank)
+    return f"node {plan.resume.source} through here" if up is None else f"node {up}"
 
 
 def _image_text(action: ImageAction) -> str:
@@ -184,7 +210,8 @@ def plan_json(plan: JobPlan) -> dict[str, Any]:
     if plan.resume is not None:
         c = plan.resume.checkpoint
         resume = {"step": c.step, "epoch": c.epoch, "node": plan.resume.source, "path": c.path,
-                  "copy_to": list(plan.resume.copy_to)}
+                  "copy_to": list(plan.resume.copy_to),
+                  "copy_from": [_checkpoint_source(plan, rank) for rank in plan.resume.copy_to]}
     check = plan.image_check
     return {"form": "hosts", "job": plan.job, "master": plan.master,
             "attempt": dataclasses.asdict(plan.attempt), "launcher": list(plan.launcher) if plan.launcher else None,

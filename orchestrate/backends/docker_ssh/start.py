@@ -6,10 +6,12 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
 
+from orchestrate.backends.docker_ssh.ckptrelay import relay_checkpoint
 from orchestrate.backends.docker_ssh.control import kill_on_host, uid_of
 from orchestrate.backends.docker_ssh.replicate import copy_checkpoint
 from orchestrate.backends.docker_ssh.request import sdk_kwargs
 from orchestrate.plan.jobplan import ContainerSpec, JobPlan
+from orchestrate.plan.relay import plan_copy_relay
 from orchestrate.probe.checkpoints import validate
 from orchestrate.remote.session import Session
 from orchestrate.remote.ssh import fan_out
@@ -19,15 +21,25 @@ if TYPE_CHECKING:  # docker-py is imported where it is used
     from docker.models.containers import Container
 
 
-def copy_resume_checkpoint(nodes: Session, plan: JobPlan) -> None:
-    """The plan's resume checkpoint onto the nodes that lack it, so every rank can load it."""
+def copy_resume_checkpoint(nodes: Session, plan: JobPlan, say: Callable[[str], None],
+                           address_of: Callable[[int], str]) -> None:
+    """The plan's resume checkpoint onto the nodes that lack it, so every rank can load it: served by the node that
+    holds it to the others (`--relay`, plan_copy_relay; `address_of(rank)`: a node's address as the others reach
+    it), or copied through here, as are the nodes that could not fetch it (ckptrelay.py says why, by `say`)."""
     if plan.resume is None:
         return
     best, src = plan.resume.checkpoint, plan.resume.source
-    for rank in plan.resume.copy_to:
-        folder = plan.nodes[rank].dirs["ckpt"]
-        if validate(nodes.conn(rank), folder, best.manifest_name) is None:
-            copy_checkpoint(nodes.conn(src), best, nodes.conn(rank), folder)
+
+    def folder(rank: int) -> str:
+        return plan.nodes[rank].dirs["ckpt"]
+
+    lacking = [rank for rank in plan.resume.copy_to if validate(nodes.conn(rank), folder(rank), best.manifest_name)
+               is None]
+    chosen = plan_copy_relay(plan.relay_mode, src, lacking)
+    through_here = lacking if chosen.relay is None else \
+        sorted(relay_checkpoint(nodes, chosen, best, folder, address_of, say))
+    for rank in through_here:
+        copy_checkpoint(nodes.conn(src), best, nodes.conn(rank), folder(rank))
 
 
 def remove_leftovers(nodes: Session, job: str, grace: float, ranks: Sequence[int]) -> None:

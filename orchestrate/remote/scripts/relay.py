@@ -12,6 +12,10 @@
                         as fetch, but the checked archive is kept as FILE (a new name in its folder), not landed:
                         the node serves it to the next nodes of a relay tree (`serve FILE`, which removes it) while
                         the orchestrator lands it.
+    pack FILE FOLDER NAME...
+                        on a node that holds files already (the resume checkpoint): the files NAME... of FOLDER
+                        (relative paths) into a new FILE, an uncompressed tar in that order, to be served; prints
+                        "<size> <sha256>" of FILE. Exit 6 (FILE removed) when a file cannot be read or FILE written.
 Exit 3: the relay cannot be reached; 4: the bytes fetched are short or have another digest; 5: LAND failed.
 The reason is the last line on stderr.
 """
@@ -22,6 +26,7 @@ import os
 import socket
 import subprocess
 import sys
+import tarfile
 import tempfile
 import threading
 
@@ -107,10 +112,29 @@ def keep(addr, port, sha256, size, path):
     fetch(addr, port, sha256, size, os.path.dirname(path), keep=path)
 
 
+def pack(path, folder, *names):
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    digest = hashlib.sha256()
+    try:
+        with tarfile.open(path, "x", format=tarfile.PAX_FORMAT) as tar:  # O_EXCL: never a file planted beforehand
+            for name in names:
+                tar.add(os.path.join(folder, name), arcname=name, recursive=False)
+        with open(path, "rb") as packed:  # read back: what the fetching nodes will check
+            while block := packed.read(BLOCK):
+                digest.update(block)
+    except OSError as err:
+        if not isinstance(err, FileExistsError) and os.path.lexists(path):  # ours, part written
+            os.unlink(path)
+        fail(6, f"cannot pack {err.filename or path}: {err.strerror or err}")
+    print(os.path.getsize(path), digest.hexdigest())
+
+
 if __name__ == "__main__":
     if sys.argv[1] == "serve":
         serve(*sys.argv[2:])
     elif sys.argv[1] == "keep":
         keep(*sys.argv[2:])
+    elif sys.argv[1] == "pack":
+        pack(*sys.argv[2:])
     else:
         fetch(*sys.argv[2:])
