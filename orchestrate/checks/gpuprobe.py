@@ -27,10 +27,11 @@ from pathlib import Path
 
 from orchestrate.backends.protocol import Backend, ShortRunResult
 from orchestrate.errors import PreflightError
+from orchestrate.fanout import fan_out
 from orchestrate.localfs import cache_root, write_atomically
 from orchestrate.plan.jobplan import ContainerSpec
 from orchestrate.remote.session import Session
-from orchestrate.remote.ssh import Connection, fan_out
+from orchestrate.remote.ssh import Connection
 from trainer.contract import GPU_PROBE_FIELDS
 
 PROBE_TIMEOUT_S = 180  # importing torch and starting CUDA on 8 GPUs takes seconds, never minutes

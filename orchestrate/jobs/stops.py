@@ -27,8 +27,8 @@ import time
 
 from orchestrate import pauses
 from orchestrate.errors import MultiHostError, SSHError
+from orchestrate.fanout import fan_out
 from orchestrate.remote.session import Session
-from orchestrate.remote.ssh import fan_out
 
 JOBS_FOLDER = ".local/share/ddp-cifar/jobs"  # under the login's home; the default checkpoint/log dirs live there too
 RECORD = "stop"

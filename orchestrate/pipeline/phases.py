@@ -17,6 +17,7 @@ from orchestrate.backends.docker_ssh.start import copy_resume_checkpoint
 from orchestrate.backends.protocol import Backend, Submitted
 from orchestrate.config import UpConfig
 from orchestrate.errors import JobError
+from orchestrate.fanout import fan_out
 from orchestrate.jobs import stops
 from orchestrate.jobs.memory import remember
 from orchestrate.pipeline.ready import PreflightedHosts
@@ -25,7 +26,6 @@ from orchestrate.plan.regrant import regrant
 from orchestrate.probe.imagecheck import check_image
 from orchestrate.probe.observations import Holdings
 from orchestrate.remote.session import Session
-from orchestrate.remote.ssh import fan_out
 
 
 def images(ready: PreflightedHosts, plan: JobPlan, config: UpConfig, console: Console) -> JobPlan:

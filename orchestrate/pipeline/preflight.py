@@ -79,7 +79,7 @@ def run_preflight(daemons: Daemons[Session], nodes: Session, config: UpConfig, m
     """Check all hosts in parallel; print the table; raise PreflightError (one line per host) on any failure,
     unless `may_fail` (a restart that may leave failing hosts out: the caller decides). `replace`: a running
     job of the same name passes (it is removed before the start)."""
-    from orchestrate.remote.ssh import fan_out
+    from orchestrate.fanout import fan_out
 
     master_port = nodes.connected()[0].host.port
     reports: list[HostReport] = []

@@ -7,6 +7,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from orchestrate.config import Data, Delivery
+from orchestrate.fanout import fan_out
 from orchestrate.probe.daemons import Daemons
 from orchestrate.probe.datacopy import has_verified_copy
 from orchestrate.probe.layers import held_prefix
@@ -18,7 +19,6 @@ from orchestrate.probe.observations import (
     lacks_base,
 )
 from orchestrate.remote.session import Session
-from orchestrate.remote.ssh import fan_out
 
 
 def _layers_held(daemons: Daemons[Session], nodes: Session, ranks: Sequence[int], diff_ids: Sequence[str]) -> dict[int, int]:

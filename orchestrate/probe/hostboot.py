@@ -10,9 +10,10 @@ from enum import Enum
 
 from rich.console import Console
 
+from orchestrate.fanout import fan_out
 from orchestrate.hosts import Host
 from orchestrate.remote import scripts
-from orchestrate.remote.ssh import Connection, fan_out
+from orchestrate.remote.ssh import Connection
 
 SCRIPT = scripts.text("boot.sh")
 PROBE_TIMEOUT_S = 8.0

@@ -9,11 +9,11 @@ from typing import Protocol
 from rich.console import Console
 
 from orchestrate.errors import NoCheckpointError
+from orchestrate.fanout import fan_out
 from orchestrate.hosts import Host
 from orchestrate.probe.checkpoints import newest_valid
 from orchestrate.probe.observations import Checkpoint, ResumePoint
 from orchestrate.remote.session import Session
-from orchestrate.remote.ssh import fan_out
 
 
 class HostWithFolders(Protocol):

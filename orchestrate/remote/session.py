@@ -6,9 +6,10 @@ from collections.abc import Sequence
 from typing import Any
 
 from orchestrate.errors import SSHError
+from orchestrate.fanout import fan_out
 from orchestrate.hosts import Host
 from orchestrate.remote.docker import client_over_ssh
-from orchestrate.remote.ssh import Connection, connect_all, fan_out
+from orchestrate.remote.ssh import Connection, connect_all
 
 
 class Session:

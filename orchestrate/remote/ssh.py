@@ -1,8 +1,8 @@
-"""SSH with paramiko: one connection per host, host keys verified, commands quoted, parallel fan-out.
+"""SSH with paramiko: one connection per host, host keys verified, commands quoted, opened in parallel.
 
 Every argument sent to a host is shlex-quoted (sshd always hands the command to the user's shell, so quoting
-is what keeps host names, paths and values from running anything). Fan-out runs a function on every host in
-a thread pool and collects every host's failure into one MultiHostError.
+is what keeps host names, paths and values from running anything). Connections open through the fan-out
+(orchestrate/fanout.py), which collects every host's failure into one MultiHostError.
 """
 
 from __future__ import annotations
@@ -15,21 +15,18 @@ import shlex
 import socket
 import threading
 import time
-from collections.abc import Callable, Iterator, Mapping, Sequence
-from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from typing import TypeVar
 
 import paramiko
 
 from orchestrate.errors import HostKeyError, MultiHostError, SSHError
+from orchestrate.fanout import fan_out
 from orchestrate.hosts import Host
 from orchestrate.remote import scripts
 from orchestrate.remote.identity import Identity
 
 log = logging.getLogger(__name__)
-T = TypeVar("T")
-R = TypeVar("R")
 
 CONNECT_TIMEOUT = 10.0
 KEEPALIVE_S = 5
@@ -386,25 +383,6 @@ def _drain(chan: paramiko.Channel, deadline: float, label: str, what: str) -> tu
             if time.monotonic() > deadline:
                 raise TimeoutError(f"{label}: {what}")
             time.sleep(0.01)
-
-
-def fan_out(what: str, items: Sequence[T], fn: Callable[[T], R], label: Callable[[T], str],
-            max_workers: int = 32) -> list[R]:
-    """Run fn on every item in parallel; return results in order, or raise one error naming every failure."""
-    if not items:
-        return []
-    with ThreadPoolExecutor(max_workers=min(max_workers, len(items))) as pool:
-        futures = [pool.submit(fn, item) for item in items]
-        results: list[R] = []
-        failures: dict[str, BaseException] = {}
-        for item, future in zip(items, futures, strict=True):
-            try:
-                results.append(future.result())
-            except Exception as err:  # collected and reported per host, never lost
-                failures[label(item)] = err
-    if failures:
-        raise MultiHostError(what, failures)
-    return results
 
 
 def connect_all(hosts: Sequence[Host], accept_new_host_keys: bool = False) -> list[Connection]:

@@ -12,13 +12,13 @@ from rich.console import Console
 
 from orchestrate.backends.protocol import Ranks, RankState
 from orchestrate.errors import SSHError
+from orchestrate.fanout import fan_out
 from orchestrate.loglines import follow_lines
 from orchestrate.outcome import End, Outcome
 from orchestrate.plan.jobplan import ContainerSpec
 from orchestrate.probe.heartbeat import Beat, read_beat
 from orchestrate.probe.hostboot import Boot, Change, change, read_boot
 from orchestrate.remote.session import Session
-from orchestrate.remote.ssh import fan_out
 from orchestrate.watch.health import STACK_WAIT_S, RankStack, StallClock, read_stacks
 from orchestrate.watch.outcome import diverged_line, oom_reason
 from orchestrate.watch.progress import ProgressView

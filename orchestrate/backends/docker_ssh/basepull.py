@@ -8,9 +8,9 @@ from collections.abc import Mapping
 
 from rich.console import Console
 
+from orchestrate.fanout import fan_out
 from orchestrate.plan.jobplan import JobPlan
 from orchestrate.remote.session import Session
-from orchestrate.remote.ssh import fan_out
 
 
 def base_first(nodes: Session, plan: JobPlan, image: str, console: Console) -> dict[int, int]:

@@ -21,12 +21,12 @@ from orchestrate.backends.docker_ssh.observe import created_claim, read_holdings
 from orchestrate.backends.docker_ssh.start import start_containers
 from orchestrate.backends.protocol import Replan
 from orchestrate.errors import JobError
+from orchestrate.fanout import fan_out
 from orchestrate.labels import JOB_LABEL, OWNER_UID_LABEL, PORT_LABEL
 from orchestrate.plan import gpuset
 from orchestrate.plan.jobplan import ContainerSpec
 from orchestrate.probe.observations import Held, Holdings
 from orchestrate.remote.session import Session
-from orchestrate.remote.ssh import fan_out
 
 MAX_TRIES = 8  # claims lost in a row before giving up: each loss means another job just took what we wanted
 BACKOFF_S = (0.2, 0.8)  # the random wait after the first loss, doubled after each further one (at most 8x)

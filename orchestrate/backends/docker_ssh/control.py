@@ -18,6 +18,7 @@ from orchestrate.backends.docker_ssh import jobview, owner
 from orchestrate.backends.docker_ssh.jobview import folder_of, node_rank
 from orchestrate.backends.protocol import JobStatus, NodeLog, RankFiles, StatusRow
 from orchestrate.errors import JobError, MultiHostError
+from orchestrate.fanout import fan_out
 from orchestrate.labels import JOB_LABEL, PREFETCH_LABEL
 from orchestrate.masking import mask_text
 from orchestrate.plan.jobplan import CKPT_MOUNT, LOG_MOUNT
@@ -25,7 +26,6 @@ from orchestrate.probe.checkpoints import newest_manifest
 from orchestrate.remote import scripts
 from orchestrate.remote.docker import job_containers
 from orchestrate.remote.session import Session
-from orchestrate.remote.ssh import fan_out
 
 
 @dataclass(frozen=True)

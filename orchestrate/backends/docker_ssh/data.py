@@ -25,12 +25,13 @@ from orchestrate.backends.docker_ssh.relay import (
 from orchestrate.backends.docker_ssh.request import sdk_kwargs
 from orchestrate.config import Data
 from orchestrate.errors import SSHError
+from orchestrate.fanout import fan_out
 from orchestrate.plan.jobplan import ContainerSpec
 from orchestrate.plan.relay import RelayPlan, plan_relay
 from orchestrate.probe.datacopy import has_verified_copy
 from orchestrate.remote import scripts
 from orchestrate.remote.session import Session
-from orchestrate.remote.ssh import Connection, fan_out
+from orchestrate.remote.ssh import Connection
 from trainer.contract import ARCHIVE_NAME
 
 ARCHIVE = ARCHIVE_NAME
@@ -134,8 +135,6 @@ def shared_folders(conns: Sequence[Connection], folders: Sequence[str]) -> list[
 
     Each node writes a file with a random token and its index into its folder; a node that lists the files of
     others there shares the folder with them (an NFS home, a /data mount), whatever the paths are called."""
-    from orchestrate.remote.ssh import fan_out
-
     prefix = f".ddp-cifar-share-{secrets.token_hex(8)}-"
     ranks = list(range(len(conns)))
     fan_out("shared-storage check", ranks, lambda i: _token(conns[i], posixpath.join(folders[i], f"{prefix}{i}")),

@@ -35,8 +35,9 @@ from orchestrate.backends.docker_ssh.staging import (
     unpack_command,
 )
 from orchestrate.config import Data
+from orchestrate.fanout import fan_out
 from orchestrate.plan.relay import plan_relay, relay_used
-from orchestrate.remote.ssh import Connection, fan_out
+from orchestrate.remote.ssh import Connection
 
 Stage = Callable[[int, "Put | None"], StageResult]  # stages node i, its changed files sent by the Put (None: here)
 Progress = Callable[[int], Callable[[int, int], None]]  # node i's progress bar

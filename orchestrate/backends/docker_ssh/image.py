@@ -30,11 +30,11 @@ from orchestrate.backends.docker_ssh.sendlayers import (
     summary_line,
 )
 from orchestrate.errors import SSHError
+from orchestrate.fanout import fan_out
 from orchestrate.plan.jobplan import JobPlan
 from orchestrate.plan.relay import plan_relay
 from orchestrate.remote.docker import image_id
 from orchestrate.remote.session import Session
-from orchestrate.remote.ssh import fan_out
 
 
 def deliver(nodes: Session, held: Mapping[int, int], local: Any, local_id: str, name: str, console: Console,

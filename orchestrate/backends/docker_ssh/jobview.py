@@ -10,13 +10,13 @@ from datetime import datetime, timezone
 from typing import Any
 
 from orchestrate.backends.docker_ssh.rfc3339 import docker_time
+from orchestrate.fanout import fan_out
 from orchestrate.labels import GPUS_LABEL, RANK_LABEL, RESTART_CAUSE_LABEL, RESTART_LABEL
 from orchestrate.plan.jobplan import CKPT_MOUNT
 from orchestrate.probe.gpuusage import read_usage
 from orchestrate.probe.heartbeat import Beat, hms, read_beat
 from orchestrate.probe.observations import label_ids
 from orchestrate.remote.session import Session
-from orchestrate.remote.ssh import fan_out
 
 Found = Mapping[int, Sequence[Any]]  # host index -> the job's containers there (the caller's own)
 

@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 from orchestrate.backends.docker_ssh.request import sdk_kwargs
 from orchestrate.errors import PreflightError
+from orchestrate.fanout import fan_out
 from orchestrate.labels import GPUS_LABEL, JOB_LABEL, PORT_LABEL, is_mine
 from orchestrate.plan.jobplan import ContainerSpec
 from orchestrate.probe.baseimage import BASE_DIGEST_LABEL, BASE_NAME_LABEL, base_of
@@ -18,7 +19,6 @@ from orchestrate.probe.layers import all_chain_ids
 from orchestrate.probe.observations import HOLDING, ContainerSeen, Held, Holdings, LocalBase, LocalImage, held
 from orchestrate.remote.docker import client_over_ssh, job_containers
 from orchestrate.remote.session import Session
-from orchestrate.remote.ssh import fan_out
 
 if TYPE_CHECKING:  # docker-py is imported where it is used
     from docker import DockerClient

@@ -12,10 +12,10 @@ from datetime import datetime, timezone
 from typing import Any
 
 from orchestrate.backends.protocol import JobRow
+from orchestrate.fanout import fan_out
 from orchestrate.labels import GPUS_LABEL, JOB_LABEL, RANK_LABEL, is_mine, owner_text
 from orchestrate.remote.docker import job_containers
 from orchestrate.remote.session import Session
-from orchestrate.remote.ssh import fan_out
 
 
 def mine(client: Any, job: str, uid: int) -> list[Any]:

@@ -36,10 +36,11 @@ from typing import TypeVar
 import paramiko
 
 from orchestrate.errors import SSHError
+from orchestrate.fanout import fan_out
 from orchestrate.plan.relay import RelayPlan
 from orchestrate.remote import scripts
 from orchestrate.remote.session import Session
-from orchestrate.remote.ssh import Connection, fan_out, quote_command
+from orchestrate.remote.ssh import Connection, quote_command
 
 RELAY_SCRIPT = scripts.text("relay.py")
 RELAY_DIR = ".cache/ddp-cifar/relay"

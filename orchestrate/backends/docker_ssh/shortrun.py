@@ -11,10 +11,10 @@ from orchestrate.backends.docker_ssh.control import kill_on_host, uid_of
 from orchestrate.backends.docker_ssh.request import sdk_kwargs
 from orchestrate.backends.docker_ssh.start import start_containers
 from orchestrate.backends.protocol import ShortRunResult
+from orchestrate.fanout import fan_out
 from orchestrate.labels import JOB_LABEL
 from orchestrate.plan.jobplan import ContainerSpec
 from orchestrate.remote.session import Session
-from orchestrate.remote.ssh import fan_out
 
 
 def run(nodes: Session, specs: Mapping[int, ContainerSpec], timeout: float, what: str,

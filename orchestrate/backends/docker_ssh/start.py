@@ -10,11 +10,11 @@ from orchestrate.backends.docker_ssh.ckptrelay import relay_checkpoint
 from orchestrate.backends.docker_ssh.control import kill_on_host, uid_of
 from orchestrate.backends.docker_ssh.replicate import copy_checkpoint
 from orchestrate.backends.docker_ssh.request import sdk_kwargs
+from orchestrate.fanout import fan_out
 from orchestrate.plan.jobplan import ContainerSpec, JobPlan
 from orchestrate.plan.relay import plan_copy_relay
 from orchestrate.probe.checkpoints import validate
 from orchestrate.remote.session import Session
-from orchestrate.remote.ssh import fan_out
 
 if TYPE_CHECKING:  # docker-py is imported where it is used
     from docker import DockerClient
