@@ -22,8 +22,9 @@ from orchestrate.config import UpConfig
 from orchestrate.errors import ConfigError, MultiHostError
 from orchestrate.gpuspec import GPUS_ALL
 from orchestrate.plan.jobplan import ContainerSpec, JobPlan
+from orchestrate.probe.bootchange import Boot
 from orchestrate.probe.daemons import Daemons, Local
-from orchestrate.probe.observations import Holdings
+from orchestrate.probe.observations import Checkpoint, Holdings
 
 Request = dict[str, Any]  # JSON-ready, secrets masked
 # The connection to the hosts that a backend runs a command over, opaque here: each backend names its own (Docker
@@ -49,8 +50,10 @@ class RankState:
 
 
 class Ranks(Protocol):
-    """The watcher's view of one submitted attempt, node by node (node rank = index into the plan's nodes).
-    Each method may raise when the host does not answer: the watcher then asks the host itself why."""
+    """The watcher's view of one submitted attempt, node by node (node rank = index into the plan's nodes): the
+    nodes' parts, the files they write and the hosts they run on, read however the backend reaches them (the
+    watcher names no connection). Each method may raise when the host does not answer: the watcher then asks the
+    host itself why (`boot`)."""
 
     def follow(self, rank: int) -> Iterator[bytes]:
         """The node's output as it comes; called again after a broken stream, it goes on after the last line
@@ -73,6 +76,27 @@ class Ranks(Protocol):
 
     def signal_ranks(self, rank: int) -> list[int]:
         """SIGUSR1 to every training process of the node (stack dumps); the global ranks signalled."""
+        ...
+
+    def read_file(self, rank: int, path: str, timeout: float) -> bytes:
+        """A file the node's part wrote, by its path on the node's host (in the plan's folders: the heartbeat, the
+        stack dumps, the metrics), read within `timeout` s; OSError when there is none."""
+        ...
+
+    def newest_checkpoint(self, rank: int, folder: str) -> Checkpoint | None:
+        """The newest checkpoint in the node's `folder` that checks out against its manifest (probe/checkpoints.py);
+        None when none does."""
+        ...
+
+    def boot(self, rank: int) -> Boot | None:
+        """The node's host's boot and its daemon's start now, which the watcher compares with an earlier reading
+        (probe/bootchange.py) to tell a reboot or a daemon restart from a node that merely stopped; None when the
+        host does not answer. SSHError once the node is lost (`lose`)."""
+        ...
+
+    def lose(self, rank: int, why: str) -> None:
+        """The node answered nothing for long: every later use of its host in this command (stopping the job,
+        finding the newest checkpoint) fails at once with `why` instead of waiting out the timeouts again."""
         ...
 
 

@@ -198,11 +198,12 @@ def _watched(backend: Backend[Session], nodes: Session, plan: JobPlan, handles: 
              console: Console, timings: Timings, hangup: Hangup) -> AttemptResult:
     specs = plan.specs
     resumed_from = plan.resume.checkpoint.step if plan.resume else None
+    ranks = backend.attach(nodes, handles)
     with timings.phase("run"):
-        outcome = watch(backend, nodes, specs, handles, config, console, hangup)
+        outcome = watch(backend, nodes, specs, ranks, config, console, hangup)
     if outcome.ok and outcome.end is not End.DETACHED:
         with timings.phase("summary"):
-            summary(nodes, specs, console)
+            summary(ranks, specs, console)
     if outcome.failed_rank is not None:  # the rank in this attempt's plan: say which host it was
         outcome = replace(outcome, host=specs[outcome.failed_rank].host.label)
     if outcome.ok or outcome.end not in restarts.RESTARTABLE:  # no restart follows: no checkpoint to look for

@@ -7,12 +7,11 @@ from __future__ import annotations
 import time
 from collections.abc import Sequence
 from dataclasses import replace
-from typing import Any
 
 from rich.console import Console
 
 from orchestrate.backends.docker_ssh.replicate import Replicator
-from orchestrate.backends.protocol import Backend
+from orchestrate.backends.protocol import Backend, Ranks
 from orchestrate.config import UpConfig
 from orchestrate.masking import secret_values
 from orchestrate.outcome import End, Outcome
@@ -30,13 +29,12 @@ from orchestrate.watch.watcher import (
 )
 
 
-def watch(backend: Backend[Session], nodes: Session, specs: Sequence[ContainerSpec], handles: Sequence[Any], config: UpConfig,
+def watch(backend: Backend[Session], nodes: Session, specs: Sequence[ContainerSpec], ranks: Ranks, config: UpConfig,
           console: Console, hangup: Hangup) -> Outcome:
     """Stay attached until the job succeeds or a node fails; on failure stop the job everywhere. Meanwhile:
     progress from the heartbeat, each new checkpoint replicated off node 0. The terminal going away (SIGHUP) ends
     the watch and leaves the job running."""
-    watcher = Watcher(nodes, specs, backend.attach(nodes, handles), console, secret_values(config.program.env_dict),
-                      config.resilience.stall_timeout)
+    watcher = Watcher(specs, ranks, console, secret_values(config.program.env_dict), config.resilience.stall_timeout)
     replicator = Replicator(nodes, specs, config.resilience.ckpt_mirror, console)
     view = ProgressView(console)
     watcher.read_boots()

@@ -1,4 +1,4 @@
-"""Read the trainer's files on a node without torch: checkpoint manifests (docs/DESIGN.md §2) and metrics.
+"""Read the trainer's checkpoints on a node without torch: their manifests (docs/DESIGN.md §2), checked against the files.
 
 A checkpoint counts only when its manifest exists and the .pt's size and sha256 match (sha256 computed on
 the node, path quoted). An FSDP checkpoint is a step folder (trainer/contract.py): it counts only when its
@@ -19,7 +19,6 @@ from orchestrate.remote.ssh import Connection
 from trainer.contract import (
     CKPT_FOLDER_RE,
     MANIFEST_RE,
-    METRICS_FILE,
     SHARDED_MANIFEST,
     Manifest,
     ShardedManifest,
@@ -113,15 +112,6 @@ def newest_manifest(conn: Connection, folder: str) -> dict[str, Any] | None:
             found["file"] = posixpath.dirname(name)
         return found
     return None
-
-
-def last_metrics(conn: Connection, folder: str) -> dict[str, Any] | None:
-    try:
-        text = conn.read_file(posixpath.join(folder, METRICS_FILE)).decode(errors="replace")
-        lines = [ln for ln in text.splitlines() if ln.strip()]
-        return dict(json.loads(lines[-1])) if lines else None
-    except (OSError, ValueError):
-        return None
 
 
 # ---- replication: the newest checkpoint survives its node --------------------------------------------------

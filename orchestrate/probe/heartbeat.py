@@ -1,16 +1,18 @@
-"""Rank 0's heartbeat (docs/DESIGN.md §2), read over SSH: what `up`'s progress line and `status` show."""
+"""Rank 0's heartbeat (docs/DESIGN.md §2), read through whatever reads the node's files (the backend's Ranks for the
+watcher, the SSH connection for `status`): what `up`'s progress line and `status` show."""
 
 from __future__ import annotations
 
 import posixpath
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
-from orchestrate.remote.ssh import Connection
 from trainer import contract, straggler
 from trainer.contract import HEARTBEAT_FILE
 
 NODE_LINE_WIDTH = 100  # status's node lines: one terminal line each
+# Reads one node's file: (its path on the node's host, timeout in seconds) -> its bytes; OSError when there is none.
+ReadFile = Callable[[str, float], bytes]
 
 
 @dataclass(frozen=True)
@@ -73,8 +75,9 @@ def hms(seconds: float) -> str:
     return f"{s // 3600}h{s % 3600 // 60:02d}m{s % 60:02d}s"
 
 
-def read_beat(conn: Connection, ckpt_dir: str) -> Beat | None:
+def read_beat(read_file: ReadFile, ckpt_dir: str) -> Beat | None:
+    """The heartbeat in the node's `ckpt_dir`; None when there is none or it is not a heartbeat."""
     try:
-        return Beat.parse(conn.read_file(posixpath.join(ckpt_dir, HEARTBEAT_FILE), timeout=10).decode(errors="replace"))
+        return Beat.parse(read_file(posixpath.join(ckpt_dir, HEARTBEAT_FILE), 10).decode(errors="replace"))
     except OSError:  # no heartbeat yet (or not this kind of program)
         return None

@@ -1,28 +1,21 @@
-"""A host's boot and its Docker daemon's start, read over SSH, to tell why a node's Docker API stopped answering:
-the host rebooted, its daemon restarted (or is down while sshd answers), or the host is unreachable."""
+"""A host's boot and its Docker daemon's start, read over SSH (what the Docker-over-SSH backend's Ranks.boot answers,
+probe/bootchange.py tells what changed), and the wait for hosts to answer again before a restart."""
 
 from __future__ import annotations
 
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
-from enum import Enum
 
 from rich.console import Console
 
 from orchestrate.fanout import fan_out
 from orchestrate.hosts import Host
+from orchestrate.probe.bootchange import Boot
 from orchestrate.remote import scripts
 from orchestrate.remote.ssh import Connection
 
 SCRIPT = scripts.text("boot.sh")
 PROBE_TIMEOUT_S = 8.0
-
-
-@dataclass(frozen=True)
-class Boot:
-    boot_id: str
-    daemon: str | None  # "PID STARTTIME" of the running dockerd; None while none runs
 
 
 def parse_boot(out: str) -> Boot | None:
@@ -39,39 +32,6 @@ def read_boot(conn: Connection) -> Boot | None:
         return parse_boot(conn.run(["sh", "-c", SCRIPT], timeout=PROBE_TIMEOUT_S).out)
     except Exception:  # unreachable: the caller keeps its own "unreachable" verdict
         return None
-
-
-class Change(Enum):
-    """What happened to a host since an earlier reading."""
-
-    NONE = "nothing seen"
-    REBOOTED = "rebooted"
-    RESTARTED = "Docker daemon restarted"
-    DAEMON_DOWN = "Docker daemon down"
-
-    @property
-    def ended_the_job(self) -> bool:
-        """A reboot or a daemon restart ended every container of the host (no live-restore): no need to wait."""
-        return self in (Change.REBOOTED, Change.RESTARTED)
-
-    def cause(self, host: str) -> str:
-        return {Change.NONE: f"Docker API of {host} does not answer (sshd answers)",
-                Change.REBOOTED: f"{host} rebooted",
-                Change.RESTARTED: f"Docker daemon on {host} restarted",
-                Change.DAEMON_DOWN: f"Docker daemon on {host} is down (sshd answers)"}[self]
-
-
-def change(before: Boot | None, now: Boot) -> Change:
-    """PURE: what happened to the host between two readings (NONE also when there is no earlier one)."""
-    if before is None:
-        return Change.NONE
-    if now.boot_id != before.boot_id:
-        return Change.REBOOTED
-    if before.daemon is None:  # no pid file where a stock install keeps it: nothing to compare
-        return Change.NONE
-    if now.daemon is None:
-        return Change.DAEMON_DOWN
-    return Change.RESTARTED if now.daemon != before.daemon else Change.NONE
 
 
 def _answers(host: Host, accept_new_host_keys: bool) -> bool:

@@ -1,7 +1,8 @@
 """Is the job alive and moving? Rank 0's heartbeat (docs/DESIGN.md §2), the stall rule, stack dumps of every rank.
 
-The heartbeat is read over SSH on each poll; no torch here. A program that writes no heartbeat gets no progress
-line and no stall check (its failures are still seen by exit codes and host polls).
+The heartbeat (on each poll) and the dumps are read through the backend's Ranks (its `read_file`); no torch here.
+A program that writes no heartbeat gets no progress line and no stall check (its failures are still seen by exit
+codes and host polls).
 """
 
 from __future__ import annotations
@@ -14,8 +15,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from orchestrate.probe.heartbeat import Beat
-from orchestrate.remote.ssh import Connection
+from orchestrate.probe.heartbeat import Beat, ReadFile
 from trainer.contract import FR_DUMP_PREFIX, PEER_WAIT_FUNCTION, stack_file_name
 
 STALL_STEP_FACTOR = 3.0  # a stall is never declared before 3x the slowest step seen
@@ -90,12 +90,11 @@ class RankStack:
         return any(marker in self.text for marker in COLLECTIVE_MARKERS)
 
 
-def read_stacks(conn: Connection, log_dir: str, node: int, ranks: Sequence[int]) -> list[RankStack]:
+def read_stacks(read_file: ReadFile, log_dir: str, node: int, ranks: Sequence[int]) -> list[RankStack]:
     out = []
     for rank in ranks:
         try:
-            text = conn.read_file(posixpath.join(log_dir, stack_file_name(rank)), timeout=30).decode(
-                errors="replace")
+            text = read_file(posixpath.join(log_dir, stack_file_name(rank)), 30).decode(errors="replace")
         except OSError:
             text = ""
         out.append(RankStack(node, rank, text))
@@ -146,11 +145,11 @@ def flight_recorder_lines(dumps: dict[int, bytes]) -> list[str]:
     return lines
 
 
-def read_fr_dumps(conn: Connection, log_dir: str, ranks: Sequence[int]) -> dict[int, bytes]:
+def read_fr_dumps(read_file: ReadFile, log_dir: str, ranks: Sequence[int]) -> dict[int, bytes]:
     found = {}
     for rank in ranks:
         try:
-            found[rank] = conn.read_file(posixpath.join(log_dir, f"{FR_DUMP_PREFIX}{rank}"), timeout=30)
+            found[rank] = read_file(posixpath.join(log_dir, f"{FR_DUMP_PREFIX}{rank}"), 30)
         except OSError:  # none written (the usual case at a stall check)
             continue
     return found

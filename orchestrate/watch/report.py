@@ -2,19 +2,21 @@
 
 from __future__ import annotations
 
+import json
+import posixpath
 from collections.abc import Sequence
 from dataclasses import replace
-from typing import Protocol
+from functools import partial
+from typing import Any, Protocol
 
 from rich.console import Console
 
+from orchestrate.backends.protocol import Ranks
 from orchestrate.config import Program
 from orchestrate.loglines import print_lines
 from orchestrate.outcome import End, Outcome
 from orchestrate.plan.jobplan import ContainerSpec
-from orchestrate.probe.checkpoints import last_metrics, newest_valid
 from orchestrate.probe.heartbeat import Beat
-from orchestrate.remote.session import Session
 from orchestrate.watch.health import RankStack, culprits, flight_recorder_lines, read_fr_dumps
 from trainer.contract import METRICS_FILE, STOP_LINE
 
@@ -22,7 +24,7 @@ from trainer.contract import METRICS_FILE, STOP_LINE
 class Watched(Protocol):
     """What a report reads of the watch of an attempt (watcher.py's Watcher, which calls the reports)."""
 
-    nodes: Session
+    ranks: Ranks
     specs: Sequence[ContainerSpec]
     console: Console
     secrets: list[str]
@@ -89,18 +91,18 @@ def _fr_dumps(watcher: Watched, stacks: Sequence[RankStack]) -> dict[int, bytes]
     dumps: dict[int, bytes] = {}
     for node, spec in enumerate(watcher.specs):
         try:
-            dumps.update(read_fr_dumps(watcher.nodes.conn(node), spec.dirs["log"],
+            dumps.update(read_fr_dumps(partial(watcher.ranks.read_file, node), spec.dirs["log"],
                                        [s.rank for s in stacks if s.node == node]))
         except Exception:  # an unreachable node has no dumps to give; the others still do
             continue
     return dumps
 
 
-def summary(nodes: Session, specs: Sequence[ContainerSpec], console: Console) -> None:
-    """Epochs, final accuracy (metrics.jsonl over SFTP) and where the checkpoints are."""
+def summary(ranks: Ranks, specs: Sequence[ContainerSpec], console: Console) -> None:
+    """Epochs, final accuracy (node 0's metrics.jsonl) and where the checkpoints are, read through the backend."""
     folder = specs[0].dirs["ckpt"]
-    metrics = last_metrics(nodes.conn(0), folder)
-    newest = newest_valid(nodes.conn(0), folder)
+    metrics = _last_metrics(ranks, folder)
+    newest = ranks.newest_checkpoint(0, folder)
     if metrics:
         console.print(f"finished: epochs={metrics.get('epoch')} step={metrics.get('step')} "
                       f"test_acc={metrics.get('test_acc')} world_size={metrics.get('world_size')}",
@@ -110,3 +112,12 @@ def summary(nodes: Session, specs: Sequence[ContainerSpec], console: Console) ->
     where = f"{specs[0].host.label}:{newest.path}" if newest else f"{specs[0].host.label}:{folder} (none valid)"
     console.print(f"checkpoint: {where}", markup=False, highlight=False)
 
+
+def _last_metrics(ranks: Ranks, folder: str) -> dict[str, Any] | None:
+    """The last line of node 0's metrics file in `folder`; None when there is none or it does not parse."""
+    try:
+        text = ranks.read_file(0, posixpath.join(folder, METRICS_FILE), 60).decode(errors="replace")
+        lines = [ln for ln in text.splitlines() if ln.strip()]
+        return dict(json.loads(lines[-1])) if lines else None
+    except (OSError, ValueError):
+        return None

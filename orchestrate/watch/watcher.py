@@ -7,6 +7,7 @@ import threading
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
+from functools import partial
 
 from rich.console import Console
 
@@ -16,9 +17,8 @@ from orchestrate.fanout import fan_out
 from orchestrate.loglines import follow_lines
 from orchestrate.outcome import End, Outcome
 from orchestrate.plan.jobplan import ContainerSpec
+from orchestrate.probe.bootchange import Boot, Change, change
 from orchestrate.probe.heartbeat import Beat, read_beat
-from orchestrate.probe.hostboot import Boot, Change, change, read_boot
-from orchestrate.remote.session import Session
 from orchestrate.watch.health import STACK_WAIT_S, RankStack, StallClock, read_stacks
 from orchestrate.watch.outcome import diverged_line, oom_reason
 from orchestrate.watch.progress import ProgressView
@@ -52,12 +52,13 @@ Seen = RankState | HostSeen | None  # one node in one poll; None: the host does 
 
 class Watcher:
     """Streams every node's log with a `[node R]` prefix, learns of each node's exit from the backend's wait, and
-    polls each node's state with a timeout (which also finds unreachable hosts); all through the backend's Ranks.
+    polls each node's state with a timeout (which also finds unreachable hosts), reads the heartbeat, the stack
+    dumps and the hosts' boots: all through the backend's Ranks.
     """
 
-    def __init__(self, nodes: Session, specs: Sequence[ContainerSpec], ranks: Ranks, console: Console,
-                 secrets: list[str], stall_timeout: float = 0.0) -> None:
-        self.nodes, self.specs, self.ranks, self.console, self.secrets = nodes, specs, ranks, console, secrets
+    def __init__(self, specs: Sequence[ContainerSpec], ranks: Ranks, console: Console, secrets: list[str],
+                 stall_timeout: float = 0.0) -> None:
+        self.specs, self.ranks, self.console, self.secrets = specs, ranks, console, secrets
         self.stall = StallClock(stall_timeout)
         self.last_seen = [time.monotonic()] * len(specs)
         # When this machine learned of each container's exit (its wait returned): the order of failures across
@@ -70,7 +71,7 @@ class Watcher:
 
     def read_boots(self) -> None:
         """Each host's boot and daemon now, to tell later why its Docker API stopped answering."""
-        self.boots = fan_out("boot check", list(range(len(self.specs))), lambda r: read_boot(self.nodes.conn(r)),
+        self.boots = fan_out("boot check", list(range(len(self.specs))), self.ranks.boot,
                              lambda r: self.specs[r].host.label)
 
     def start_streams(self) -> None:
@@ -166,13 +167,13 @@ class Watcher:
     def _no_answer(self, rank: int, state: Seen, now: float) -> Outcome:
         if not isinstance(state, HostSeen):
             # Stopping the job and finding the newest checkpoint skip it now rather than time out there again.
-            self.nodes.lose(rank, f"it answered nothing for {now - self.last_seen[rank]:.0f} s")
+            self.ranks.lose(rank, f"it answered nothing for {now - self.last_seen[rank]:.0f} s")
             return Outcome(False, End.UNREACHABLE, rank, f"host unreachable for {UNREACHABLE_S:.0f} s")
         return Outcome(False, End.HOST, rank, f"{state.cause} for {UNREACHABLE_S:.0f} s")
 
     def refresh_beat(self) -> None:
         try:
-            beat = read_beat(self.nodes.conn(0), self.specs[0].dirs["ckpt"])
+            beat = read_beat(partial(self.ranks.read_file, 0), self.specs[0].dirs["ckpt"])
         except Exception:  # node 0 unreachable: the container polls tell
             return
         self.stall.update(beat, time.monotonic())
@@ -191,7 +192,7 @@ class Watcher:
         previous: list[RankStack] = []
         while True:
             stacks = [s for r, ranks in enumerate(signalled)
-                      for s in read_stacks(self.nodes.conn(r), self.specs[r].dirs["log"], r, ranks)]
+                      for s in read_stacks(partial(self.ranks.read_file, r), self.specs[r].dirs["log"], r, ranks)]
             if (stacks == previous and all(s.text for s in stacks)) or time.monotonic() > deadline:
                 return stacks
             previous = stacks
@@ -224,10 +225,9 @@ class Watcher:
         """None: the host does not answer over SSH. A daemon that is down fails the node only once it stays down
         UNREACHABLE_S (a restart brings it back in seconds, then it counts as restarted)."""
         try:
-            conn = self.nodes.conn(rank)
+            now = self.ranks.boot(rank)
         except SSHError:  # lost already (a poll still under way when the watch ended)
             return None
-        now = read_boot(conn)
         if now is None:
             return None
         seen = change(self.boots[rank], now)
@@ -280,7 +280,7 @@ def blame_a_host_change(watcher: Watcher, outcome: Outcome) -> Outcome:
 
 def _host_change(watcher: Watcher, rank: int) -> Change | None:
     """What happened to the host since the job started; None while it does not answer over SSH."""
-    now = read_boot(watcher.nodes.conn(rank))
+    now = watcher.ranks.boot(rank)
     return change(watcher.boots[rank], now) if now is not None else None
 
 

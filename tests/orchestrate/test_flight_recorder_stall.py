@@ -92,7 +92,7 @@ def crafted_dump(newest: int) -> bytes:
 
 
 class NodeFiles:
-    """One node's files as its SSH connection reads them (Connection.read_file): FileNotFoundError when absent."""
+    """One node's files as the backend reads them (Ranks.read_file): FileNotFoundError when absent."""
 
     def __init__(self, files: dict[str, bytes]) -> None:
         self.files = files
@@ -125,13 +125,14 @@ def test_a_gpu_jobs_dump_is_written_to_the_nodes_log_dir_and_read_from_there_by_
 
     nodes = {0: NodeFiles({on_node(0, 0): crafted_dump(3)}), 1: NodeFiles({on_node(1, 2): crafted_dump(2)})}
 
-    def conn(node: int) -> NodeFiles:
+    def read_file(node: int, path: str, timeout: float) -> bytes:
+        """As the backend's Ranks.read_file reads node `node`'s file."""
         if node not in nodes:
             raise OSError("unreachable")
-        return nodes[node]
+        return nodes[node].read_file(path, timeout)
 
     specs.append(specs[1])  # a third node, unreachable: the others' dumps are still read
-    watcher = SimpleNamespace(specs=specs, nodes=SimpleNamespace(conn=conn))
+    watcher = SimpleNamespace(specs=specs, ranks=SimpleNamespace(read_file=read_file))
     stacks = [RankStack(node, rank, "") for node, rank in ((0, 0), (0, 1), (1, 2), (2, 3))]
     dumps = _fr_dumps(watcher, stacks)  # type: ignore[arg-type]
     assert sorted(dumps) == [0, 2]

@@ -89,7 +89,7 @@ def watcher(states: list[dict[str, Any] | None], api: type[FakeAPI] | None = Non
     specs = job_specs(config, hosts, "h0", [NodeFacts("eth0")] * len(hosts))
     containers = [type("C", (), {"id": f"c{i}"})() for i in range(len(hosts))]
     nodes = FakeNodes(states, api or FakeAPI)
-    return watching.Watcher(nodes, specs, ContainerRanks(nodes, containers), Console(), [])  # type: ignore[arg-type]
+    return watching.Watcher(specs, ContainerRanks(nodes, containers), Console(), [])  # type: ignore[arg-type]
 
 
 RUNNING = {"Status": "running", "ExitCode": 0}
@@ -126,13 +126,13 @@ def test_the_previous_runs_last_heartbeat_is_never_shown_as_this_attempts_progre
     out = io.StringIO()
     view = progress.ProgressView(Console(file=out, width=200))
     old = {"step": 4, "total_steps": 4, "epoch": 2, "epochs": 2, "state": "done", "slowest_step_s": 0.1}
-    w.nodes.node0.heartbeat = json.dumps({**old, "time": 978307205.0}).encode()  # type: ignore[attr-defined]
+    w.ranks.nodes.node0.heartbeat = json.dumps({**old, "time": 978307205.0}).encode()  # type: ignore[attr-defined]
     for _ in range(2):  # the first round learns the start; the second knows the beat is older than it
         assert w.poll() is None
         view.show(w.beat)
     assert w.beat is None and out.getvalue() == ""
     new = {**old, "step": 1, "total_steps": 8, "state": "training", "time": 978307211.0}
-    w.nodes.node0.heartbeat = json.dumps(new).encode()  # type: ignore[attr-defined]
+    w.ranks.nodes.node0.heartbeat = json.dumps(new).encode()  # type: ignore[attr-defined]
     assert w.poll() is None
     view.show(w.beat)
     assert w.beat is not None and w.beat.step == 1 and out.getvalue().startswith("progress: step 1/8 (12%)")
@@ -171,7 +171,7 @@ def test_unreachable_only_after_the_grace_window(monkeypatch: pytest.MonkeyPatch
     assert outcome is not None and (outcome.failed_rank, outcome.ok) == (1, False)
     assert "unreachable" in outcome.reason
     # Lost for the rest of the attempt: the stop and the checkpoint search that follow do not wait on it again.
-    assert w.nodes.lost == {1: "it answered nothing for 16 s"}  # type: ignore[attr-defined]
+    assert w.ranks.nodes.lost == {1: "it answered nothing for 16 s"}  # type: ignore[attr-defined]
     results: list[dict[str, Any] | None] = [None, None]
     w._poll_one(1, results)  # a poll still under way then: no answer, not an exception in its thread
     assert results == [None, None]
@@ -184,9 +184,9 @@ BOOT = "b-1\n4242 1000\n"  # boot id; dockerd's pid and start time
                                             ("b-2\n4242 1000\n", "h1 rebooted")])
 def test_a_restarted_daemon_or_a_rebooted_host_is_named_at_once_not_unreachable(now: str, cause: str) -> None:
     w = watcher([RUNNING, None])
-    w.nodes.boots = [BOOT, BOOT]  # type: ignore[attr-defined]
+    w.ranks.nodes.boots = [BOOT, BOOT]  # type: ignore[attr-defined]
     w.read_boots()
-    w.nodes.boots[1] = now  # type: ignore[attr-defined]
+    w.ranks.nodes.boots[1] = now  # type: ignore[attr-defined]
     outcome = w.poll()  # the first poll whose API call fails: the host answers over SSH and tells why
     assert outcome is not None and (outcome.end, outcome.failed_rank, outcome.reason) == (End.HOST, 1, cause)
     assert outcome.end in RESTARTABLE
@@ -196,9 +196,9 @@ def test_a_quick_restart_answering_the_next_poll_is_still_the_restart_not_an_exi
     """The daemon was back before the poll: it answers that the container exited (the restart stopped it), and
     the peer on node 0 exited too, having lost node 1. The cause is node 1's restart, named at once."""
     w = watcher([exited(1, "2026-01-01T00:00:05Z"), exited(143, "2026-01-01T00:00:06Z")])
-    w.nodes.boots = [BOOT, BOOT]  # type: ignore[attr-defined]
+    w.ranks.nodes.boots = [BOOT, BOOT]  # type: ignore[attr-defined]
     w.read_boots()
-    w.nodes.boots[1] = "b-1\n5151 2000\n"  # type: ignore[attr-defined]
+    w.ranks.nodes.boots[1] = "b-1\n5151 2000\n"  # type: ignore[attr-defined]
     outcome = w.poll()
     assert outcome is not None and (outcome.end, outcome.failed_rank) == (End.HOST, 1)
     assert outcome.reason == "Docker daemon on h1 restarted"
@@ -207,9 +207,9 @@ def test_a_quick_restart_answering_the_next_poll_is_still_the_restart_not_an_exi
 @pytest.mark.parametrize("ssh", [BOOT, None])  # node 1's daemon is shutting down (same pid) / its host reboots
 def test_a_peer_that_exits_while_a_node_does_not_answer_is_not_blamed(ssh: str | None) -> None:
     w = watcher([exited(1, "2026-01-01T00:00:05Z"), None])
-    w.nodes.boots = [BOOT, BOOT]  # type: ignore[attr-defined]
+    w.ranks.nodes.boots = [BOOT, BOOT]  # type: ignore[attr-defined]
     w.read_boots()
-    w.nodes.boots[1] = ssh  # type: ignore[attr-defined]
+    w.ranks.nodes.boots[1] = ssh  # type: ignore[attr-defined]
     assert w.poll() is None  # wait for node 1 to tell (at most UNREACHABLE_S): node 0 lost its peer
     w.last_seen[1] -= watching.UNREACHABLE_S + 1
     outcome = w.poll()
@@ -223,17 +223,17 @@ def test_a_reboot_seen_only_after_the_peers_exit_is_still_the_cause_once_its_ssh
     dockerd): the host gets time to answer, and its new boot id, not node 0's exit code, is the cause (CI saw
     "node 0 exited with code 1" when no SSH answer was taken for "nothing happened")."""
     w = watcher([exited(1, "2026-01-01T00:00:05Z"), RUNNING])
-    w.nodes.boots = [BOOT, BOOT]  # type: ignore[attr-defined]
+    w.ranks.nodes.boots = [BOOT, BOOT]  # type: ignore[attr-defined]
     w.read_boots()
     outcome = w.poll()
     assert outcome is not None and (outcome.end, outcome.failed_rank) == (End.EXITED, 0)
-    w.nodes.boots[1] = None  # type: ignore[attr-defined]  # rebooting: sshd does not answer
+    w.ranks.nodes.boots[1] = None  # type: ignore[attr-defined]  # rebooting: sshd does not answer
     waits: list[float] = []
 
     def sleep(seconds: float) -> None:  # the host comes back after two polls
         waits.append(seconds)
         if len(waits) == 2:
-            w.nodes.boots[1] = "b-2\n5151 2000\n"  # type: ignore[attr-defined]
+            w.ranks.nodes.boots[1] = "b-2\n5151 2000\n"  # type: ignore[attr-defined]
 
     monkeypatch.setattr(watching.time, "sleep", sleep)
     outcome = watching.blame_a_host_change(w, outcome)
@@ -242,9 +242,9 @@ def test_a_reboot_seen_only_after_the_peers_exit_is_still_the_cause_once_its_ssh
 
 def test_a_daemon_down_while_sshd_answers_fails_the_node_after_the_grace_window_with_that_cause() -> None:
     w = watcher([RUNNING, None])
-    w.nodes.boots = [BOOT, BOOT]  # type: ignore[attr-defined]
+    w.ranks.nodes.boots = [BOOT, BOOT]  # type: ignore[attr-defined]
     w.read_boots()
-    w.nodes.boots[1] = "b-1\n"  # sshd answers, no dockerd runs: it may be restarting, so no verdict yet
+    w.ranks.nodes.boots[1] = "b-1\n"  # sshd answers, no dockerd runs: it may be restarting, so no verdict yet
     assert w.poll() is None
     w.last_seen[1] -= watching.UNREACHABLE_S + 1
     outcome = w.poll()

@@ -41,7 +41,7 @@ def job_lines(nodes: Session, found: Found) -> list[str]:
         return []
     host, container = node0
     folder = folder_of(container)
-    beat = read_beat(nodes.conn(host), folder) if folder else None
+    beat = read_beat(nodes.conn(host).read_file, folder) if folder else None
     state = container.attrs.get("State", {})
     if state.get("Status") == "running":
         lines = running_lines(beat, {node_rank(c): nodes.hosts[h].label for h, cs in found.items() for c in cs},

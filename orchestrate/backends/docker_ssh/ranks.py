@@ -1,5 +1,6 @@
-"""Each rank's container as the watcher observes it through its host's Docker API: its state, its exit, its logs
-(the Ranks of backends/protocol.py)."""
+"""Each rank's container as the watcher observes it through its host's Docker API (its state, its exit, its logs),
+and its host through the SSH session (the files the container wrote, the host's boot): the Ranks of
+backends/protocol.py."""
 
 from __future__ import annotations
 
@@ -11,6 +12,10 @@ from typing import Any
 from orchestrate.backends.docker_ssh.control import LogResume
 from orchestrate.backends.docker_ssh.rfc3339 import docker_time
 from orchestrate.backends.protocol import RankState
+from orchestrate.probe.bootchange import Boot
+from orchestrate.probe.checkpoints import newest_valid
+from orchestrate.probe.hostboot import read_boot
+from orchestrate.probe.observations import Checkpoint
 from orchestrate.remote import scripts
 from orchestrate.remote.session import Session
 
@@ -67,3 +72,15 @@ class ContainerRanks:
             return sorted(int(r) for r in json.loads(res.output.decode(errors="replace").strip().splitlines()[-1]))
         except (ValueError, IndexError, AttributeError):
             return []
+
+    def read_file(self, rank: int, path: str, timeout: float) -> bytes:
+        return self.nodes.conn(rank).read_file(path, timeout=timeout)
+
+    def newest_checkpoint(self, rank: int, folder: str) -> Checkpoint | None:
+        return newest_valid(self.nodes.conn(rank), folder)
+
+    def boot(self, rank: int) -> Boot | None:
+        return read_boot(self.nodes.conn(rank))
+
+    def lose(self, rank: int, why: str) -> None:
+        self.nodes.lose(rank, why)
