@@ -112,10 +112,11 @@ class ShortRunResult:
 
 @dataclass(frozen=True)
 class Submitted:
-    """An attempt as it started: the plan that started (a lost claim planned it again) and its handles."""
+    """An attempt as it started: the plan that started (a lost claim planned it again), and the watcher's view of
+    the nodes' parts it started (Docker over SSH: each node's container, over its session)."""
 
     plan: JobPlan
-    handles: Sequence[Any]  # one per node, what `attach` follows (Docker: the container)
+    ranks: Ranks
 
 
 @dataclass(frozen=True)
@@ -193,7 +194,7 @@ class Backend(Daemons[NodesT], Protocol[NodesT]):
     def submit(self, nodes: NodesT, plan: JobPlan, grace: float, replan: Replan, console: Console) -> Submitted:
         """Start the attempt as planned: the job's leftovers the plan names removed (stopped with `grace`), then
         every node's part, all or none. Where another job took part of the grant meanwhile, `replan` plans again from what the hosts
-        hold now (bounded tries)."""
+        hold now (bounded tries). The answer carries what the watcher follows (`Submitted.ranks`)."""
         ...
 
     def run(self, nodes: NodesT, specs: Mapping[int, ContainerSpec], timeout: float, what: str,
@@ -213,10 +214,6 @@ class Backend(Daemons[NodesT], Protocol[NodesT]):
     def load_carried(self, manifest: Path, image: str, console: Console) -> None:
         """Load into this machine's image store the image `submit` carried through the shared storage (`manifest`,
         `--image-from`): only the layers it lacks, each checked by digest; nothing when it holds the image."""
-        ...
-
-    def attach(self, nodes: NodesT, submitted: Sequence[Any]) -> Ranks:
-        """The watcher's view of the submitted handles (`Submitted.handles`)."""
         ...
 
     def cancel(self, nodes: NodesT, job: str, grace: float, console: Console,

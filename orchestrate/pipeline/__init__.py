@@ -13,7 +13,7 @@ from rich.console import Console
 
 from orchestrate import jobfile
 from orchestrate.backends.docker_ssh.layercache import REGISTRY_BINARY, registry_binary
-from orchestrate.backends.protocol import Backend
+from orchestrate.backends.protocol import Backend, Ranks
 from orchestrate.checks import gpuprobe, selfcheck
 from orchestrate.checks.netcheck import Options, measure, require_all_joined
 from orchestrate.config import UpConfig
@@ -188,17 +188,16 @@ def _attempt(config: UpConfig, backend: Backend[Session], attempt: Attempt, host
             console.print(f"detached; follow with 'logs -f --job {config.program.job}', stop with 'kill --job {config.program.job}'",
                           markup=False)
             return AttemptResult(Outcome(True, End.DETACHED))
-        return _watched(backend, nodes, plan, submitted.handles, config, console, timings, hangup)
+        return _watched(backend, nodes, plan, submitted.ranks, config, console, timings, hangup)
     finally:
         timings.channels = {c.host.label: c.peak_channels for c in nodes.conns if c is not None}
         nodes.close()
 
 
-def _watched(backend: Backend[Session], nodes: Session, plan: JobPlan, handles: Sequence[Any], config: UpConfig,
+def _watched(backend: Backend[Session], nodes: Session, plan: JobPlan, ranks: Ranks, config: UpConfig,
              console: Console, timings: Timings, hangup: Hangup) -> AttemptResult:
     specs = plan.specs
     resumed_from = plan.resume.checkpoint.step if plan.resume else None
-    ranks = backend.attach(nodes, handles)
     with timings.phase("run"):
         outcome = watch(backend, nodes, specs, ranks, config, console, hangup)
     if outcome.ok and outcome.end is not End.DETACHED:

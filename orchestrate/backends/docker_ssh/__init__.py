@@ -5,7 +5,6 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
 
 from rich.console import Console
 
@@ -19,7 +18,6 @@ from orchestrate.backends.protocol import (
     JobStatus,
     NodeLog,
     RankFiles,
-    Ranks,
     Replan,
     Request,
     ShortRunResult,
@@ -50,7 +48,7 @@ class DockerSSH:
     def submit(self, nodes: Session, plan: JobPlan, grace: float, replan: Replan, console: Console) -> Submitted:
         remove_leftovers(nodes, plan.job, grace, [n.rank for n in plan.nodes if n.leftovers])
         claim = start_claimed(nodes, plan.specs, replan, console)
-        return Submitted(plan.with_claim(claim.specs, claim.port), claim.containers)
+        return Submitted(plan.with_claim(claim.specs, claim.port), ContainerRanks(nodes, claim.containers))
 
     def run(self, nodes: Session, specs: Mapping[int, ContainerSpec], timeout: float, what: str,
             together: bool = False) -> dict[int, ShortRunResult]:
@@ -58,9 +56,6 @@ class DockerSSH:
 
     def load_carried(self, manifest: Path, image: str, console: Console) -> None:
         carried.load(manifest, image, console)
-
-    def attach(self, nodes: Session, submitted: Sequence[Any]) -> Ranks:
-        return ContainerRanks(nodes, submitted)
 
     def cancel(self, nodes: Session, job: str, grace: float, console: Console,
                unreachable: Mapping[str, BaseException | str] | None = None) -> None:
