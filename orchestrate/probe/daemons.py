@@ -6,15 +6,21 @@ probes over SSH and the pure reading and judging of what it is told."""
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any, Protocol, TypeVar
+from typing import Protocol, TypeVar
 
 from orchestrate.probe.observations import ContainerSeen, Holdings, LocalImage
 
-# This machine's image store as the backend holds it (Docker: the local daemon's client), None where there is none;
-# only the backend reads it, the pipeline carries it from `local_image` to the other local reads.
-Local = Any
 # The connection to the nodes the reads go over, opaque here: the backend names it (Docker over SSH: its SSH Session).
 NodesT = TypeVar("NodesT", contravariant=True)
+
+
+class LocalStore(Protocol):
+    """This machine's image store as a backend holds it (Docker: the local daemon's client). Opaque here: only the
+    backend that handed it out reads it; above the backend it is carried (from `local_image` to the other local
+    reads and the image's delivery), never used."""
+
+
+Local = LocalStore | None  # None: there is no image store on this machine
 
 
 class Daemons(Protocol[NodesT]):

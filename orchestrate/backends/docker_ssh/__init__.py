@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING, cast
 
 from rich.console import Console
 
@@ -28,6 +29,9 @@ from orchestrate.probe.daemons import Local
 from orchestrate.probe.observations import ContainerSeen, Holdings, LocalImage
 from orchestrate.remote.docker import image_id
 from orchestrate.remote.session import Session
+
+if TYPE_CHECKING:  # docker-py is imported where it is used
+    from docker import DockerClient
 
 
 class DockerSSH:
@@ -88,7 +92,8 @@ class DockerSSH:
         return observe.local_image(name)
 
     def local_layers(self, local: Local, image_id: str | None) -> LocalImage | None:
-        return observe.local_layers(local, image_id)
+        # The store is the local daemon's client this backend's local_image handed out.
+        return observe.local_layers(cast("DockerClient | None", local), image_id)
 
     def local_platform(self, local: Local, image: str) -> tuple[str, str] | None:
         return observe.local_platform(local, image)
