@@ -83,6 +83,11 @@ class Ranks(Protocol):
         stack dumps, the metrics), read within `timeout` s; OSError when there is none."""
         ...
 
+    def write_file(self, rank: int, path: str, data: bytes, timeout: float) -> None:
+        """Write `data` to `path` on the node's host, whole or not at all (a stall's report beside the ranks'
+        dumps), within `timeout` s."""
+        ...
+
     def newest_checkpoint(self, rank: int, folder: str) -> Checkpoint | None:
         """The newest checkpoint in the node's `folder` that checks out against its manifest (probe/checkpoints.py);
         None when none does."""

@@ -62,7 +62,7 @@ def watch(backend: Backend[Session], nodes: Session, specs: Sequence[ContainerSp
     if not outcome.ok:
         outcome, stall_report = report_failure(watcher, outcome, config.program)
         if stall_report is not None:
-            _save_stall_report(nodes, specs, stall_report, console)
+            _save_stall_report(ranks, specs, stall_report, console)
         console.print(f"stopping job {config.program.job!r} on all nodes", markup=False)
         try:
             # Short grace: with a peer gone the others cannot agree on a checkpoint anyway.
@@ -75,11 +75,11 @@ def watch(backend: Backend[Session], nodes: Session, specs: Sequence[ContainerSp
     return outcome
 
 
-def _save_stall_report(nodes: Session, specs: Sequence[ContainerSpec], report: str, console: Console) -> None:
-    """The stall's stack dumps in node 0's log dir."""
+def _save_stall_report(ranks: Ranks, specs: Sequence[ContainerSpec], report: str, console: Console) -> None:
+    """The stall's stack dumps in node 0's log dir, written through the backend."""
     path = f"{specs[0].dirs['log']}/stall-{time.strftime('%Y%m%d-%H%M%S', time.gmtime())}.txt"
     try:
-        nodes.conn(0).write_file(path, iter((report.encode(),)), timeout=60)
+        ranks.write_file(0, path, report.encode(), 60)
         console.print(f"stack dumps saved in {specs[0].host.label}:{path}", markup=False, highlight=False)
     except Exception as err:  # node 0 unreachable: the dumps were printed above
         console.print(f"could not save the stack dumps on node 0: {err}", markup=False, highlight=False)

@@ -76,6 +76,9 @@ class ContainerRanks:
     def read_file(self, rank: int, path: str, timeout: float) -> bytes:
         return self.nodes.conn(rank).read_file(path, timeout=timeout)
 
+    def write_file(self, rank: int, path: str, data: bytes, timeout: float) -> None:
+        self.nodes.conn(rank).write_file(path, iter((data,)), timeout=timeout)
+
     def newest_checkpoint(self, rank: int, folder: str) -> Checkpoint | None:
         return newest_valid(self.nodes.conn(rank), folder)
 
