@@ -29,13 +29,12 @@ from orchestrate.plan import gpus, restarts
 from orchestrate.plan.jobplan import UNKNOWN, Attempt, JobPlan, PlanInputs, container_specs, pipeline_layout
 from orchestrate.plan.restarts import AttemptResult
 from orchestrate.probe.hostboot import await_hosts
-from orchestrate.probe.resume import newest_step
 from orchestrate.remote.session import Session
 from orchestrate.restart import back_off
 from orchestrate.terminal import console_for
 from orchestrate.timings import Timings
 from orchestrate.watch.hangup import Hangup
-from orchestrate.watch.report import summary
+from orchestrate.watch.report import newest_step, summary
 
 
 def load_hosts(config: UpConfig) -> list[Host]:
@@ -207,4 +206,4 @@ def _watched(backend: Backend[Session], nodes: Session, plan: JobPlan, ranks: Ra
         outcome = replace(outcome, host=specs[outcome.failed_rank].host.label)
     if outcome.ok or outcome.end not in restarts.RESTARTABLE:  # no restart follows: no checkpoint to look for
         return AttemptResult(outcome, resumed_from)
-    return AttemptResult(outcome, resumed_from, newest_step(nodes, specs))
+    return AttemptResult(outcome, resumed_from, newest_step(ranks, specs))

@@ -1,29 +1,17 @@
-"""The resume checkpoint as a fact about the nodes: the newest valid one anywhere, and the newest step after an
-attempt. Read-only: copying it to the nodes that lack it is the start's work (backends/docker_ssh/start.py, backends/docker_ssh/replicate.py)."""
+"""The resume checkpoint as a fact about the nodes: the newest valid one anywhere (the newest step after an attempt
+is read through the backend: watch/report.py). Read-only: copying it to the nodes that lack it is the start's work (backends/docker_ssh/start.py, backends/docker_ssh/replicate.py)."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
-from typing import Protocol
+from collections.abc import Sequence
 
 from rich.console import Console
 
 from orchestrate.errors import NoCheckpointError
 from orchestrate.fanout import fan_out
-from orchestrate.hosts import Host
 from orchestrate.probe.checkpoints import newest_valid
 from orchestrate.probe.observations import Checkpoint, ResumePoint
 from orchestrate.remote.session import Session
-
-
-class HostWithFolders(Protocol):
-    """A container placed on a host, with its folders there (the plan's container specs are)."""
-
-    @property
-    def host(self) -> Host: ...
-
-    @property
-    def dirs(self) -> Mapping[str, str]: ...
 
 
 def find_resume_checkpoint(nodes: Session, ckpt_dirs: Sequence[str], console: Console) -> ResumePoint:
@@ -46,19 +34,3 @@ def find_resume_checkpoint(nodes: Session, ckpt_dirs: Sequence[str], console: Co
                   f"sha256 verified)", markup=False, highlight=False)
     lacking = tuple(r for r, c in enumerate(found) if r != src and (c is None or c.step != best.step))
     return ResumePoint(best, src, lacking)
-
-
-def newest_step(nodes: Session, specs: Sequence[HostWithFolders]) -> int | None:
-    """The newest valid checkpoint's step on the nodes that still answer (None: none anywhere)."""
-    def one(rank: int) -> int | None:
-        try:
-            found = newest_valid(nodes.conn(rank), specs[rank].dirs["ckpt"])
-        except Exception:  # an unreachable node has nothing to offer
-            return None
-        return found.step if found else None
-
-    steps = [s for s in fan_out("checkpoint search", list(range(len(specs))), one, lambda r: specs[r].host.label)
-             if s is not None]
-    return max(steps, default=None)
-
-

@@ -1,4 +1,5 @@
-"""What `up` prints when an attempt ends: a failed node's last lines, a stall's stack dumps, a success's summary."""
+"""What `up` prints when an attempt ends (a failed node's last lines, a stall's stack dumps, a success's summary),
+and the newest checkpoint it left (what the restart decision reads)."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ from rich.console import Console
 
 from orchestrate.backends.protocol import Ranks
 from orchestrate.config import Program
+from orchestrate.fanout import fan_out
 from orchestrate.loglines import print_lines
 from orchestrate.outcome import End, Outcome
 from orchestrate.plan.jobplan import ContainerSpec
@@ -121,3 +123,17 @@ def _last_metrics(ranks: Ranks, folder: str) -> dict[str, Any] | None:
         return dict(json.loads(lines[-1])) if lines else None
     except (OSError, ValueError):
         return None
+
+
+def newest_step(ranks: Ranks, specs: Sequence[ContainerSpec]) -> int | None:
+    """The newest valid checkpoint's step on the nodes that still answer (None: none anywhere)."""
+    def one(rank: int) -> int | None:
+        try:
+            found = ranks.newest_checkpoint(rank, specs[rank].dirs["ckpt"])
+        except Exception:  # an unreachable node has nothing to offer
+            return None
+        return found.step if found else None
+
+    steps = [s for s in fan_out("checkpoint search", list(range(len(specs))), one, lambda r: specs[r].host.label)
+             if s is not None]
+    return max(steps, default=None)

@@ -447,8 +447,9 @@ def test_a_node_found_down_is_not_waited_for_again_by_the_stop_nor_the_checkpoin
     from rich.console import Console
 
     from orchestrate.backends.docker_ssh import control as jobs
-    from orchestrate.probe import resume
+    from orchestrate.backends.docker_ssh import ranks as container_ranks
     from orchestrate.remote.session import Session
+    from orchestrate.watch.report import newest_step
 
     class _Conn:
         dropped = False
@@ -477,9 +478,10 @@ def test_a_node_found_down_is_not_waited_for_again_by_the_stop_nor_the_checkpoin
         jobs.kill_job(nodes, "j", 5, Console(file=_io.StringIO()))
     assert tried == ["a"] and err.value.failures == {"b": "b unreachable: it answered nothing for 16 s"}
     searched: list[object] = []
-    monkeypatch.setattr(resume, "newest_valid", lambda conn, folder: searched.append(conn))
+    monkeypatch.setattr(container_ranks, "newest_valid", lambda conn, folder: searched.append(conn))
     specs = [type("Spec", (), {"dirs": {"ckpt": "/c"}, "host": h})() for h in hosts]
-    assert resume.newest_step(nodes, specs) is None and searched == [nodes.conns[0]]  # type: ignore[arg-type]
+    ranks = container_ranks.ContainerRanks(nodes, [type("C", (), {"id": f"c{i}"})() for i in range(2)])
+    assert newest_step(ranks, specs) is None and searched == [nodes.conns[0]]  # type: ignore[arg-type]
 
 
 def test_a_kill_racing_another_stop_of_the_same_job_takes_gone_or_being_removed_as_stopped() -> None:
