@@ -105,6 +105,23 @@ class Ranks(Protocol):
         ...
 
 
+class Replication(Protocol):
+    """While an attempt runs: each new valid checkpoint of node 0 copied off it (to node 1, and to a mirror folder
+    on this machine), in the background; training never waits for it."""
+
+    def start(self) -> None:
+        ...
+
+    def stop(self) -> None:
+        """Stop looking for new checkpoints (a copy under way finishes or fails on its own)."""
+        ...
+
+    def finish(self) -> None:
+        """The job is done: its final checkpoint copied too, once the copy under way has ended; failures are
+        printed, never raised."""
+        ...
+
+
 @dataclass(frozen=True)
 class ShortRunResult:
     """A short container run to its end; or not started, and `error` says why in the scheduler's words."""
@@ -219,6 +236,12 @@ class Backend(Daemons[NodesT], Protocol[NodesT]):
     def load_carried(self, manifest: Path, image: str, console: Console) -> None:
         """Load into this machine's image store the image `submit` carried through the shared storage (`manifest`,
         `--image-from`): only the layers it lacks, each checked by digest; nothing when it holds the image."""
+        ...
+
+    def replicate(self, nodes: NodesT, specs: Sequence[ContainerSpec], mirror: Path | None,
+                  console: Console) -> Replication:
+        """The replication of the attempt's checkpoints off node 0 (to node 1, and into `mirror` on this machine
+        with --ckpt-mirror), not started yet."""
         ...
 
     def cancel(self, nodes: NodesT, job: str, grace: float, console: Console,

@@ -10,7 +10,6 @@ from dataclasses import replace
 
 from rich.console import Console
 
-from orchestrate.backends.docker_ssh.replicate import Replicator
 from orchestrate.backends.protocol import Backend, Ranks
 from orchestrate.config import UpConfig
 from orchestrate.masking import secret_values
@@ -35,7 +34,7 @@ def watch(backend: Backend[Session], nodes: Session, specs: Sequence[ContainerSp
     progress from the heartbeat, each new checkpoint replicated off node 0. The terminal going away (SIGHUP) ends
     the watch and leaves the job running."""
     watcher = Watcher(specs, ranks, console, secret_values(config.program.env_dict), config.resilience.stall_timeout)
-    replicator = Replicator(nodes, specs, config.resilience.ckpt_mirror, console)
+    replicator = backend.replicate(nodes, specs, config.resilience.ckpt_mirror, console)
     view = ProgressView(console)
     watcher.read_boots()
     watcher.start_streams()

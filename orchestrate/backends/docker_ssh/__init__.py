@@ -12,6 +12,7 @@ from rich.console import Console
 from orchestrate.backends.docker_ssh import carried, control, observe, owner, shortrun
 from orchestrate.backends.docker_ssh.claim import start_claimed
 from orchestrate.backends.docker_ssh.ranks import ContainerRanks
+from orchestrate.backends.docker_ssh.replicate import Replicator
 from orchestrate.backends.docker_ssh.request import offline_json, plan_json, render_job_plan, render_plan
 from orchestrate.backends.docker_ssh.start import remove_leftovers
 from orchestrate.backends.protocol import (
@@ -20,6 +21,7 @@ from orchestrate.backends.protocol import (
     NodeLog,
     RankFiles,
     Replan,
+    Replication,
     Request,
     ShortRunResult,
     Submitted,
@@ -60,6 +62,10 @@ class DockerSSH:
 
     def load_carried(self, manifest: Path, image: str, console: Console) -> None:
         carried.load(manifest, image, console)
+
+    def replicate(self, nodes: Session, specs: Sequence[ContainerSpec], mirror: Path | None,
+                  console: Console) -> Replication:
+        return Replicator(nodes, specs, mirror, console)
 
     def cancel(self, nodes: Session, job: str, grace: float, console: Console,
                unreachable: Mapping[str, BaseException | str] | None = None) -> None:
