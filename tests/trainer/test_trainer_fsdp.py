@@ -77,14 +77,19 @@ def test_fsdp_trains_and_learns_on_2_processes(data_dir: Path, tmp_path: Path) -
 
 
 @pytest.mark.slow
-def test_saved_at_4_processes_resumes_at_3_and_at_1_resharded(data_dir: Path, tmp_path: Path) -> None:
+def test_saved_at_4_processes_resumes_at_3_and_at_1_resharded(data_dir: Path, tmp_path: Path, inprocess: None) -> None:
     """Global batch 48 (12 x 4); checkpoint at step 3; resumed to step 6 at 3 processes (16 each) and at 1
     (48 in micro-batches of 12) with --keep-global-batch: the same batches in the same order, so the weights
-    at step 6 match an uninterrupted 4-process run's, up to the order of float sums."""
+    at step 6 match an uninterrupted run's on that global batch, up to the order of float sums. The uninterrupted
+    run is one process of 48 in this test's own process (tiny's GroupNorm makes a batch's gradient the mean of
+    per-image ones however the 48 are split; rank r of 4 takes every 4th image of the same shuffled order, so
+    each step's 48 images are the same): a 4-process one cost 5 more torch processes and checked nothing more
+    than the 3- and 1-process resumes do against it. The sums' order differs from the resumes' in every step, not
+    only after step 3: up to 2.2e-5 apart at step 6 (1e-5 against a 4-process run), where one step moves a weight
+    by up to 1.3e-2, so atol 1e-4 still fails a batch, learning rate or momentum that is not the run's."""
     args = (*FSDP, "--batch-size", "12", "--epochs", "2")
     straight, at3, at1 = tmp_path / "straight", tmp_path / "at3", tmp_path / "at1"
-    proc = run_torchrun(4, base_args(data_dir, straight, *args, "--max-steps", "6"))
-    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert main(base_args(data_dir, straight, *FSDP, "--batch-size", "48", "--epochs", "2", "--max-steps", "6")) == 0
     proc = run_torchrun(4, base_args(data_dir, at3, *args, "--max-steps", "3"))
     assert proc.returncode == 0, proc.stderr[-3000:]
     shutil.copytree(at3, at1)
@@ -106,7 +111,7 @@ def test_saved_at_4_processes_resumes_at_3_and_at_1_resharded(data_dir: Path, tm
         last = metrics_lines(ckpt)[-1]
         assert last["step"] == 6 and last["global_batch"] == 48 and math.isfinite(last["train_loss"])
         _assert_close(_full_model(ckpt / ckpt_folder_name(6), tmp_path),
-                      _full_model(straight / ckpt_folder_name(6), tmp_path), atol=1e-5)
+                      _full_model(straight / ckpt_folder_name(6), tmp_path), atol=1e-4)
 
 
 @pytest.mark.slow
