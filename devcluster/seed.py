@@ -7,7 +7,8 @@ in `<root>/.seeds/<key>/`, the key made of the images' IDs (a rebuilt image make
 root gets hard links to the seed's files before its dockerd starts (0.6 s for the CPU image): folders are the
 host's own, so what its dockerd adds or removes stays its own. dockerd never writes an image layer's files in
 place: overlayfs writes to the container's upper folder, and the image and layer metadata are written whole
-(a new file renamed over the old), which replaces this host's link and leaves the seed as it was. The Bolt
+(a new file renamed over the old), which replaces this host's link and leaves the seed as it was. The one file
+it does rewrite in place, a layer's `committed` mark, is copied to each host (OWN_COPIES). The Bolt
 databases that are written in place (buildkit/, network/, volumes/) are not part of a seed.
 
 The orchestrator then finds the image on the host ("already there, nothing sent"), exactly as on a host where
@@ -41,6 +42,10 @@ PARTS = ("image", "overlay2")  # what a seed holds of a data root: the images, n
 KEEP = 3  # seeds kept (newest used first): one per image build that parallel work trees test
 LOAD_TIMEOUT_S = 900.0
 MARK = "complete"
+# Files dockerd rewrites in place (truncating, not renaming over): overlay2 writes a layer's empty `committed` mark
+# each time it makes the layer's diff (a `docker push` from a seeded host did; seen as the seed's mark getting a new
+# mtime while another test held that seed's listing). A host gets a copy of its own of each, not a link.
+OWN_COPIES = ("overlay2/*/committed",)
 
 
 def seeds_dir() -> Path:
@@ -113,11 +118,17 @@ def _load(images: Sequence[str], host: HostLayout) -> None:
 
 
 def plant(seed: Path, host: HostLayout) -> None:
-    """Before the host's dockerd first starts: its data root gets hard links to the seed's files."""
+    """Before the host's dockerd first starts: its data root gets hard links to the seed's files, and copies of
+    its own of the layers' `committed` marks (OWN_COPIES)."""
     host.data_root.mkdir(mode=0o700, parents=True, exist_ok=True)
     for part in PARTS:
         subprocess.run(["cp", "-a", "--link", str(seed / part), str(host.data_root)], check=True, timeout=300,
                        capture_output=True)
+    for pattern in OWN_COPIES:
+        for linked in host.data_root.glob(pattern):
+            own = linked.with_name(linked.name + ".own")
+            shutil.copy2(linked, own)
+            os.replace(own, linked)
 
 
 def _prune(keep: Path) -> None:
