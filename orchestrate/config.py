@@ -5,6 +5,7 @@ trainerargs.py (--entry and the trainer's options)."""
 
 from __future__ import annotations
 
+import hashlib
 import math
 import re
 from dataclasses import dataclass, field, fields
@@ -412,6 +413,23 @@ SECTIONS = {"program": Program, "resources": Resources, "where": Where, "data": 
 SECTION_OF = {f.name: name for name, cls in SECTIONS.items() for f in fields(cls)}
 
 
+def _check_archive_md5(data: Data) -> None:
+    """The trainer's archive sent from here (--data-from FILE) has the md5 the nodes will check it against: else
+    every node refuses it after the image and the upload, each in a line of its own (seen with the synthetic
+    archive and no --data-md5). Read once here: 0.3 s for CIFAR-10's 170 MB."""
+    if data.data_from is None or not data.data_from.is_file():
+        return
+    digest = hashlib.md5()
+    with open(data.data_from, "rb") as archive:
+        while block := archive.read(1 << 20):
+            digest.update(block)
+    if digest.hexdigest() != data.data_md5:
+        given = "CIFAR-10's" if data.data_md5 == DEFAULT_DATA_MD5 else "--data-md5"
+        raise ConfigError(f"--data-from {shown(data.data_from)}: its md5 is {digest.hexdigest()}, not {given} "
+                          f"{data.data_md5}; to send this archive as it is (synthetic data, another copy), pass "
+                          f"--data-md5 {digest.hexdigest()}")
+
+
 @dataclass(frozen=True)
 class UpConfig:
     """`up` and `check`: the hosts (ssh) and one section per concern; each phase is handed the section it reads."""
@@ -432,6 +450,7 @@ class UpConfig:
                 check_trainer_args(self.program.trainer_args, self.resources.cpu_mode)
             except ConfigError as e:  # the trainer's words may quote an option's value, a secret too
                 raise ConfigError(mask_text(str(e), secret_values(self.program.env_dict))) from None
+            _check_archive_md5(self.data)
 
     @classmethod
     def of(cls, ssh: SSHOptions, **options: Any) -> UpConfig:

@@ -8,6 +8,7 @@ The cases, and the words their one line must hold, are the table CASES below.
 
 from __future__ import annotations
 
+import hashlib
 from pathlib import Path
 
 import pytest
@@ -163,3 +164,25 @@ def test_layer_cache_on_without_docker_registry_is_refused_before_any_host(hosts
     lines = capsys.readouterr().err.strip().splitlines()
     assert lines == ["error: --layer-cache on: docker-registry is not installed here; install it (Debian: apt-get "
                      "install docker-registry) or use --layer-cache auto"]
+
+
+def test_an_archive_whose_md5_is_not_the_expected_one_is_refused_here_with_the_md5_to_pass(
+        hosts: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """The synthetic archive sent without --data-md5: before, the image went out and then every node refused the
+    archive, each in a line of its own (`... missing or its md5 differs from c58f...`), with no word of the option.
+    Another program's single file is not an archive the nodes check: not refused."""
+    from orchestrate.config import SSHOptions, UpConfig
+    from orchestrate.errors import ConfigError
+    archive = tmp_path / "cifar.tar.gz"
+    archive.write_bytes(b"synthetic")
+    md5 = hashlib.md5(b"synthetic").hexdigest()
+    assert cli.main(["up", "--hosts", str(hosts), "--data-from", str(archive)]) == 2
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert lines == [f"error: --data-from {archive}: its md5 is {md5}, not CIFAR-10's "
+                     f"c58f30108f718f92721af3b95e74349a; to send this archive as it is (synthetic data, another copy), "
+                     f"pass --data-md5 {md5}"]
+    ssh = SSHOptions(None, None, False)
+    with pytest.raises(ConfigError, match=f"not --data-md5 {'0' * 32}"):
+        UpConfig.of(ssh=ssh, data_from=archive, data_md5="0" * 32)
+    UpConfig.of(ssh=ssh, data_from=archive, data_md5=md5)
+    UpConfig.of(ssh=ssh, data_from=archive, entry="/app/train.py")

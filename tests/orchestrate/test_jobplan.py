@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 from pathlib import Path
 
@@ -83,7 +84,8 @@ def test_the_data_action_follows_the_config_and_the_verified_copy(tmp_path: Path
     assert data_action(*_data_of(config()), NodeFacts(data_present=True), None, False).kind == "present"
     archive = tmp_path / "c.tar.gz"
     archive.write_bytes(b"x")
-    sent = data_action(*_data_of(config(data_from=archive)), NodeFacts(), 1, False)
+    sent = data_action(*_data_of(config(data_from=archive, data_md5=hashlib.md5(b"x").hexdigest())), NodeFacts(), 1,
+                       False)
     assert (sent.kind, sent.source, sent.bytes) == ("send", str(archive), 1)
     assert data_action(*_data_of(config(data_from=tmp_path)), NodeFacts(), None, True).kind == "sync"
     assert data_action(*_data_of(config(entry="/app/t.py")), NodeFacts(), None, False).kind == "none"
