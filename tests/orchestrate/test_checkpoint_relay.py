@@ -1,6 +1,6 @@
 """The resume checkpoint relayed inside the cluster (orchestrate/backends/docker_ssh/ckptrelay.py, decided by
 plan/relay.py's plan_copy_relay): the node that holds it serves it, the nodes that lack it fetch it, down a tree
-past the fan-out; a node that cannot fetch it, or whose copy does not validate, is copied it through here with one
+past the fan-out; a node that cannot fetch it, or whose copy does not validate, gets it through here with one
 line saying why; the dry run says where each node gets it from. The nodes are fakes here; the node-side scripts
 (pack, serve, fetch, unpack with the manifest last) run for real at the end of this file. On real hosts:
 tests/cluster/test_self_healing.py::test_node_0s_host_cut_off_the_job_finishes_on_the_others_from_the_replica."""
@@ -154,7 +154,7 @@ def test_the_dry_run_says_where_each_node_gets_the_checkpoint_from() -> None:
     text = render_job_plan(_plan("auto", 7, (0, 2, 3, 4, 5, 6)))
     assert ("# resume: step 10 (epoch 1) from node 1:/ck/ckpt-00000010, copied to node(s) 0, 2, 3, 4, 5, 6 inside the "
             "cluster (--relay auto): node 1 serves it to node(s) 0, 2, 3, 4; each node that fetched serves up to 4 more "
-            "(a relay tree: each node's line says from which node); a node that cannot fetch it is copied it through "
+            "(a relay tree: each node's line says from which node); a node that cannot fetch it gets it through "
             "here") in text
     assert text.count("#   resume checkpoint: copied from node 1\n") == 4
     assert text.count("#   resume checkpoint: copied from node 0\n") == 2

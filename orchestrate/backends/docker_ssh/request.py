@@ -144,7 +144,7 @@ def _copied_text(plan: JobPlan) -> str:
     if relay.relay is None:
         return "through here (from its node to this machine to theirs)"
     return (f"inside the cluster (--relay {plan.relay_mode}): node {relay.relay} "
-            f"{_served_text(relay, 'it').removeprefix('which ')}; a node that cannot fetch it is copied it through here")
+            f"{_served_text(relay, 'it').removeprefix('which ')}; a node that cannot fetch it gets it through here")
 
 
 def _served_text(relay: RelayPlan, them: str) -> str:
