@@ -12,7 +12,13 @@ from pathlib import Path
 
 import pytest
 
-from orchestrate.backends.docker_ssh.staging import Entry, changed_files, local_manifest, tar_stream
+from orchestrate.backends.docker_ssh.staging import (
+    Entry,
+    changed_files,
+    local_manifest,
+    tar_stream,
+    unpack_command,
+)
 from orchestrate.errors import ConfigError
 
 
@@ -72,3 +78,24 @@ def test_the_tar_stream_unpacks_to_the_same_files(tmp_path: Path) -> None:
         assert tar.getnames() == ["a.txt", "sub/b.bin"]
         assert tar.extractfile("sub/b.bin").read() == (src / "sub" / "b.bin").read_bytes()  # type: ignore[union-attr]
     assert seen[-1] == 70_005 and len(data) % 512 == 0
+
+
+def test_a_file_that_cannot_be_renamed_into_place_fails_the_unpack_though_a_later_one_succeeds(
+        tmp_path: Path) -> None:
+    """`mv` fails for the first of two files (a disk gone read-only, a folder in the way): the node's script fails.
+    Before, the rename loop's status was its last file's: a failed rename was hidden and the staging reported as
+    done, the node training on the old file."""
+    source = tmp_path / "src"
+    source.mkdir()
+    (source / "a.bin").write_bytes(b"a" * 10)
+    (source / "b.bin").write_bytes(b"b" * 10)
+    tar = b"".join(tar_stream(source, ["a.bin", "b.bin"], lambda n: None))
+    bin_dir, data_dir = tmp_path / "bin", tmp_path / "data"
+    bin_dir.mkdir()
+    data_dir.mkdir()
+    (bin_dir / "mv").write_text('#!/bin/sh\ncase "$*" in *a.bin*) exit 1;; esac\nexec /bin/mv "$@"\n')
+    (bin_dir / "mv").chmod(0o755)
+    res = subprocess.run(unpack_command(str(data_dir)), input=tar, capture_output=True, timeout=60,
+                         env={**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}"})
+    assert res.returncode != 0
+    assert not (data_dir / "a.bin").exists()

@@ -7,4 +7,5 @@ trap 'rm -rf -- "$t"' EXIT
 tar -x -C "$t" -f -
 cd -- "$t"
 # shellcheck disable=SC2016 # the inner sh expands its own $0 (the data dir) and $f.
-find . -type f -exec sh -c 'for f; do mkdir -p -- "$0/$(dirname -- "$f")"; mv -f -- "$f" "$0/$f"; done' "$1" {} +
+# Each failed mkdir or mv fails the batch (and so the script): a loop's status is its last command's only.
+find . -type f -exec sh -c 'for f; do mkdir -p -- "$0/$(dirname -- "$f")" && mv -f -- "$f" "$0/$f" || exit 1; done' "$1" {} +
