@@ -18,7 +18,6 @@ from orchestrate.backends.protocol import Backend, Submitted
 from orchestrate.config import UpConfig
 from orchestrate.errors import JobError
 from orchestrate.fanout import fan_out
-from orchestrate.jobs import stops
 from orchestrate.jobs.memory import remember
 from orchestrate.pipeline.ready import PreflightedHosts
 from orchestrate.plan.jobplan import ContainerSpec, JobPlan, PlanInputs, container_specs
@@ -87,7 +86,7 @@ def start(nodes: Session, plan: JobPlan, inputs: PlanInputs, ready: PreflightedH
 def _unless_stopped(backend: Backend[Session], nodes: Session, config: UpConfig) -> None:
     """A kill that listed no container before they were created left its stop record first: seen here, the
     containers just started are removed and the job ends as the kill asked (the races: jobs/stops.py)."""
-    if stops.seen(nodes, config.program.job):
+    if backend.stop_record_seen(nodes, config.program.job):
         backend.remove(nodes, config.program.job, config.resilience.grace, nodes.reachable())
         raise JobError(f"job {config.program.job!r} was stopped with 'kill' as it started; its containers were removed, "
                        "nothing runs, no restart follows")

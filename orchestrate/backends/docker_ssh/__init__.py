@@ -3,13 +3,14 @@ is each container's docker-py arguments and the same as a `docker run` line (req
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, cast
 
 from rich.console import Console
 
-from orchestrate.backends.docker_ssh import carried, control, observe, owner, shortrun
+from orchestrate.backends.docker_ssh import carried, control, observe, owner, shortrun, stoprecord
 from orchestrate.backends.docker_ssh.claim import start_claimed
 from orchestrate.backends.docker_ssh.ranks import ContainerRanks
 from orchestrate.backends.docker_ssh.replicate import Replicator
@@ -26,6 +27,8 @@ from orchestrate.backends.protocol import (
     ShortRunResult,
     Submitted,
 )
+from orchestrate.config import SSHOptions
+from orchestrate.hosts import Host
 from orchestrate.plan.jobplan import ContainerSpec, JobPlan
 from orchestrate.probe.daemons import Local
 from orchestrate.probe.observations import ContainerSeen, Holdings, LocalImage
@@ -66,6 +69,23 @@ class DockerSSH:
     def replicate(self, nodes: Session, specs: Sequence[ContainerSpec], mirror: Path | None,
                   console: Console) -> Replication:
         return Replicator(nodes, specs, mirror, console)
+
+    @contextmanager
+    def reach(self, hosts: Sequence[Host], ssh: SSHOptions) -> Iterator[Session]:
+        nodes, _ = Session.connect_reachable(hosts, ssh.accept_new_host_keys)
+        try:
+            yield nodes
+        finally:
+            nodes.close()
+
+    def leave_stop_record(self, nodes: Session, job: str) -> dict[str, BaseException | str]:
+        return stoprecord.leave(nodes, job)
+
+    def stop_record_seen(self, nodes: Session, job: str) -> bool:
+        return stoprecord.seen(nodes, job)
+
+    def clear_stop_record(self, nodes: Session, job: str) -> None:
+        stoprecord.clear(nodes, job)
 
     def cancel(self, nodes: Session, job: str, grace: float, console: Console,
                unreachable: Mapping[str, BaseException | str] | None = None) -> None:
