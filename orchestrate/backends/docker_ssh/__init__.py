@@ -3,7 +3,7 @@ is each container's docker-py arguments and the same as a `docker run` line (req
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, cast
@@ -30,8 +30,9 @@ from orchestrate.backends.protocol import (
 from orchestrate.config import SSHOptions
 from orchestrate.hosts import Host
 from orchestrate.plan.jobplan import ContainerSpec, JobPlan
+from orchestrate.probe.checkpoints import newest_valid
 from orchestrate.probe.daemons import Local
-from orchestrate.probe.observations import ContainerSeen, Holdings, LocalImage
+from orchestrate.probe.observations import Checkpoint, ContainerSeen, Holdings, LocalImage
 from orchestrate.remote.docker import image_id
 from orchestrate.remote.session import Session
 
@@ -144,6 +145,10 @@ class DockerSSH:
 
     def registry_reach(self, nodes: Session, ranks: Sequence[int], ref: str) -> list[str]:
         return observe.each_node(nodes, "base registry", ranks, lambda client: observe.registry_reach(client, ref))
+
+    def newest_checkpoint(self, nodes: Session, rank: int, folder: str,
+                          skipped: Callable[[str], None]) -> Checkpoint | None:
+        return newest_valid(nodes.conn(rank), folder, skipped)
 
     def image_check(self, nodes: Session, spec: ContainerSpec, local: Local) -> str:
         return observe.image_check(nodes, spec, local)
