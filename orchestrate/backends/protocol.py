@@ -236,6 +236,11 @@ class Backend(Daemons[NodesT], Protocol[NodesT]):
         PreflightError when it cannot run."""
         ...
 
+    def place_resume_checkpoint(self, nodes: NodesT, plan: JobPlan, say: Callable[[str], None]) -> None:
+        """The plan's resume checkpoint put on the nodes that lack it (`plan.resume.copy_to`), so that every rank
+        can load it; nothing without one. `say` is told how each got it (served by a node, or through here)."""
+        ...
+
     def load_carried(self, manifest: Path, image: str, console: Console) -> None:
         """Load into this machine's image store the image `submit` carried through the shared storage (`manifest`,
         `--image-from`): only the layers it lacks, each checked by digest; nothing when it holds the image."""

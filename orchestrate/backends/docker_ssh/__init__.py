@@ -13,9 +13,10 @@ from rich.console import Console
 from orchestrate.backends.docker_ssh import carried, control, observe, owner, shortrun, stoprecord
 from orchestrate.backends.docker_ssh.claim import start_claimed
 from orchestrate.backends.docker_ssh.ranks import ContainerRanks
+from orchestrate.backends.docker_ssh.relay import relay_address
 from orchestrate.backends.docker_ssh.replicate import Replicator
 from orchestrate.backends.docker_ssh.request import offline_json, plan_json, render_job_plan, render_plan
-from orchestrate.backends.docker_ssh.start import remove_leftovers
+from orchestrate.backends.docker_ssh.start import copy_resume_checkpoint, remove_leftovers
 from orchestrate.backends.protocol import (
     JobRow,
     JobStatus,
@@ -63,6 +64,9 @@ class DockerSSH:
     def run(self, nodes: Session, specs: Mapping[int, ContainerSpec], timeout: float, what: str,
             together: bool = False) -> dict[int, ShortRunResult]:
         return shortrun.run(nodes, specs, timeout, what, together)
+
+    def place_resume_checkpoint(self, nodes: Session, plan: JobPlan, say: Callable[[str], None]) -> None:
+        copy_resume_checkpoint(nodes, plan, say, lambda rank: relay_address(nodes, rank, plan.master))
 
     def load_carried(self, manifest: Path, image: str, console: Console) -> None:
         carried.load(manifest, image, console)
