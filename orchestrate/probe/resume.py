@@ -1,6 +1,7 @@
 """The resume checkpoint as a fact about the nodes: the newest valid one anywhere (the newest step after an attempt
 is read through the backend: watch/report.py), each node's folder read through the backend (Daemons.newest_checkpoint:
-the probe names no connection). Read-only: copying it to the nodes that lack it is the start's work (backends/docker_ssh/start.py, backends/docker_ssh/replicate.py)."""
+the probe names no connection). Read-only: putting it on the nodes that lack it is the backend's work at the start
+(Backend.place_resume_checkpoint)."""
 
 from __future__ import annotations
 
