@@ -12,15 +12,17 @@ from __future__ import annotations
 
 import argparse
 from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol, TypeVar
 
 from rich.console import Console
 
-from orchestrate.config import UpConfig
+from orchestrate.config import SSHOptions, UpConfig
 from orchestrate.errors import ConfigError, MultiHostError
 from orchestrate.gpuspec import GPUS_ALL
+from orchestrate.hosts import Host
 from orchestrate.plan.jobplan import ContainerSpec, JobPlan
 from orchestrate.probe.bootchange import Boot
 from orchestrate.probe.daemons import Daemons, Local
@@ -28,8 +30,9 @@ from orchestrate.probe.observations import Checkpoint, Holdings
 
 Request = dict[str, Any]  # JSON-ready, secrets masked
 # The connection to the hosts that a backend runs a command over, opaque here: each backend names its own (Docker
-# over SSH: one SSH Session to every host); whoever runs the command opens it and hands it to every call.
-NodesT = TypeVar("NodesT", contravariant=True)
+# over SSH: one SSH Session to every host); whoever runs the command opens it (or has the backend open it: `reach`)
+# and hands it to every call.
+NodesT = TypeVar("NodesT")
 # Plan the start again from what the hosts hold now (another job took part of the grant meanwhile): node 0's master
 # port and every node's container, decided by the pipeline's plan, never by the backend.
 Replan = Callable[[Sequence[Holdings]], tuple[int | None, list[ContainerSpec]]]
@@ -233,6 +236,11 @@ class Backend(Daemons[NodesT], Protocol[NodesT]):
         PreflightError when it cannot run."""
         ...
 
+    def place_resume_checkpoint(self, nodes: NodesT, plan: JobPlan, say: Callable[[str], None]) -> None:
+        """The plan's resume checkpoint put on the nodes that lack it (`plan.resume.copy_to`), so that every rank
+        can load it; nothing without one. `say` is told how each got it (served by a node, or through here)."""
+        ...
+
     def load_carried(self, manifest: Path, image: str, console: Console) -> None:
         """Load into this machine's image store the image `submit` carried through the shared storage (`manifest`,
         `--image-from`): only the layers it lacks, each checked by digest; nothing when it holds the image."""
@@ -242,6 +250,24 @@ class Backend(Daemons[NodesT], Protocol[NodesT]):
                   console: Console) -> Replication:
         """The replication of the attempt's checkpoints off node 0 (to node 1, and into `mirror` on this machine
         with --ckpt-mirror), not started yet."""
+        ...
+
+    def reach(self, hosts: Sequence[Host], ssh: SSHOptions) -> AbstractContextManager[NodesT]:
+        """The connection to those of `hosts` that answer now (a host down is left out, not waited for), closed
+        when the block ends."""
+        ...
+
+    def leave_stop_record(self, nodes: NodesT, job: str) -> dict[str, BaseException | str]:
+        """`kill`'s stop record (jobs/stops.py) written on every reachable host; the hosts where it could not be,
+        by label."""
+        ...
+
+    def stop_record_seen(self, nodes: NodesT, job: str) -> bool:
+        """Whether any reachable host holds the job's stop record (a host that does not answer counts as none)."""
+        ...
+
+    def clear_stop_record(self, nodes: NodesT, job: str) -> None:
+        """An earlier kill's stop record removed from every reachable host; MultiHostError where it cannot be."""
         ...
 
     def cancel(self, nodes: NodesT, job: str, grace: float, console: Console,

@@ -16,7 +16,7 @@ from orchestrate.backends.schedulers import SCHEDULERS
 from orchestrate.config import JobsConfig
 from orchestrate.errors import ConfigError, JobError, MultiHostError
 from orchestrate.hosts import Host, parse_hosts_file
-from orchestrate.jobs import memory, stops, tensorboard
+from orchestrate.jobs import memory, tensorboard
 from orchestrate.loglines import follow_lines, print_lines, shown
 from orchestrate.masking import mask_text
 from orchestrate.plan.jobplan import CKPT_MOUNT
@@ -155,7 +155,7 @@ def kill(backend: Backend[Session], nodes: Session, config: JobsConfig, console:
          unreachable: dict[str, str]) -> None:
     """The stop record first, on every host (an `up` waiting to restart the job, from any machine, then starts
     nothing more: see jobs/stops.py), then the job's containers. A host where either fails is reported."""
-    not_left = stops.leave(nodes, config.job)
+    not_left = backend.leave_stop_record(nodes, config.job)
     left = len(nodes.reachable()) - len(not_left)
     if left:
         console.print(f"left a stop record on {left} host(s): an 'up' of job {config.job!r} waiting to restart it "

@@ -3,8 +3,9 @@
 Between two attempts (the restart backoff) no container runs, so the labels have nothing to say and a `kill` finds
 nothing to stop. So `kill` first leaves a stop record on every host it reaches, in the login's job folder there
 (`~/.local/share/ddp-cifar/jobs/JOB/stop`, written atomically), then stops the job's containers. An `up` looks for
-it over its SSH connections: once a second during the backoff, and once more right after each attempt's containers
-started. The record is per login (its home): another account's `up` of a job of the same name is never stopped.
+it through its backend (Backend.stop_record_seen; Docker over SSH: backends/docker_ssh/stoprecord.py): once a
+second during the backoff, and once more right after each attempt's containers started. The record is per login (its
+home): another account's `up` of a job of the same name is never stopped.
 
 Races, and why none loses a kill:
 - A kill during the backoff: its record is on the hosts before it lists containers; the poll sees it within a
@@ -21,61 +22,9 @@ Races, and why none loses a kill:
 
 from __future__ import annotations
 
-import posixpath
-import socket
-import time
-
 from orchestrate import pauses
-from orchestrate.errors import MultiHostError, SSHError
-from orchestrate.fanout import fan_out
-from orchestrate.remote.session import Session
 
-JOBS_FOLDER = ".local/share/ddp-cifar/jobs"  # under the login's home; the default checkpoint/log dirs live there too
-RECORD = "stop"
 POLL_S = 1.0  # the backoff looks this often: each look is one exec per host, in parallel
-
-
-def record_path(home: str, job: str) -> str:
-    """PURE: where the stop record of `job` lives for a login whose home is `home`."""
-    return posixpath.join(home, JOBS_FOLDER, job, RECORD)
-
-
-def leave(nodes: Session, job: str) -> dict[str, BaseException | str]:
-    """Write the stop record on every reachable host; the hosts where it could not be written, by label."""
-    note = f"stopped by 'kill' on {socket.gethostname()} at {time.strftime('%Y-%m-%dT%H:%M:%S%z')}\n".encode()
-
-    def one(rank: int) -> None:
-        conn = nodes.conn(rank)
-        path = record_path(conn.identity().home, job)
-        conn.run(["mkdir", "-p", "--", posixpath.dirname(path)], timeout=30, check=True)
-        conn.write_file(path, iter((note,)), timeout=30)
-
-    try:
-        fan_out("stop record", nodes.reachable(), one, lambda r: nodes.hosts[r].label)
-    except MultiHostError as err:
-        return dict(err.failures)
-    return {}
-
-
-def seen(nodes: Session, job: str) -> bool:
-    """Whether any reachable host holds the job's stop record (a host that does not answer counts as none)."""
-    def one(rank: int) -> bool:
-        try:
-            conn = nodes.conn(rank)
-            return conn.run(["test", "-e", record_path(conn.identity().home, job)], timeout=15).rc == 0
-        except (SSHError, OSError):
-            return False
-
-    return any(fan_out("stop record", nodes.reachable(), one, lambda r: nodes.hosts[r].label))
-
-
-def clear(nodes: Session, job: str) -> None:
-    """Remove an earlier kill's record before a new `up` starts anything; MultiHostError where it cannot."""
-    def one(rank: int) -> None:
-        conn = nodes.conn(rank)
-        conn.run(["rm", "-f", "--", record_path(conn.identity().home, job)], timeout=30, check=True)
-
-    fan_out("stop record", nodes.reachable(), one, lambda r: nodes.hosts[r].label)
 
 
 def before_restart_starts(attempt: int) -> None:

@@ -90,7 +90,7 @@ def _up(config: UpConfig, console: Console, backend: Backend[Session], timings: 
         if result.outcome.ok:
             return 0
         decision = restarts.decide(config.program.job, history, result, None, config.resilience)
-        back_off(decision, config.program.job, config.ssh, hosts, console)
+        back_off(decision, config.program.job, backend, config.ssh, hosts, console)
         if decision.next is restarts.Next.WAIT_FOR_HOSTS:
             await_hosts(hosts, config.ssh.accept_new_host_keys, console, decision.wait_s)
         history.append(result)
@@ -162,7 +162,7 @@ def _attempt(config: UpConfig, backend: Backend[Session], attempt: Attempt, host
     nodes = ready.nodes
     try:
         if not attempt.number:  # only a kill typed while this `up` runs stops it (jobs/stops.py)
-            stops.clear(nodes, config.program.job)
+            backend.clear_stop_record(nodes, config.program.job)
         plan, inputs = plan_attempt(config, attempt, ready, console, timings)
         with timings.phase("image"):
             plan = phases.images(ready, plan, config, console)

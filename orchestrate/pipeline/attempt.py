@@ -74,7 +74,8 @@ def _resume(ready: PreflightedHosts, config: UpConfig, attempt: Attempt,
     """The checkpoint this attempt resumes from, and the attempt as it runs (a restart before the first
     checkpoint starts over)."""
     try:
-        return find_resume_checkpoint(ready.nodes, [r.dirs["ckpt"] for r in ready.reports], console), attempt
+        return find_resume_checkpoint(ready.backend, ready.nodes, [h.label for h in ready.nodes.hosts],
+                                      [r.dirs["ckpt"] for r in ready.reports], console), attempt
     except NoCheckpointError:
         if config.program.is_trainer and attempt.number:
             # The failure came before the first checkpoint: nothing is lost by starting over.

@@ -13,12 +13,10 @@ from orchestrate.backends.docker_ssh.data import make_dirs, prefetch_all
 from orchestrate.backends.docker_ssh.datasync import stage_all
 from orchestrate.backends.docker_ssh.image import ensure_images
 from orchestrate.backends.docker_ssh.relay import relay_address
-from orchestrate.backends.docker_ssh.start import copy_resume_checkpoint
 from orchestrate.backends.protocol import Backend, Submitted
 from orchestrate.config import UpConfig
 from orchestrate.errors import JobError
 from orchestrate.fanout import fan_out
-from orchestrate.jobs import stops
 from orchestrate.jobs.memory import remember
 from orchestrate.pipeline.ready import PreflightedHosts
 from orchestrate.plan.jobplan import ContainerSpec, JobPlan, PlanInputs, container_specs
@@ -67,8 +65,7 @@ def start(nodes: Session, plan: JobPlan, inputs: PlanInputs, ready: PreflightedH
     """The resume checkpoint where it lacks, then the attempt submitted to the backend: leftovers out, the
     containers started, their GPU sets and port claimed against other `up`s starting at the same moment (a lost
     claim is planned again here, from what the daemons hold then: the plan returned is the one that started)."""
-    copy_resume_checkpoint(nodes, plan, lambda line: console.print(line, markup=False, highlight=False),
-                           lambda rank: relay_address(nodes, rank, plan.master))
+    ready.backend.place_resume_checkpoint(nodes, plan, lambda line: console.print(line, markup=False, highlight=False))
     remember(config)  # the user's options: a port preflight chose is not kept
 
     def replan(found: Sequence[Holdings]) -> tuple[int | None, list[ContainerSpec]]:
@@ -87,7 +84,7 @@ def start(nodes: Session, plan: JobPlan, inputs: PlanInputs, ready: PreflightedH
 def _unless_stopped(backend: Backend[Session], nodes: Session, config: UpConfig) -> None:
     """A kill that listed no container before they were created left its stop record first: seen here, the
     containers just started are removed and the job ends as the kill asked (the races: jobs/stops.py)."""
-    if stops.seen(nodes, config.program.job):
+    if backend.stop_record_seen(nodes, config.program.job):
         backend.remove(nodes, config.program.job, config.resilience.grace, nodes.reachable())
         raise JobError(f"job {config.program.job!r} was stopped with 'kill' as it started; its containers were removed, "
                        "nothing runs, no restart follows")

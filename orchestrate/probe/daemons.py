@@ -5,10 +5,10 @@ probes over SSH and the pure reading and judging of what it is told."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Protocol, TypeVar
 
-from orchestrate.probe.observations import ContainerSeen, Holdings, LocalImage
+from orchestrate.probe.observations import Checkpoint, ContainerSeen, Holdings, LocalImage
 
 # The connection to the nodes the reads go over, opaque here: the backend names it (Docker over SSH: its SSH Session).
 NodesT = TypeVar("NodesT", contravariant=True)
@@ -63,4 +63,10 @@ class Daemons(Protocol[NodesT]):
     def registry_reach(self, nodes: NodesT, ranks: Sequence[int], ref: str) -> list[str]:
         """Whether each node's daemon gets `ref`'s manifest from its registry ("" yes, else why not), pulling
         nothing."""
+        ...
+
+    def newest_checkpoint(self, nodes: NodesT, rank: int, folder: str,
+                          skipped: Callable[[str], None]) -> Checkpoint | None:
+        """The newest checkpoint in the node's `folder` that checks out against its manifest (probe/checkpoints.py);
+        None when none does. `skipped` is told the path of each newer manifest whose checkpoint does not."""
         ...

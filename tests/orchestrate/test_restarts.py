@@ -11,9 +11,9 @@ import pytest
 from rich.console import Console
 
 from orchestrate import restart
+from orchestrate.backends.docker_ssh import DockerSSH
 from orchestrate.config import Resilience, SSHOptions, UpConfig
 from orchestrate.errors import ConfigError, JobError
-from orchestrate.jobs import stops
 from orchestrate.outcome import End, Outcome
 from orchestrate.plan.restarts import RESTARTABLE, AttemptResult, Decision, Next, Reachable, decide
 
@@ -145,11 +145,11 @@ def test_the_backoff_raises_a_give_up_and_ends_at_a_kills_stop_record(tmp_path: 
     """The kill's stop record on real hosts: tests/cluster/test_self_healing.py."""
     monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path))
     console = Console(file=io.StringIO(), width=200)
-    ssh = SSHOptions(None, None, False)
+    ssh, backend = SSHOptions(None, None, False), DockerSSH()
     with pytest.raises(JobError, match="^why$"):
-        restart.back_off(Decision(Next.GIVE_UP, "why"), "j", ssh, [], console)
-    restart.back_off(Decision(Next.RESTART, "restart 1 of 2 in 0 s", 0.2), "j", ssh, [], console)
+        restart.back_off(Decision(Next.GIVE_UP, "why"), "j", backend, ssh, [], console)
+    restart.back_off(Decision(Next.RESTART, "restart 1 of 2 in 0 s", 0.2), "j", backend, ssh, [], console)
     assert console.file.getvalue() == "restart 1 of 2 in 0 s\n"  # type: ignore[attr-defined]
-    monkeypatch.setattr(stops, "seen", lambda nodes, job: job == "j")
+    monkeypatch.setattr(backend, "stop_record_seen", lambda nodes, job: job == "j")
     with pytest.raises(JobError, match="stopped with 'kill' during the restart backoff"):
-        restart.back_off(Decision(Next.RESTART, "restart 1 of 2 in 10 s", 10.0), "j", ssh, [], console)
+        restart.back_off(Decision(Next.RESTART, "restart 1 of 2 in 10 s", 10.0), "j", backend, ssh, [], console)

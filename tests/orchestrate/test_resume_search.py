@@ -1,5 +1,6 @@
-"""The resume search over nodes' checkpoint folders: a corrupted replica is skipped with a warning. The folders are
-real (tmp_path) and the size + sha256 check is the real command, run here instead of over SSH."""
+"""The resume search over nodes' checkpoint folders, read through Docker over SSH's Daemons.newest_checkpoint: a
+corrupted replica is skipped with a warning. The folders are real (tmp_path) and the size + sha256 check is the real
+command, run here instead of over SSH."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ from typing import Any
 
 from rich.console import Console
 
+from orchestrate.backends.docker_ssh import DockerSSH
 from orchestrate.probe.resume import find_resume_checkpoint
 from orchestrate.remote.ssh import Result
 
@@ -61,7 +63,8 @@ def test_a_corrupted_replica_is_skipped_with_a_warning_and_the_next_valid_checkp
     conns = [LocalConn("h1"), LocalConn("h2")]
     nodes: Any = SimpleNamespace(conn=lambda r: conns[r], hosts=[c.host for c in conns])
     out = io.StringIO()
-    found = find_resume_checkpoint(nodes, [str(replica), str(other)], Console(file=out, width=300))
+    found = find_resume_checkpoint(DockerSSH(), nodes, ["h1", "h2"], [str(replica), str(other)],
+                                   Console(file=out, width=300))
     best = found.checkpoint
     assert best.step == 16 and best.host in ("h1", "h2")
     assert found.copy_to == ()  # both hold step 16: nothing to copy

@@ -1,4 +1,4 @@
-"""The stop record (orchestrate/jobs/stops.py) through Connection's calls run on this machine, one home per host;
+"""The stop record (orchestrate/jobs/stops.py; Docker over SSH's, backends/docker_ssh/stoprecord.py) through Connection's calls run on this machine, one home per host;
 write.sh is the real script. The record seen by a real `up` on real hosts: tests/cluster/test_self_healing.py."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from types import SimpleNamespace
 
-from orchestrate.jobs import stops
+from orchestrate.backends.docker_ssh import stoprecord as stops
 from orchestrate.remote.identity import Identity
 from orchestrate.remote.session import Session
 from orchestrate.remote.ssh import WRITE_SCRIPT, Result

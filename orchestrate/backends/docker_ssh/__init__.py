@@ -3,18 +3,20 @@ is each container's docker-py arguments and the same as a `docker run` line (req
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, cast
 
 from rich.console import Console
 
-from orchestrate.backends.docker_ssh import carried, control, observe, owner, shortrun
+from orchestrate.backends.docker_ssh import carried, control, observe, owner, shortrun, stoprecord
 from orchestrate.backends.docker_ssh.claim import start_claimed
 from orchestrate.backends.docker_ssh.ranks import ContainerRanks
+from orchestrate.backends.docker_ssh.relay import relay_address
 from orchestrate.backends.docker_ssh.replicate import Replicator
 from orchestrate.backends.docker_ssh.request import offline_json, plan_json, render_job_plan, render_plan
-from orchestrate.backends.docker_ssh.start import remove_leftovers
+from orchestrate.backends.docker_ssh.start import copy_resume_checkpoint, remove_leftovers
 from orchestrate.backends.protocol import (
     JobRow,
     JobStatus,
@@ -26,9 +28,12 @@ from orchestrate.backends.protocol import (
     ShortRunResult,
     Submitted,
 )
+from orchestrate.config import SSHOptions
+from orchestrate.hosts import Host
 from orchestrate.plan.jobplan import ContainerSpec, JobPlan
+from orchestrate.probe.checkpoints import newest_valid
 from orchestrate.probe.daemons import Local
-from orchestrate.probe.observations import ContainerSeen, Holdings, LocalImage
+from orchestrate.probe.observations import Checkpoint, ContainerSeen, Holdings, LocalImage
 from orchestrate.remote.docker import image_id
 from orchestrate.remote.session import Session
 
@@ -60,12 +65,32 @@ class DockerSSH:
             together: bool = False) -> dict[int, ShortRunResult]:
         return shortrun.run(nodes, specs, timeout, what, together)
 
+    def place_resume_checkpoint(self, nodes: Session, plan: JobPlan, say: Callable[[str], None]) -> None:
+        copy_resume_checkpoint(nodes, plan, say, lambda rank: relay_address(nodes, rank, plan.master))
+
     def load_carried(self, manifest: Path, image: str, console: Console) -> None:
         carried.load(manifest, image, console)
 
     def replicate(self, nodes: Session, specs: Sequence[ContainerSpec], mirror: Path | None,
                   console: Console) -> Replication:
         return Replicator(nodes, specs, mirror, console)
+
+    @contextmanager
+    def reach(self, hosts: Sequence[Host], ssh: SSHOptions) -> Iterator[Session]:
+        nodes, _ = Session.connect_reachable(hosts, ssh.accept_new_host_keys)
+        try:
+            yield nodes
+        finally:
+            nodes.close()
+
+    def leave_stop_record(self, nodes: Session, job: str) -> dict[str, BaseException | str]:
+        return stoprecord.leave(nodes, job)
+
+    def stop_record_seen(self, nodes: Session, job: str) -> bool:
+        return stoprecord.seen(nodes, job)
+
+    def clear_stop_record(self, nodes: Session, job: str) -> None:
+        stoprecord.clear(nodes, job)
 
     def cancel(self, nodes: Session, job: str, grace: float, console: Console,
                unreachable: Mapping[str, BaseException | str] | None = None) -> None:
@@ -124,6 +149,10 @@ class DockerSSH:
 
     def registry_reach(self, nodes: Session, ranks: Sequence[int], ref: str) -> list[str]:
         return observe.each_node(nodes, "base registry", ranks, lambda client: observe.registry_reach(client, ref))
+
+    def newest_checkpoint(self, nodes: Session, rank: int, folder: str,
+                          skipped: Callable[[str], None]) -> Checkpoint | None:
+        return newest_valid(nodes.conn(rank), folder, skipped)
 
     def image_check(self, nodes: Session, spec: ContainerSpec, local: Local) -> str:
         return observe.image_check(nodes, spec, local)
