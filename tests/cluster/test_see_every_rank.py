@@ -1,6 +1,6 @@
 """See every rank (issue 35), on the session's three stock test hosts (sshd + dockerd + torchrun, CPU image):
 
-- one host's container throttled (`docker update --cpus 0.05 --cpu-shares 2` on that host's daemon) while the
+- one host's container throttled (`docker update --cpus 0.02 --cpu-shares 2` on that host's daemon) while the
   job runs: from a grace of the rule's windows after the throttle on (the window holding the step of node 0's
   first heartbeat written after it, STRAGGLER_WINDOWS windows more, and one for the figures' trip in the
   next window's agreement), every `status` and every progress line
@@ -46,7 +46,7 @@ pytestmark = [pytest.mark.cluster, pytest.mark.docker, pytest.mark.slow]
 
 JOB = "ranks"
 THROTTLED = 2  # the node whose container gets a small CPU share
-NAME_WITHIN_S = 180.0  # the bound on naming it (and on naming nobody once the throttle is lifted)
+NAME_WITHIN_S = 300.0  # the bound on naming it (steps of ~10 s throttled) and on naming nobody once lifted
 STATUS_EVERY_S = 5.0  # `status` is a process with 3 SSH connections: asked more often, it slows the job it watches
 STEP = re.compile(r"progress: step (\d+)")
 SLOWEST = re.compile(r"slowest: node (\d+) rank (\d+), ([\d.]+)x the median step")
@@ -73,13 +73,15 @@ def container(cluster: Cluster, node: int) -> str:
 
 
 def throttle(cluster: Cluster, node: int, on: bool) -> None:
-    """The job's container on that node's own daemon throttled (`docker update`): 5% of a core and the smallest CPU
+    """The job's container on that node's own daemon throttled (`docker update`): 2% of a core and the smallest CPU
     weight, so that it stays clearly slower however loaded the machine is. Measured here: a 0.1-core quota alone
     left node 2 at 1.0x the median at a load of 20-38 (every process got about a tenth of a core), and with a
     quarter of the default weight too at 1.0-1.3x at a load of 6-14 (the others' own work varied 100x between
-    windows); this one named it at 159x in every reading (steps of 4 s). Off: the whole machine, the default
-    weight."""
-    docker(cluster, node, "update", "--cpus", "0.05" if on else "2", "--cpu-shares", "2" if on else "1024",
+    windows); 5% of a core named it at 159x in every reading (steps of 4 s), but in one CI run the healthy nodes,
+    starved by the other tests, took 1.04 s of work a step in one window against node 2's 1.31 s (1.26x: not
+    clearly slower), which broke its streak past the grace. 2% gives it 2.5 times that work. Off: the whole
+    machine, the default weight."""
+    docker(cluster, node, "update", "--cpus", "0.02" if on else "2", "--cpu-shares", "2" if on else "1024",
            container(cluster, node))
 
 

@@ -250,7 +250,7 @@ def test_node_0s_host_cut_off_the_job_finishes_on_the_others_from_the_replica(th
     replica passed over by the real size and sha256 check (tests/orchestrate/test_resume_search.py), a DDP
     resume on another world size (tests/trainer/test_trainer_distributed.py). --restart-backoff 1: the default 10 s
     only waited. The resume checkpoint reaches the third host from the second inside the cluster (--relay on), not
-    through this machine. The first attempt runs at a quarter of a core per container (docker update), so that the cut lands
+    through this machine. The first attempt runs at a tenth of a core per container (docker update), so that the cut lands
     mid-run on a machine of any speed; the restart's containers are new and unthrottled."""
     job, state = "heal-cut", work / "state-cut"
     # Data of its own: the stock-hosts test on these hosts sends its archive into the default data dir.
@@ -261,11 +261,12 @@ def test_node_0s_host_cut_off_the_job_finishes_on_the_others_from_the_replica(th
                                              "--min-nodes", "2", "--relay", "on",
                                              trainer=("--epochs", "20", "--strategy", "fsdp"))))
         replica = job_dir(three, 1, job)
-        # The first attempt's containers get a quarter of a core each (the job's 100 steps took ~6 s on one
-        # thread each, ending before two replicas were copied and verified): the cut lands while it trains.
+        # The first attempt's containers get a tenth of a core each (the job's 100 steps took ~6 s on one thread
+        # each, ending before two replicas were copied and verified; at a quarter of a core, a CI run whose copies
+        # were slow still saw it finish first): the cut lands while it trains.
         wait_for(lambda: len([c for _, c in job_containers(three, job) if c.status == "running"]) == 3, PATIENCE,
                  "the job's 3 containers to run", every=0.2)
-        assert throttle_job(three, job) == 3
+        assert throttle_job(three, job, cpus=0.1) == 3
         # two replicas copied and verified (not merely their manifests there): one to corrupt, one to resume from
         wait_for(lambda: len(re.findall(r"^checkpoint step \d+ copied to node 1 \(.*sha256 verified$", up.text, re.M))
                  >= 2, PATIENCE, "two verified replicas of checkpoints on node 1", every=0.5)
