@@ -419,15 +419,16 @@ def _check_archive_md5(data: Data) -> None:
     archive and no --data-md5). Read once here: 0.3 s for CIFAR-10's 170 MB."""
     if data.data_from is None or not data.data_from.is_file():
         return
-    digest = hashlib.md5()
-    with open(data.data_from, "rb") as archive:
-        while block := archive.read(1 << 20):
-            digest.update(block)
-    if digest.hexdigest() != data.data_md5:
+    try:
+        with open(data.data_from, "rb") as archive:
+            md5 = hashlib.file_digest(archive, "md5").hexdigest()
+    except OSError as err:
+        raise ConfigError(f"--data-from {shown(data.data_from)}: cannot read it ({err.strerror or err}); check its "
+                          "permissions") from None
+    if md5 != data.data_md5:
         given = "CIFAR-10's" if data.data_md5 == DEFAULT_DATA_MD5 else "--data-md5"
-        raise ConfigError(f"--data-from {shown(data.data_from)}: its md5 is {digest.hexdigest()}, not {given} "
-                          f"{data.data_md5}; to send this archive as it is (synthetic data, another copy), pass "
-                          f"--data-md5 {digest.hexdigest()}")
+        raise ConfigError(f"--data-from {shown(data.data_from)}: its md5 is {md5}, not {given} {data.data_md5}; to "
+                          f"send this archive as it is (synthetic data, another copy), pass --data-md5 {md5}")
 
 
 @dataclass(frozen=True)
