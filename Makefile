@@ -35,10 +35,15 @@ help:
 	@echo "make clean      remove build caches (docker/wheels, .cache/cpu-base, __pycache__); images stay"
 
 # The venv is (re)installed when pyproject.toml changes; the stamp records the last install.
+# pip compiles every installed module on one core (17 s of a fresh install here); compileall does it on every core
+# (12 s). The bytecode is needed: where PYTHONDONTWRITEBYTECODE is set (as on this project's machines), a module
+# without its .pyc is compiled again by every process that imports it. torch's py312_intrinsics.py is Python 3.12
+# syntax that pip's compile skips quietly: compileall's other failures fail the install.
 setup: $(VENV)/.installed
 $(VENV)/.installed: pyproject.toml
 	@test -x $(PY) || $(PYTHON3) -m venv $(VENV)
-	$(PY) -m pip install --quiet -e '.[dev]'
+	$(PY) -m pip install --quiet --no-compile -e '.[dev]'
+	$(PY) -m compileall -q -j 0 -x 'py312_intrinsics' $(VENV)/lib
 	@touch $@
 
 # Every shell script of the repo: the image's, the machine's, the ones run on hosts, CI's.
@@ -69,6 +74,8 @@ image-cpu: cpu-base
 # pytest exits 5 when it collected nothing: that is a failure here too (make fails on any non-zero).
 # --durations: CI prints its 40 slowest tests; the run ends with a summary per tier (tests/kit/summary.py) and writes
 # each module's seconds to out/test-durations.json (copy it over tests/durations.json to re-balance the workers).
+# The tests write the repo's bytecode (__pycache__, ignored by git and by the image's build context): with
+# PYTHONDONTWRITEBYTECODE set, every CLI run and every local torchrun process compiled orchestrate/ or trainer/ again.
 # TEST_WORKERS: pytest-xdist workers. Each test module is a unit of work, handed to whichever worker is free, the
 # longest first by tests/durations.json (tests/conftest.py); every worker makes the test hosts it needs.
 TEST_WORKERS ?= 3
@@ -77,7 +84,7 @@ TEST_WORKERS ?= 3
 test: setup
 	$(MAKE) --no-print-directory -j2 -O image-cpu lint
 	@mkdir -p out
-	DDP_TEST_IMAGE=$(CPU_IMAGE) $(PY) -m pytest -n $(TEST_WORKERS) --durations=40 --store-durations out/test-durations.json tests
+	env -u PYTHONDONTWRITEBYTECODE DDP_TEST_IMAGE=$(CPU_IMAGE) $(PY) -m pytest -n $(TEST_WORKERS) --durations=40 --store-durations out/test-durations.json tests
 
 # The GPU tier: CUDA kernels, NCCL, the GPU benchmark (docs/gpu-nodes.md). Needs a CUDA build of torch in the venv
 # (the dev extra pins the CPU wheel); every test fails, never skips, where CUDA is missing.

@@ -60,8 +60,8 @@ SCENARIOS: dict[str, tuple[str, list[Measure]]] = {
                 "10 s of it the restart backoff", 60),
         Measure("reboot: training again", r"reboot: .*training again after ([\d.]+) s",
                 "20 s of it the restart backoff", 90)]),
-    "check": ("tests/cluster/test_network_check.py::test_equal_hosts_flag_nothing", [
-        Measure("`check` on 3 equal hosts", r"check on 3 equal hosts took ([\d.]+) s",
+    "check": ("tests/cluster/test_network_check.py::test_the_slow_host_is_the_outlier_and_the_equal_ones_are_not", [
+        Measure("`check` on 3 hosts (one link slowed)", r"check on 3 hosts, node 2 at 30 Mbit/s, took ([\d.]+) s",
                 "the self-test and 16 MB within and across 3 hosts", 120)]),
     "eight": ("tests/cluster/test_eight_hosts.py::test_eight_hosts_train_to_the_end_and_kill_leaves_nothing", [
         Measure("8 hosts: attached `up`, 1 epoch", r"8 hosts x 1 process: attached up .* took ([\d.]+) s",
