@@ -106,6 +106,7 @@ def test_logs_with_every_host_unreachable_names_the_hosts(tmp_path: Path, monkey
     from rich.console import Console
 
     from orchestrate.backends.choice import backend
+    from orchestrate.backends.schedulers import SCHEDULERS
     from orchestrate.config import JobsConfig, SSHOptions
     from orchestrate.jobs import commands
     from orchestrate.remote.session import Session
@@ -116,7 +117,8 @@ def test_logs_with_every_host_unreachable_names_the_hosts(tmp_path: Path, monkey
         lambda cls, hosts, accept: (cls(hosts, [None]), {"gpu-a": "connection to gpu-a refused"})))
     config = JobsConfig(ssh=SSHOptions(hosts_file, None, False), job="j")
     with pytest.raises(MultiHostError) as err:
-        commands.run_jobs_command(command, config, Console(file=open(tmp_path / "out", "w")), backend())  # noqa: SIM115
+        commands.run_jobs_command(command, config, Console(file=open(tmp_path / "out", "w")), backend(),  # noqa: SIM115
+                                  SCHEDULERS)
     assert err.value.lines() == ["gpu-a: connection to gpu-a refused"] and err.value.what == command
 
 
@@ -128,6 +130,7 @@ def test_node0s_folder_not_found_with_a_host_silent_names_that_host(tmp_path: Pa
 
     from rich.console import Console
 
+    from orchestrate.backends.docker_ssh import DockerSSH
     from orchestrate.config import JobsConfig, SSHOptions
     from orchestrate.errors import JobError
     from orchestrate.jobs import commands
@@ -141,11 +144,13 @@ def test_node0s_folder_not_found_with_a_host_silent_names_that_host(tmp_path: Pa
     monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "state"))
     monkeypatch.setattr(Session, "connect_reachable", classmethod(
         lambda cls, hosts, accept: (cls(hosts, [None, object()]), {"gpu-a": "connection to gpu-a refused"})))
-    silent_node0 = SimpleNamespace(node_dirs=lambda *a: {}, node0_dir=not_found)  # the backend the command is given
+    # the backend the command is given: Docker over SSH's reach, over the session above
+    silent_node0 = SimpleNamespace(reach=DockerSSH().reach, node_dirs=lambda *a: {}, node0_dir=not_found)
     monkeypatch.setattr(Session, "close", lambda self: None)
     config = JobsConfig(ssh=SSHOptions(hosts_file, None, False), job="j")
     with pytest.raises(JobError, match=r"of its folders; no answer from gpu-a$"):
-        commands.run_jobs_command(command, config, Console(file=open(tmp_path / "out", "w")), silent_node0)  # noqa: SIM115
+        commands.run_jobs_command(command, config, Console(file=open(tmp_path / "out", "w")), silent_node0,  # noqa: SIM115
+                                  ())
 
 
 def test_write_and_read_files_through_exec_channels(tmp_path: Path) -> None:
