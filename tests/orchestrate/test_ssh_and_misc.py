@@ -153,6 +153,43 @@ def test_node0s_folder_not_found_with_a_host_silent_names_that_host(tmp_path: Pa
                                   ())
 
 
+def test_tensorboard_fetches_each_nodes_new_or_changed_event_files_through_the_backend(tmp_path: Path) -> None:
+    """`tensorboard`'s fetch through Docker over SSH's files_named and read_file, event_files.sh run by a local
+    shell as sshd would: the event files of a log dir (a name with a space included) copied under out/node<N>/,
+    its other files left there; fetched again, only a file that changed size is copied."""
+    from orchestrate.backends.docker_ssh import DockerSSH
+    from orchestrate.jobs.tensorboard import fetch
+    from orchestrate.remote.session import Session
+    from orchestrate.remote.ssh import Result
+
+    class LocalConn:
+        def run(self, argv: list[str], timeout: float = 60.0) -> Result:
+            done = subprocess.run(argv, capture_output=True, text=True, timeout=timeout)
+            return Result(done.returncode, done.stdout, done.stderr)
+
+        def read_file(self, path: str) -> bytes:
+            return Path(path).read_bytes()
+
+        def close(self) -> None:
+            pass
+
+    logs = tmp_path / "logs"
+    (logs / "tensorboard").mkdir(parents=True)
+    (logs / "my run").mkdir()
+    (logs / "tensorboard" / "events.out.tfevents.1.vm.7.0").write_bytes(b"first")
+    (logs / "my run" / "events.out.tfevents.2").write_bytes(b"second")
+    (logs / "heartbeat.json").write_text("{}")
+    nodes = Session([Host(name="h0", hostname="h0", port=22, user="u")], [LocalConn()])  # type: ignore[list-item]
+    out = tmp_path / "out"
+    assert fetch(DockerSSH(), nodes, {0: (0, str(logs))}, out) == 2
+    assert sorted(str(p.relative_to(out)) for p in out.rglob("*") if p.is_file()) == [
+        "node0/my run/events.out.tfevents.2", "node0/tensorboard/events.out.tfevents.1.vm.7.0"]
+    assert fetch(DockerSSH(), nodes, {0: (0, str(logs))}, out) == 0
+    (logs / "my run" / "events.out.tfevents.2").write_bytes(b"second, grown")
+    assert fetch(DockerSSH(), nodes, {0: (0, str(logs))}, out) == 1
+    assert (out / "node0" / "my run" / "events.out.tfevents.2").read_bytes() == b"second, grown"
+
+
 def test_write_and_read_files_through_exec_channels(tmp_path: Path) -> None:
     """The file transfer scripts, run by a local shell as sshd would: an unpredictable temporary name (never a
     planted symlink), the target replaced atomically, a symlink at the target replaced rather than followed."""
