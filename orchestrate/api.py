@@ -84,6 +84,7 @@ def jobs(command: str, config: JobsConfig, console: Console | None = None) -> in
 
 def _jobs(command: str, config: JobsConfig, console: Console | None) -> int:
     from orchestrate.backends.choice import backend
+    from orchestrate.backends.schedulers import SCHEDULERS
     from orchestrate.jobs.commands import run_jobs_command
 
-    return run_jobs_command(command, config, console or console_for(), backend())
+    return run_jobs_command(command, config, console or console_for(), backend(), SCHEDULERS)

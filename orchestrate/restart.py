@@ -38,9 +38,9 @@ def back_off(decision: Decision, job: str, backend: Backend[NodesT], ssh: SSHOpt
 def _look_for_a_kill(job: str, backend: Backend[NodesT], ssh: SSHOptions, hosts: Sequence[Host],
                      deadline: float) -> None:
     """Until `deadline`, look for a kill's stop record on the hosts once a second; JobError once one is seen."""
-    with backend.reach(hosts, ssh) as nodes:  # a host still down is not waited for
+    with backend.reach(hosts, ssh) as reached:  # a host still down is not waited for
         while time.monotonic() < deadline:
             looked = time.monotonic()
-            if backend.stop_record_seen(nodes, job):
+            if backend.stop_record_seen(reached.nodes, job):
                 raise JobError(KILLED_IN_BACKOFF.format(job=job))
             time.sleep(max(0.0, min(stops.POLL_S - (time.monotonic() - looked), deadline - time.monotonic())))

@@ -15,7 +15,7 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Protocol, TypeVar
+from typing import Any, Generic, Protocol, TypeVar
 
 from rich.console import Console
 
@@ -196,6 +196,20 @@ class RankFiles:
     secrets: list[str]
 
 
+@dataclass(frozen=True)
+class Reached(Generic[NodesT]):
+    """The hosts of a command as the backend reached them (`reach`): a host that does not answer is left out
+    and named, never waited for."""
+
+    nodes: NodesT  # the connection to those that answered, handed to every call
+    hosts: Sequence[Host]  # every host asked: a host index in an answer is an index into these
+    answered: Sequence[int]  # the indices of those that answered
+    unreachable: dict[str, str]  # why each other did not, by label
+
+    def label(self, host: int) -> str:
+        return self.hosts[host].label
+
+
 class Backend(Daemons[NodesT], Protocol[NodesT]):
     """A scheduler's answers: the probe's reads of its daemons (Daemons, probe/daemons.py, in the probe's types) and
     these."""
@@ -252,9 +266,19 @@ class Backend(Daemons[NodesT], Protocol[NodesT]):
         with --ckpt-mirror), not started yet."""
         ...
 
-    def reach(self, hosts: Sequence[Host], ssh: SSHOptions) -> AbstractContextManager[NodesT]:
+    def reach(self, hosts: Sequence[Host], ssh: SSHOptions) -> AbstractContextManager[Reached[NodesT]]:
         """The connection to those of `hosts` that answer now (a host down is left out, not waited for), closed
         when the block ends."""
+        ...
+
+    def read_file(self, nodes: NodesT, host: int, path: str) -> bytes:
+        """A file on host `host` (an index into the hosts reached), by its path there (`plot` reads node 0's
+        metrics, `tensorboard` its event files); OSError when there is none."""
+        ...
+
+    def files_named(self, nodes: NodesT, host: int, folder: str, prefix: str) -> list[tuple[str, int]]:
+        """(path under `folder`, bytes) of every file under `folder` on host `host` whose name starts with
+        `prefix` (`tensorboard`'s event files); none when there is no such folder."""
         ...
 
     def leave_stop_record(self, nodes: NodesT, job: str) -> dict[str, BaseException | str]:

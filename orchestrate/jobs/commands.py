@@ -1,18 +1,18 @@
-"""kill / status / logs / plot: hosts from --hosts or the job's remembered state, then the backend's answers, shown
-here."""
+"""kill / status / logs / plot: hosts from --hosts or the job's remembered state, reached through the backend
+(which owns the connection), then its answers, shown here."""
 
 from __future__ import annotations
 
 import threading
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
+from typing import TypeVar
 
 from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from orchestrate.backends.protocol import Backend
-from orchestrate.backends.schedulers import SCHEDULERS
+from orchestrate.backends.protocol import Backend, Reached, Scheduler
 from orchestrate.config import JobsConfig
 from orchestrate.errors import ConfigError, JobError, MultiHostError
 from orchestrate.hosts import Host, parse_hosts_file
@@ -20,7 +20,8 @@ from orchestrate.jobs import memory, tensorboard
 from orchestrate.loglines import follow_lines, print_lines, shown
 from orchestrate.masking import mask_text
 from orchestrate.plan.jobplan import CKPT_MOUNT
-from orchestrate.remote.session import Session
+
+NodesT = TypeVar("NodesT")  # the backend's connection to the hosts, opaque here
 
 
 def hosts_for(config: JobsConfig) -> list[Host]:
@@ -33,61 +34,65 @@ def hosts_for(config: JobsConfig) -> list[Host]:
     return parse_hosts_file(remembered.hosts_file, ssh_config)
 
 
-def run_jobs_command(command: str, config: JobsConfig, console: Console, backend: Backend[Session]) -> int:
-    """`backend`: the one the composition root chose (api.py): it finds the job's containers and answers."""
-    if _scheduled(command, config, console) and config.ssh.hosts_file is None and memory.load(config.job) is None:
+def run_jobs_command(command: str, config: JobsConfig, console: Console, backend: Backend[NodesT],
+                     schedulers: Sequence[Scheduler]) -> int:
+    """`backend`: the one the composition root chose (api.py): it reaches the hosts, finds the job's containers
+    and answers; `schedulers`: the registered ones (backends/schedulers.py), asked first about the job."""
+    if _scheduled(command, config, console, schedulers) and config.ssh.hosts_file is None and memory.load(config.job) is None:
         return 0  # queued by a scheduler, never started: no hosts, no containers yet
-    hosts = hosts_for(config)
-    nodes, unreachable = Session.connect_reachable(hosts, config.ssh.accept_new_host_keys)
-    try:
-        if command == "kill":
-            kill(backend, nodes, config, console, unreachable)
-            return 0
-        if command == "status":
-            ok = (print_all_jobs(backend, nodes, console, unreachable) if config.all_jobs
-                  else print_status(backend, nodes, config.job, console, unreachable))
-            if not ok:
-                raise MultiHostError("status", unreachable)
-            return 0
-        if not nodes.reachable():  # "no container found" would hide that no host answered at all
-            raise MultiHostError(command, unreachable)
-        if command in ("plot", "tensorboard"):
-            return _from_node0(command, backend, nodes, config, console, unreachable)
-        if config.rank is not None:
-            print_rank_logs(backend, nodes, config, console, config.rank)
-        else:
-            print_logs(backend, nodes, config, console)
-        if unreachable:
-            raise MultiHostError("logs", unreachable)
+    with backend.reach(hosts_for(config), config.ssh) as reached:
+        return _on_hosts(command, backend, reached, config, console)
+
+
+def _on_hosts(command: str, backend: Backend[NodesT], reached: Reached[NodesT], config: JobsConfig,
+              console: Console) -> int:
+    nodes, unreachable = reached.nodes, reached.unreachable
+    if command == "kill":
+        kill(backend, reached, config, console)
         return 0
-    finally:
-        nodes.close()
+    if command == "status":
+        ok = (print_all_jobs(backend, nodes, console, unreachable) if config.all_jobs
+              else print_status(backend, nodes, config.job, console, unreachable))
+        if not ok:
+            raise MultiHostError("status", unreachable)
+        return 0
+    if not reached.answered:  # "no container found" would hide that no host answered at all
+        raise MultiHostError(command, unreachable)
+    if command in ("plot", "tensorboard"):
+        return _from_node0(command, backend, reached, config, console)
+    if config.rank is not None:
+        print_rank_logs(backend, nodes, config, console, config.rank)
+    else:
+        print_logs(backend, nodes, config, console)
+    if unreachable:
+        raise MultiHostError("logs", unreachable)
+    return 0
 
 
-def _from_node0(command: str, backend: Backend[Session], nodes: Session, config: JobsConfig, console: Console,
-                unreachable: Mapping[str, str]) -> int:
+def _from_node0(command: str, backend: Backend[NodesT], reached: Reached[NodesT], config: JobsConfig,
+                console: Console) -> int:
     """plot and tensorboard, which read node 0's folder: where it was not found, the hosts that did not answer are
     named (node 0 may be on one of them)."""
     try:
-        return (plot if command == "plot" else tensorboard.run)(backend, nodes, config, console)
+        return (plot if command == "plot" else tensorboard.run)(backend, reached, config, console)
     except JobError as err:
-        if not unreachable:
+        if not reached.unreachable:
             raise
-        raise JobError(f"{err}; no answer from {', '.join(sorted(unreachable))}") from None
+        raise JobError(f"{err}; no answer from {', '.join(sorted(reached.unreachable))}") from None
 
 
-def _scheduled(command: str, config: JobsConfig, console: Console) -> bool:
+def _scheduled(command: str, config: JobsConfig, console: Console, schedulers: Sequence[Scheduler]) -> bool:
     """status and kill of one job: each scheduler's side first (its state printed; its queued or running jobs of the
     name cancelled). True when one of them knows the job."""
     if command not in ("status", "kill") or config.all_jobs:
         return False
     folder = memory.state_dir()
     known = [s.describe_job(config.job, console, folder) if command == "status"
-             else s.cancel_job(config.job, console, folder) for s in SCHEDULERS]
+             else s.cancel_job(config.job, console, folder) for s in schedulers]
     return any(known)
 
 
-def print_status(backend: Backend[Session], nodes: Session, job: str, console: Console, unreachable: dict[str, str]) -> bool:
+def print_status(backend: Backend[NodesT], nodes: NodesT, job: str, console: Console, unreachable: dict[str, str]) -> bool:
     """Print one row per node, then the job's progress and its automatic restarts; False if some host could not be
     reached."""
     status = backend.describe(nodes, job, unreachable)
@@ -109,7 +114,7 @@ def print_status(backend: Backend[Session], nodes: Session, job: str, console: C
     return not unreachable
 
 
-def print_all_jobs(backend: Backend[Session], nodes: Session, console: Console, unreachable: Mapping[str, str]) -> bool:
+def print_all_jobs(backend: Backend[NodesT], nodes: NodesT, console: Console, unreachable: Mapping[str, str]) -> bool:
     """`status --all`: every owner's jobs on the reachable hosts, one row each; False if a host was unreachable."""
     table = Table(title="jobs on these hosts (everyone's)")
     for col in ("owner", "job", "nodes", "GPUs", "age", "running"):
@@ -123,7 +128,7 @@ def print_all_jobs(backend: Backend[Session], nodes: Session, console: Console, 
     return not unreachable
 
 
-def print_logs(backend: Backend[Session], nodes: Session, config: JobsConfig, console: Console) -> None:
+def print_logs(backend: Backend[NodesT], nodes: NodesT, config: JobsConfig, console: Console) -> None:
     """Print (or follow) the nodes' logs, each line prefixed with its node rank."""
     logs = backend.logs(nodes, config.job, config.node, config.tail, config.follow)
     if not config.follow:
@@ -139,7 +144,7 @@ def print_logs(backend: Backend[Session], nodes: Session, config: JobsConfig, co
             t.join(0.5)
 
 
-def print_rank_logs(backend: Backend[Session], nodes: Session, config: JobsConfig, console: Console, rank: int) -> None:
+def print_rank_logs(backend: Backend[NodesT], nodes: NodesT, config: JobsConfig, console: Console, rank: int) -> None:
     """One global rank's stdout and stderr files, then with --follow its new lines as they come."""
     found = backend.rank_logs(nodes, config.job, rank, config.tail, config.follow)
     for stream in ("stdout", "stderr"):
@@ -151,19 +156,19 @@ def print_rank_logs(backend: Backend[Session], nodes: Session, config: JobsConfi
                       soft_wrap=True)
 
 
-def kill(backend: Backend[Session], nodes: Session, config: JobsConfig, console: Console,
-         unreachable: dict[str, str]) -> None:
+def kill(backend: Backend[NodesT], reached: Reached[NodesT], config: JobsConfig, console: Console) -> None:
     """The stop record first, on every host (an `up` waiting to restart the job, from any machine, then starts
     nothing more: see jobs/stops.py), then the job's containers. A host where either fails is reported."""
+    nodes = reached.nodes
     not_left = backend.leave_stop_record(nodes, config.job)
-    left = len(nodes.reachable()) - len(not_left)
+    left = len(reached.answered) - len(not_left)
     if left:
         console.print(f"left a stop record on {left} host(s): an 'up' of job {config.job!r} waiting to restart it "
                       "starts nothing more", markup=False, highlight=False)
-    backend.cancel(nodes, config.job, config.grace, console, {**unreachable, **not_left})
+    backend.cancel(nodes, config.job, config.grace, console, {**reached.unreachable, **not_left})
 
 
-def plot(backend: Backend[Session], nodes: Session, config: JobsConfig, console: Console) -> int:
+def plot(backend: Backend[NodesT], reached: Reached[NodesT], config: JobsConfig, console: Console) -> int:
     """metrics.jsonl from node 0, drawn locally (trainer.plot: matplotlib, no torch)."""
     import posixpath
 
@@ -171,18 +176,18 @@ def plot(backend: Backend[Session], nodes: Session, config: JobsConfig, console:
     from trainer.plot import PlotError, plot_text
 
     remembered = memory.load(config.job)
-    host, folder = backend.node0_dir(nodes, config.job, remembered.options.get("ckpt_dir") if remembered else None,
-                                     CKPT_MOUNT)
+    host, folder = backend.node0_dir(reached.nodes, config.job,
+                                     remembered.options.get("ckpt_dir") if remembered else None, CKPT_MOUNT)
     path = posixpath.join(folder, METRICS_FILE)
     try:
-        text = nodes.conn(host).read_file(path).decode(errors="replace")
+        text = backend.read_file(reached.nodes, host, path).decode(errors="replace")
     except OSError:
-        raise JobError(f"no {METRICS_FILE} of job {config.job!r} at {nodes.hosts[host].label}:{path} (the trainer "
-                       "writes one record per epoch; another program may write none)") from None
+        raise JobError(f"no {METRICS_FILE} of job {config.job!r} at {reached.label(host)}:{path} (the "
+                       "trainer writes one record per epoch; another program may write none)") from None
     out = config.out or Path(f"{config.job}-metrics.png")
     try:
-        plot_text(text, out, f"job {config.job}", f"{nodes.hosts[host].label}:{path}")
+        plot_text(text, out, f"job {config.job}", f"{reached.label(host)}:{path}")
     except PlotError as err:
         raise JobError(str(err)) from None
-    console.print(f"wrote {out} (from {nodes.hosts[host].label}:{path})", markup=False, highlight=False)
+    console.print(f"wrote {out} (from {reached.label(host)}:{path})", markup=False, highlight=False)
     return 0

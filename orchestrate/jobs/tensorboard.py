@@ -16,53 +16,46 @@ import sys
 import threading
 import time
 from pathlib import Path, PurePosixPath
+from typing import TypeVar
 
 from rich.console import Console
 
-from orchestrate.backends.protocol import Backend
+from orchestrate.backends.protocol import Backend, Reached
 from orchestrate.config import JobsConfig
 from orchestrate.errors import JobError
 from orchestrate.jobs import memory
 from orchestrate.localfs import end_child, write_atomically
 from orchestrate.plan.jobplan import LOG_MOUNT
-from orchestrate.remote import scripts
-from orchestrate.remote.session import Session
 from trainer.contract import ENV_LOG_DIR, TENSORBOARD_EVENTS_PREFIX, TENSORBOARD_FOLDER
 
-EVENT_FILES = scripts.text("event_files.sh")
 REFRESH_S = 30.0  # while TensorBoard serves, the event files are fetched again this often (a running job's grow)
 START_S = 120.0  # TensorBoard's start (it imports its plugins: seconds on a loaded machine) is waited for this long
 _URL = re.compile(r"TensorBoard \S+ at (http://\S+)")
+NodesT = TypeVar("NodesT")  # the backend's connection to the hosts, opaque here
 
 
-def listing(text: str) -> list[tuple[str, int]]:
-    """PURE: (path under the log dir, bytes) of event_files.sh's lines; a path that could leave the local folder
-    (absolute, `..`) is left out."""
-    out = []
-    for line in text.splitlines():
-        size, _, name = line.partition(" ")
-        path = PurePosixPath(name)
-        if size.isdigit() and name and not path.is_absolute() and ".." not in path.parts:
-            out.append((str(path), int(size)))
-    return out
+def within(found: list[tuple[str, int]]) -> list[tuple[str, int]]:
+    """PURE: the (path under the log dir, bytes) of `found` that stay inside the local folder: a path that
+    could leave it (absolute, `..`), whatever a host answered, is left out."""
+    return [(name, size) for name, size in found
+            if not PurePosixPath(name).is_absolute() and ".." not in PurePosixPath(name).parts]
 
 
-def fetch(nodes: Session, folders: dict[int, tuple[int, str]], out: Path) -> int:
+def fetch(backend: Backend[NodesT], nodes: NodesT, folders: dict[int, tuple[int, str]], out: Path) -> int:
     """Copy each node's event files that are new or changed into out/node<N>/; the number of files copied."""
     copied = 0
     for node, (host, folder) in sorted(folders.items()):
-        conn = nodes.conn(host)
-        res = conn.run(["sh", "-c", EVENT_FILES, "event_files", folder, TENSORBOARD_EVENTS_PREFIX], timeout=60)
-        for name, size in listing(res.out):
+        for name, size in within(backend.files_named(nodes, host, folder, TENSORBOARD_EVENTS_PREFIX)):
             local = out / f"node{node}" / name
             if local.is_file() and local.stat().st_size == size:
                 continue
-            write_atomically(local, [conn.read_file(posixpath.join(folder, name))])  # never half a file read
+            data = backend.read_file(nodes, host, posixpath.join(folder, name))
+            write_atomically(local, [data])  # never half a file read
             copied += 1
     return copied
 
 
-def log_folders(backend: Backend[Session], nodes: Session, config: JobsConfig) -> dict[int, tuple[int, str]]:
+def log_folders(backend: Backend[NodesT], nodes: NodesT, config: JobsConfig) -> dict[int, tuple[int, str]]:
     """Node 0's log dir (from its container, or the options of the job's last `up` once it is removed) and node
     1's, the replica, when its container is there."""
     found = backend.node_dirs(nodes, config.job, LOG_MOUNT)
@@ -73,12 +66,12 @@ def log_folders(backend: Backend[Session], nodes: Session, config: JobsConfig) -
     return folders
 
 
-def run(backend: Backend[Session], nodes: Session, config: JobsConfig, console: Console) -> int:
-    folders = log_folders(backend, nodes, config)
+def run(backend: Backend[NodesT], reached: Reached[NodesT], config: JobsConfig, console: Console) -> int:
+    folders = log_folders(backend, reached.nodes, config)
     out = config.out or Path(f"{config.job}-tensorboard")
-    copied = fetch(nodes, folders, out)
+    copied = fetch(backend, reached.nodes, folders, out)
     if not any(out.rglob(f"{TENSORBOARD_EVENTS_PREFIX}*")):
-        where = ", ".join(f"{nodes.hosts[h].label}:{f}" for h, f in folders.values())
+        where = ", ".join(f"{reached.label(h)}:{f}" for h, f in folders.values())
         raise JobError(f"no TensorBoard event files of job {config.job!r} under {where} (the trainer's rank 0 "
                        f"writes them into ${ENV_LOG_DIR}/{TENSORBOARD_FOLDER}; a program under --entry writes its own "
                        f"under ${ENV_LOG_DIR})")
@@ -86,7 +79,7 @@ def run(backend: Backend[Session], nodes: Session, config: JobsConfig, console: 
     if importlib.util.find_spec("tensorboard") is None:
         say(console, f"TensorBoard is not installed here: pip install tensorboard, then tensorboard --logdir {out}")
         return 0
-    serve(nodes, folders, out, config.port, console)
+    serve(backend, reached.nodes, folders, out, config.port, console)
     return 0
 
 
@@ -94,7 +87,8 @@ def say(console: Console, line: str) -> None:
     console.print(line, markup=False, highlight=False, soft_wrap=True)
 
 
-def serve(nodes: Session, folders: dict[int, tuple[int, str]], out: Path, port: int | None, console: Console) -> None:
+def serve(backend: Backend[NodesT], nodes: NodesT, folders: dict[int, tuple[int, str]], out: Path, port: int | None,
+          console: Console) -> None:
     """TensorBoard on `out` (its own CLI, a child process) until Ctrl-C or SIGTERM; the event files fetched again
     every REFRESH_S meanwhile. The child is stopped on the way out, whatever ends the wait."""
     stop = threading.Event()
@@ -105,7 +99,7 @@ def serve(nodes: Session, folders: dict[int, tuple[int, str]], out: Path, port: 
     try:
         say(console, f"TensorBoard at {started_url(child)} on {out} (the event files fetched again every "
                      f"{REFRESH_S:.0f} s; Ctrl-C stops it)")
-        wait_refreshing(nodes, folders, out, child, stop, console)
+        wait_refreshing(backend, nodes, folders, out, child, stop, console)
     except KeyboardInterrupt:
         pass
     finally:
@@ -141,13 +135,13 @@ def started_url(child: subprocess.Popen[str]) -> str:
     raise JobError(f"TensorBoard did not start: {(seen or ['no output within the wait'])[-1]}")
 
 
-def wait_refreshing(nodes: Session, folders: dict[int, tuple[int, str]], out: Path, child: subprocess.Popen[str],
-                    stop: threading.Event, console: Console) -> None:
+def wait_refreshing(backend: Backend[NodesT], nodes: NodesT, folders: dict[int, tuple[int, str]], out: Path,
+                    child: subprocess.Popen[str], stop: threading.Event, console: Console) -> None:
     while not stop.wait(REFRESH_S):
         if child.poll() is not None:
             raise JobError(f"TensorBoard exited with code {child.returncode}")
         try:
-            fetch(nodes, folders, out)
+            fetch(backend, nodes, folders, out)
         except Exception as err:  # noqa: BLE001  # a node gone meanwhile: what was fetched stays served
             say(console, f"warning: event files not fetched again: {err}")
 

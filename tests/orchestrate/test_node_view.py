@@ -162,12 +162,13 @@ def test_the_preflight_table_fits_100_columns_and_wraps_between_words() -> None:
 
 
 def test_the_event_file_listing_never_leads_out_of_the_local_folder() -> None:
-    from orchestrate.jobs.tensorboard import listing
+    from orchestrate.backends.docker_ssh.hostfiles import listing
+    from orchestrate.jobs.tensorboard import within
 
     text = ("1234 ./tensorboard/events.out.tfevents.1764068533.vm.7.0\n"
             "88 ./my run/events.out.tfevents.2\n"
             "5 ../../etc/events.out.tfevents.3\n"
             "6 /etc/events.out.tfevents.4\n"
             "stat: cannot stat 'x': No such file\n")
-    assert listing(text) == [("tensorboard/events.out.tfevents.1764068533.vm.7.0", 1234),
-                             ("my run/events.out.tfevents.2", 88)]
+    assert within(listing(text)) == [("tensorboard/events.out.tfevents.1764068533.vm.7.0", 1234),
+                                     ("my run/events.out.tfevents.2", 88)]

@@ -106,6 +106,7 @@ def test_logs_with_every_host_unreachable_names_the_hosts(tmp_path: Path, monkey
     from rich.console import Console
 
     from orchestrate.backends.choice import backend
+    from orchestrate.backends.schedulers import SCHEDULERS
     from orchestrate.config import JobsConfig, SSHOptions
     from orchestrate.jobs import commands
     from orchestrate.remote.session import Session
@@ -116,7 +117,8 @@ def test_logs_with_every_host_unreachable_names_the_hosts(tmp_path: Path, monkey
         lambda cls, hosts, accept: (cls(hosts, [None]), {"gpu-a": "connection to gpu-a refused"})))
     config = JobsConfig(ssh=SSHOptions(hosts_file, None, False), job="j")
     with pytest.raises(MultiHostError) as err:
-        commands.run_jobs_command(command, config, Console(file=open(tmp_path / "out", "w")), backend())  # noqa: SIM115
+        commands.run_jobs_command(command, config, Console(file=open(tmp_path / "out", "w")), backend(),  # noqa: SIM115
+                                  SCHEDULERS)
     assert err.value.lines() == ["gpu-a: connection to gpu-a refused"] and err.value.what == command
 
 
@@ -128,6 +130,7 @@ def test_node0s_folder_not_found_with_a_host_silent_names_that_host(tmp_path: Pa
 
     from rich.console import Console
 
+    from orchestrate.backends.docker_ssh import DockerSSH
     from orchestrate.config import JobsConfig, SSHOptions
     from orchestrate.errors import JobError
     from orchestrate.jobs import commands
@@ -141,11 +144,50 @@ def test_node0s_folder_not_found_with_a_host_silent_names_that_host(tmp_path: Pa
     monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "state"))
     monkeypatch.setattr(Session, "connect_reachable", classmethod(
         lambda cls, hosts, accept: (cls(hosts, [None, object()]), {"gpu-a": "connection to gpu-a refused"})))
-    silent_node0 = SimpleNamespace(node_dirs=lambda *a: {}, node0_dir=not_found)  # the backend the command is given
+    # the backend the command is given: Docker over SSH's reach, over the session above
+    silent_node0 = SimpleNamespace(reach=DockerSSH().reach, node_dirs=lambda *a: {}, node0_dir=not_found)
     monkeypatch.setattr(Session, "close", lambda self: None)
     config = JobsConfig(ssh=SSHOptions(hosts_file, None, False), job="j")
     with pytest.raises(JobError, match=r"of its folders; no answer from gpu-a$"):
-        commands.run_jobs_command(command, config, Console(file=open(tmp_path / "out", "w")), silent_node0)  # noqa: SIM115
+        commands.run_jobs_command(command, config, Console(file=open(tmp_path / "out", "w")), silent_node0,  # noqa: SIM115
+                                  ())
+
+
+def test_tensorboard_fetches_each_nodes_new_or_changed_event_files_through_the_backend(tmp_path: Path) -> None:
+    """`tensorboard`'s fetch through Docker over SSH's files_named and read_file, event_files.sh run by a local
+    shell as sshd would: the event files of a log dir (a name with a space included) copied under out/node<N>/,
+    its other files left there; fetched again, only a file that changed size is copied."""
+    from orchestrate.backends.docker_ssh import DockerSSH
+    from orchestrate.jobs.tensorboard import fetch
+    from orchestrate.remote.session import Session
+    from orchestrate.remote.ssh import Result
+
+    class LocalConn:
+        def run(self, argv: list[str], timeout: float = 60.0) -> Result:
+            done = subprocess.run(argv, capture_output=True, text=True, timeout=timeout)
+            return Result(done.returncode, done.stdout, done.stderr)
+
+        def read_file(self, path: str) -> bytes:
+            return Path(path).read_bytes()
+
+        def close(self) -> None:
+            pass
+
+    logs = tmp_path / "logs"
+    (logs / "tensorboard").mkdir(parents=True)
+    (logs / "my run").mkdir()
+    (logs / "tensorboard" / "events.out.tfevents.1.vm.7.0").write_bytes(b"first")
+    (logs / "my run" / "events.out.tfevents.2").write_bytes(b"second")
+    (logs / "heartbeat.json").write_text("{}")
+    nodes = Session([Host(name="h0", hostname="h0", port=22, user="u")], [LocalConn()])  # type: ignore[list-item]
+    out = tmp_path / "out"
+    assert fetch(DockerSSH(), nodes, {0: (0, str(logs))}, out) == 2
+    assert sorted(str(p.relative_to(out)) for p in out.rglob("*") if p.is_file()) == [
+        "node0/my run/events.out.tfevents.2", "node0/tensorboard/events.out.tfevents.1.vm.7.0"]
+    assert fetch(DockerSSH(), nodes, {0: (0, str(logs))}, out) == 0
+    (logs / "my run" / "events.out.tfevents.2").write_bytes(b"second, grown")
+    assert fetch(DockerSSH(), nodes, {0: (0, str(logs))}, out) == 1
+    assert (out / "node0" / "my run" / "events.out.tfevents.2").read_bytes() == b"second, grown"
 
 
 def test_write_and_read_files_through_exec_channels(tmp_path: Path) -> None:

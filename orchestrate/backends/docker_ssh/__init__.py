@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, cast
 
 from rich.console import Console
 
-from orchestrate.backends.docker_ssh import carried, control, observe, owner, shortrun, stoprecord
+from orchestrate.backends.docker_ssh import carried, control, hostfiles, observe, owner, shortrun, stoprecord
 from orchestrate.backends.docker_ssh.claim import start_claimed
 from orchestrate.backends.docker_ssh.ranks import ContainerRanks
 from orchestrate.backends.docker_ssh.relay import relay_address
@@ -22,6 +22,7 @@ from orchestrate.backends.protocol import (
     JobStatus,
     NodeLog,
     RankFiles,
+    Reached,
     Replan,
     Replication,
     Request,
@@ -76,12 +77,18 @@ class DockerSSH:
         return Replicator(nodes, specs, mirror, console)
 
     @contextmanager
-    def reach(self, hosts: Sequence[Host], ssh: SSHOptions) -> Iterator[Session]:
-        nodes, _ = Session.connect_reachable(hosts, ssh.accept_new_host_keys)
+    def reach(self, hosts: Sequence[Host], ssh: SSHOptions) -> Iterator[Reached[Session]]:
+        nodes, unreachable = Session.connect_reachable(hosts, ssh.accept_new_host_keys)
         try:
-            yield nodes
+            yield Reached(nodes, nodes.hosts, nodes.reachable(), unreachable)
         finally:
             nodes.close()
+
+    def read_file(self, nodes: Session, host: int, path: str) -> bytes:
+        return nodes.conn(host).read_file(path)
+
+    def files_named(self, nodes: Session, host: int, folder: str, prefix: str) -> list[tuple[str, int]]:
+        return hostfiles.files_named(nodes, host, folder, prefix)
 
     def leave_stop_record(self, nodes: Session, job: str) -> dict[str, BaseException | str]:
         return stoprecord.leave(nodes, job)

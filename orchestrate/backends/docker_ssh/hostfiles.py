@@ -1,0 +1,27 @@
+"""Files on a host, read over its SSH session (`plot`'s metrics, `tensorboard`'s event files: Backend.read_file,
+Backend.files_named)."""
+
+from __future__ import annotations
+
+from pathlib import PurePosixPath
+
+from orchestrate.remote import scripts
+from orchestrate.remote.session import Session
+
+FILES_NAMED = scripts.text("event_files.sh")
+
+
+def listing(text: str) -> list[tuple[str, int]]:
+    """PURE: (path under the folder, bytes) of event_files.sh's lines ("<bytes> ./<path>"); a line that is not one
+    (a stat error) is left out."""
+    out = []
+    for line in text.splitlines():
+        size, _, name = line.partition(" ")
+        if size.isdigit() and name:
+            out.append((str(PurePosixPath(name)), int(size)))
+    return out
+
+
+def files_named(nodes: Session, host: int, folder: str, prefix: str) -> list[tuple[str, int]]:
+    res = nodes.conn(host).run(["sh", "-c", FILES_NAMED, "event_files", folder, prefix], timeout=60)
+    return listing(res.out)
