@@ -271,6 +271,25 @@ class Backend(Daemons[NodesT], Protocol[NodesT]):
         when the block ends."""
         ...
 
+    def connect(self, hosts: Sequence[Host], ssh: SSHOptions, every: bool) -> Reached[NodesT]:
+        """The connection to `hosts`, open until `close`: with `every`, to all of them (SSHError or MultiHostError
+        naming each that does not answer: `up` starts nothing), otherwise to those that answer now, the others
+        left out and named (a restart with --min-nodes)."""
+        ...
+
+    def keep(self, nodes: NodesT, hosts: Sequence[int]) -> NodesT:
+        """The connection narrowed to `hosts` (indices into those it holds; in the answer, host i is `hosts[i]`),
+        the others' closed: the hosts a restart runs on, as plan/restarts.py decided."""
+        ...
+
+    def close(self, nodes: NodesT) -> None:
+        """The connection closed (best effort)."""
+        ...
+
+    def channels_held(self, nodes: NodesT) -> dict[str, int]:
+        """The most channels held on each connected host at once, by label (`up --timings`)."""
+        ...
+
     def read_file(self, nodes: NodesT, host: int, path: str) -> bytes:
         """A file on host `host` (an index into the hosts reached), by its path there (`plot` reads node 0's
         metrics, `tensorboard` its event files); OSError when there is none."""

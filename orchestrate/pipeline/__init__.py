@@ -128,7 +128,7 @@ def _print_probed(config: UpConfig, hosts: list[Host], console: Console, backend
     try:
         plan, _ = plan_attempt(config, attempt, ready, chatter, Timings(), on_hosts=False)
     finally:
-        ready.nodes.close()
+        backend.close(ready.nodes)
     if config.mode.as_json:
         _print_json(console, backend.materialize(plan))
     else:
@@ -150,7 +150,7 @@ def check(config: UpConfig, console: Console, backend: Backend[Session]) -> int:
         return selfcheck.run(backend, ready.nodes, plan, config.program, config.resources, config.checks,
                              None if config.delivery.pull else ready.local_id, console)
     finally:
-        ready.nodes.close()
+        backend.close(ready.nodes)
 
 
 def _attempt(config: UpConfig, backend: Backend[Session], attempt: Attempt, hosts: list[Host], console: Console,
@@ -189,8 +189,8 @@ def _attempt(config: UpConfig, backend: Backend[Session], attempt: Attempt, host
             return AttemptResult(Outcome(True, End.DETACHED))
         return _watched(backend, nodes, plan, submitted.ranks, config, console, timings, hangup)
     finally:
-        timings.channels = {c.host.label: c.peak_channels for c in nodes.conns if c is not None}
-        nodes.close()
+        timings.channels = backend.channels_held(nodes)
+        backend.close(nodes)
 
 
 def _watched(backend: Backend[Session], nodes: Session, plan: JobPlan, ranks: Ranks, config: UpConfig,

@@ -18,11 +18,12 @@ from orchestrate.probe.facts import local_data, node_facts
 from orchestrate.probe.imagecheck import CHECK_IMAGE, FIND_PYTHON, check_image
 from orchestrate.probe.observations import CheckResult, HostReport, ResumePoint
 from orchestrate.probe.resume import find_resume_checkpoint
+from orchestrate.remote.session import Session
 from orchestrate.timings import Timings
 from trainer.contract import ENV_RESUME
 
 
-def plan_attempt(config: UpConfig, attempt: Attempt, ready: PreflightedHosts, console: Console, timings: Timings,
+def plan_attempt(config: UpConfig, attempt: Attempt, ready: PreflightedHosts[Session], console: Console, timings: Timings,
                  on_hosts: bool = True) -> tuple[JobPlan, PlanInputs]:
     """The attempt's plan, from what the read-only probe finds: the nodes' layers and data, the resume checkpoint,
     the launcher (`on_hosts` False: no check container on a host, as for a dry run); and the inputs it was built
@@ -33,10 +34,10 @@ def plan_attempt(config: UpConfig, attempt: Attempt, ready: PreflightedHosts, co
         resume, attempt = _resume(ready, config, attempt, console) if attempt.resume else (None, attempt)
         archive_bytes, from_folder = local_data(config.data)
         scripts = short_scripts()
-        check = shortlived.image_check(config.program, ready.nodes.hosts[0], scripts)
+        check = shortlived.image_check(config.program, ready.hosts[0], scripts)
         launcher, on = _launcher(config, ready, on_hosts, check)
         inputs = PlanInputs(config.program, config.resources, config.where, config.data, config.delivery, attempt,
-                            tuple(ready.nodes.hosts), ready.master, tuple(facts), image, launcher, resume,
+                            tuple(ready.hosts), ready.master, tuple(facts), image, launcher, resume,
                             archive_bytes, from_folder, ready.port, tuple(_verdicts(r) for r in ready.reports))
         return shortlived.with_short_containers(plan_job(inputs), config.program, config.resources, config.data,
                                                 config.checks, scripts, check, on), inputs
@@ -53,7 +54,7 @@ def short_scripts() -> shortlived.Scripts:
                               find_python=FIND_PYTHON, check_image=CHECK_IMAGE)
 
 
-def _launcher(config: UpConfig, ready: PreflightedHosts, on_hosts: bool,
+def _launcher(config: UpConfig, ready: PreflightedHosts[Session], on_hosts: bool,
               check: ContainerSpec) -> tuple[tuple[str, ...] | None, str]:
     """How torchrun starts in the image the nodes will run, checked before anything is sent (the plan's image
     check container): on this machine's daemon when the nodes run its image (same ID), else on node 0 where it
@@ -65,16 +66,16 @@ def _launcher(config: UpConfig, ready: PreflightedHosts, on_hosts: bool,
         return check_image(config.program, memo_id, lambda: ready.backend.image_check(ready.nodes, check, ready.local)), "here"
     if node0 is not None and on_hosts:
         return (check_image(config.program, memo_id, lambda: ready.backend.image_check(ready.nodes, check, None)),
-                ready.nodes.hosts[0].label)
+                ready.hosts[0].label)
     return None, ""
 
 
-def _resume(ready: PreflightedHosts, config: UpConfig, attempt: Attempt,
+def _resume(ready: PreflightedHosts[Session], config: UpConfig, attempt: Attempt,
             console: Console) -> tuple[ResumePoint | None, Attempt]:
     """The checkpoint this attempt resumes from, and the attempt as it runs (a restart before the first
     checkpoint starts over)."""
     try:
-        return find_resume_checkpoint(ready.backend, ready.nodes, [h.label for h in ready.nodes.hosts],
+        return find_resume_checkpoint(ready.backend, ready.nodes, [h.label for h in ready.hosts],
                                       [r.dirs["ckpt"] for r in ready.reports], console), attempt
     except NoCheckpointError:
         if config.program.is_trainer and attempt.number:

@@ -26,7 +26,7 @@ from orchestrate.probe.observations import Holdings
 from orchestrate.remote.session import Session
 
 
-def images(ready: PreflightedHosts, plan: JobPlan, config: UpConfig, console: Console) -> JobPlan:
+def images(ready: PreflightedHosts[Session], plan: JobPlan, config: UpConfig, console: Console) -> JobPlan:
     """The image onto every node as planned; then, where node 0 had to pull it first, the launcher read from it."""
     ensure_images(ready.nodes, plan, ready.local, ready.local_id, console, config.delivery.layer_cache,
                   carried.source(config.delivery.image_from, ready.local_id))
@@ -60,7 +60,7 @@ def data(nodes: Session, plan: JobPlan, config: UpConfig, console: Console) -> N
         console.print(f"data on {res.label}: {what}", markup=False, highlight=False)
 
 
-def start(nodes: Session, plan: JobPlan, inputs: PlanInputs, ready: PreflightedHosts, config: UpConfig,
+def start(nodes: Session, plan: JobPlan, inputs: PlanInputs, ready: PreflightedHosts[Session], config: UpConfig,
           console: Console) -> Submitted:
     """The resume checkpoint where it lacks, then the attempt submitted to the backend: leftovers out, the
     containers started, their GPU sets and port claimed against other `up`s starting at the same moment (a lost

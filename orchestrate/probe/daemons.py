@@ -8,7 +8,8 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Protocol, TypeVar
 
-from orchestrate.probe.observations import Checkpoint, ContainerSeen, Holdings, LocalImage
+from orchestrate.config import Resources
+from orchestrate.probe.observations import Checkpoint, ContainerSeen, Holdings, Identity, LocalImage
 
 # The connection to the nodes the reads go over, opaque here: the backend names it (Docker over SSH: its SSH Session).
 NodesT = TypeVar("NodesT", contravariant=True)
@@ -34,6 +35,19 @@ class Daemons(Protocol[NodesT]):
 
     def local_platform(self, local: Local, image: str) -> tuple[str, str] | None:
         """(os, architecture) of the local image; None when there is no local image."""
+        ...
+
+    def address(self, nodes: NodesT, rank: int) -> str:
+        """The address this machine reached the node at (preflight's `ssh` cell; node 0's is the default master)."""
+        ...
+
+    def identity(self, nodes: NodesT, rank: int) -> Identity:
+        """The login on the node: containers run as it, ~ in the job's folders is its home (SSHError: unknown)."""
+        ...
+
+    def probe_host(self, nodes: NodesT, rank: int, resources: Resources, master_addr: str, master_ssh_port: int,
+                   dirs: dict[str, str]) -> dict[str, str]:
+        """Preflight's facts of the node, read by its shell probe (probe/preflight.py) about the job's `dirs`."""
         ...
 
     def daemon_version(self, nodes: NodesT, rank: int) -> str:

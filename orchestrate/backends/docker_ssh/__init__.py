@@ -29,13 +29,15 @@ from orchestrate.backends.protocol import (
     ShortRunResult,
     Submitted,
 )
-from orchestrate.config import SSHOptions
+from orchestrate.config import Resources, SSHOptions
 from orchestrate.hosts import Host
 from orchestrate.plan.jobplan import ContainerSpec, JobPlan
+from orchestrate.probe import preflight
 from orchestrate.probe.checkpoints import newest_valid
 from orchestrate.probe.daemons import Local
 from orchestrate.probe.observations import Checkpoint, ContainerSeen, Holdings, LocalImage
 from orchestrate.remote.docker import image_id
+from orchestrate.remote.identity import Identity
 from orchestrate.remote.session import Session
 
 if TYPE_CHECKING:  # docker-py is imported where it is used
@@ -78,11 +80,30 @@ class DockerSSH:
 
     @contextmanager
     def reach(self, hosts: Sequence[Host], ssh: SSHOptions) -> Iterator[Reached[Session]]:
-        nodes, unreachable = Session.connect_reachable(hosts, ssh.accept_new_host_keys)
+        reached = self.connect(hosts, ssh, every=False)
         try:
-            yield Reached(nodes, nodes.hosts, nodes.reachable(), unreachable)
+            yield reached
         finally:
-            nodes.close()
+            reached.nodes.close()
+
+    def connect(self, hosts: Sequence[Host], ssh: SSHOptions, every: bool) -> Reached[Session]:
+        if every:
+            nodes = Session.connect(hosts, ssh.accept_new_host_keys)
+            return Reached(nodes, nodes.hosts, range(len(nodes.hosts)), {})
+        nodes, unreachable = Session.connect_reachable(hosts, ssh.accept_new_host_keys)
+        return Reached(nodes, nodes.hosts, nodes.reachable(), unreachable)
+
+    def keep(self, nodes: Session, hosts: Sequence[int]) -> Session:
+        for i, conn in enumerate(nodes.conns):
+            if i not in hosts and conn is not None:
+                conn.close()
+        return Session([nodes.hosts[i] for i in hosts], [nodes.conns[i] for i in hosts])
+
+    def close(self, nodes: Session) -> None:
+        nodes.close()
+
+    def channels_held(self, nodes: Session) -> dict[str, int]:
+        return {c.host.label: c.peak_channels for c in nodes.conns if c is not None}
 
     def read_file(self, nodes: Session, host: int, path: str) -> bytes:
         return nodes.conn(host).read_file(path)
@@ -135,6 +156,16 @@ class DockerSSH:
 
     def local_platform(self, local: Local, image: str) -> tuple[str, str] | None:
         return observe.local_platform(local, image)
+
+    def address(self, nodes: Session, rank: int) -> str:
+        return nodes.conn(rank).peer_address
+
+    def identity(self, nodes: Session, rank: int) -> Identity:
+        return nodes.conn(rank).identity()
+
+    def probe_host(self, nodes: Session, rank: int, resources: Resources, master_addr: str, master_ssh_port: int,
+                   dirs: dict[str, str]) -> dict[str, str]:
+        return preflight.probe_host(nodes.conn(rank), resources, rank, master_addr, master_ssh_port, dirs)
 
     def daemon_version(self, nodes: Session, rank: int) -> str:
         return str(nodes.docker(rank).server_version)
