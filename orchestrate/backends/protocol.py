@@ -19,7 +19,7 @@ from typing import Any, Generic, Protocol, TypeVar
 
 from rich.console import Console
 
-from orchestrate.config import SSHOptions, UpConfig
+from orchestrate.config import Data, Delivery, SSHOptions, UpConfig
 from orchestrate.errors import ConfigError, MultiHostError
 from orchestrate.gpuspec import GPUS_ALL
 from orchestrate.hosts import Host
@@ -250,6 +250,17 @@ class Backend(Daemons[NodesT], Protocol[NodesT]):
         PreflightError when it cannot run."""
         ...
 
+    def send_image(self, nodes: NodesT, plan: JobPlan, local: Local, local_id: str | None, delivery: Delivery,
+                   console: Console) -> None:
+        """The image onto every node as the plan says (`plan.nodes[].image`: present, pulled, or the layers it
+        lacks sent from this machine's store `local`, or relayed); MultiHostError naming every node it failed on."""
+        ...
+
+    def send_data(self, nodes: NodesT, plan: JobPlan, data: Data, console: Console) -> None:
+        """Every node's data as the plan says (`plan.nodes[].data`: fetched, its archive sent or relayed, the
+        --data-from synced, or only the folders made), one line per node said on `console`."""
+        ...
+
     def place_resume_checkpoint(self, nodes: NodesT, plan: JobPlan, say: Callable[[str], None]) -> None:
         """The plan's resume checkpoint put on the nodes that lack it (`plan.resume.copy_to`), so that every rank
         can load it; nothing without one. `say` is told how each got it (served by a node, or through here)."""
@@ -284,6 +295,11 @@ class Backend(Daemons[NodesT], Protocol[NodesT]):
 
     def close(self, nodes: NodesT) -> None:
         """The connection closed (best effort)."""
+        ...
+
+    def boot_and_driver(self, nodes: NodesT, rank: int) -> str:
+        """The node's kernel boot id (new on every boot), then its GPU driver's version text (none without a
+        driver): what a GPU probe that passed is remembered against (checks/gpuprobe.py); SSHError when unread."""
         ...
 
     def channels_held(self, nodes: NodesT) -> dict[str, int]:

@@ -25,13 +25,11 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from orchestrate.backends.protocol import Backend, ShortRunResult
+from orchestrate.backends.protocol import Backend, NodesT, ShortRunResult
 from orchestrate.errors import PreflightError
 from orchestrate.fanout import fan_out
 from orchestrate.localfs import cache_root, write_atomically
 from orchestrate.plan.jobplan import ContainerSpec
-from orchestrate.remote.session import Session
-from orchestrate.remote.ssh import Connection
 from trainer.contract import GPU_PROBE_FIELDS
 
 PROBE_TIMEOUT_S = 180  # importing torch and starting CUDA on 8 GPUs takes seconds, never minutes
@@ -39,10 +37,6 @@ PROBE_TIMEOUT_S = 180  # importing torch and starting CUDA on 8 GPUs takes secon
 # (the NVIDIA Container Toolkit not installed or not configured): 'could not select device driver "" with
 # capabilities: [[gpu]]' (docker/daemon/devices.go; quoted in NVIDIA/nvidia-docker#1034 and #1352).
 NO_RUNTIME_TEXT = "could not select device driver"
-# What the host tells of this boot and this driver, read over SSH before the memory is consulted: the kernel's
-# boot id (new on every boot) and the loaded kernel module's version text (missing without a driver).
-NODE_STATE_COMMAND = ["sh", "-c", "cat /proc/sys/kernel/random/boot_id && cat /proc/driver/nvidia/version"]
-NODE_STATE_TIMEOUT_S = 15.0
 BOOT_ID = re.compile(r"^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$")
 # cuInit's CUresult -> what to look at (cuda.h's comments on each code; CUDA driver API, "Error Handling").
 CUDA_HINTS = {
@@ -179,14 +173,14 @@ def need_of(spec: ContainerSpec) -> int:
     return int(nproc) if nproc.isdigit() else 1
 
 
-def probe_all(backend: Backend[Session], nodes: Session, specs: Sequence[ContainerSpec], probes: Sequence[ContainerSpec | None],
+def probe_all(backend: Backend[NodesT], nodes: NodesT, specs: Sequence[ContainerSpec], probes: Sequence[ContainerSpec | None],
               image_id: str | None) -> list[ProbeResult]:
     """Probe every node in parallel with the plan's probe containers (`probes`, beside the job's `specs`), run by
     the backend; a pass remembered for this image, boot and driver is not probed again; with no image ID every
     node is probed."""
 
     def one(r: int) -> ProbeResult:
-        state = read_node_state(nodes.conn(r)) if image_id else None
+        state = read_node_state(lambda: backend.boot_and_driver(nodes, r)) if image_id else None
         probe = probes[r]
         assert probe is not None  # planned for every node of a GPU job (plan/shortlived.py)
         return probe_node(lambda p: backend.run(nodes, {r: p}, PROBE_TIMEOUT_S, "GPU probe")[r], specs[r], probe,
@@ -195,15 +189,16 @@ def probe_all(backend: Backend[Session], nodes: Session, specs: Sequence[Contain
 
 
 def node_state(out: str) -> str | None:
-    """PURE: the host's boot id and driver version text (NODE_STATE_COMMAND's output); None when no boot id is
+    """PURE: the host's boot id and driver version text (Backend.boot_and_driver's answer); None when no boot id is
     there (then nothing is remembered: the probe runs every time)."""
     lines = out.strip().splitlines()
     return out.strip() if lines and BOOT_ID.match(lines[0].strip()) else None
 
 
-def read_node_state(conn: Connection) -> str | None:
+def read_node_state(read: Callable[[], str]) -> str | None:
+    """The host's state as `read` (the backend) tells it, read before the memory is consulted."""
     try:
-        return node_state(conn.run(NODE_STATE_COMMAND, timeout=NODE_STATE_TIMEOUT_S).out)
+        return node_state(read())
     except Exception:  # SSH trouble: probe without the memory; preflight names an unreachable host
         return None
 

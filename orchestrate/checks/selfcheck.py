@@ -19,7 +19,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from orchestrate.backends.protocol import Backend
+from orchestrate.backends.protocol import Backend, NodesT
 from orchestrate.checks import gpuprobe, netcheck
 from orchestrate.checks.netcheck import (
     Options,
@@ -34,7 +34,6 @@ from orchestrate.errors import MultiHostError
 from orchestrate.plan import shortlived
 from orchestrate.plan.jobplan import ContainerSpec, JobPlan
 from orchestrate.plan.shortlived import network_check
-from orchestrate.remote.session import Session
 from trainer.contract import SELFTEST_MARK
 
 SELFTEST_TIMEOUT_S = 600  # import torch, build the model, 3 small steps, one checkpoint: a minute on a slow CPU
@@ -115,7 +114,7 @@ def network_cells(verdict: Verdict, n: int) -> list[Cell]:
     return cells
 
 
-def run(backend: Backend[Session], nodes: Session, plan: JobPlan, program: Program, resources: Resources, checks: Checks,
+def run(backend: Backend[NodesT], nodes: NodesT, plan: JobPlan, program: Program, resources: Resources, checks: Checks,
         image_id: str | None, console: Console) -> int:
     """The self-test on every node, its containers planned with the job's (plan/shortlived.py); 0 when every part
     passed on every node, else 1 (the table says where)."""
@@ -141,7 +140,7 @@ def run(backend: Backend[Session], nodes: Session, plan: JobPlan, program: Progr
     return 0 if all(row.ok for row in rows) else 1
 
 
-def _selftests(backend: Backend[Session], nodes: Session, specs: Sequence[ContainerSpec], ranks: list[int]) -> list[tuple[dict[str, Any] | None, int]]:
+def _selftests(backend: Backend[NodesT], nodes: NodesT, specs: Sequence[ContainerSpec], ranks: list[int]) -> list[tuple[dict[str, Any] | None, int]]:
     """Each node's self-test run to its end by the backend; a node where it could not start fails the command (one
     line per host)."""
     ran = backend.run(nodes, {r: specs[r] for r in ranks}, SELFTEST_TIMEOUT_S, "self-test")

@@ -13,7 +13,7 @@ from rich.console import Console
 
 from orchestrate import jobfile
 from orchestrate.backends.docker_ssh.layercache import REGISTRY_BINARY, registry_binary
-from orchestrate.backends.protocol import Backend, Ranks
+from orchestrate.backends.protocol import Backend, NodesT, Ranks
 from orchestrate.checks import gpuprobe, selfcheck
 from orchestrate.checks.netcheck import Options, measure, require_all_joined
 from orchestrate.config import UpConfig
@@ -29,7 +29,6 @@ from orchestrate.plan import gpus, restarts
 from orchestrate.plan.jobplan import UNKNOWN, Attempt, JobPlan, PlanInputs, container_specs, pipeline_layout
 from orchestrate.plan.restarts import AttemptResult
 from orchestrate.probe.hostboot import await_hosts
-from orchestrate.remote.session import Session
 from orchestrate.restart import back_off
 from orchestrate.terminal import console_for
 from orchestrate.timings import Timings
@@ -59,7 +58,7 @@ def _match_exec_note(config: UpConfig) -> str | None:
             "may differ at launch") if blocks else None
 
 
-def up(config: UpConfig, console: Console, backend: Backend[Session]) -> int:
+def up(config: UpConfig, console: Console, backend: Backend[NodesT]) -> int:
     """`backend`: what runs the containers, chosen by the composition root (api.py) and passed down."""
     timings, hangup = Timings(), Hangup()
     try:
@@ -70,7 +69,7 @@ def up(config: UpConfig, console: Console, backend: Backend[Session]) -> int:
             console.print(timings.render(), markup=False, highlight=False)
 
 
-def _up(config: UpConfig, console: Console, backend: Backend[Session], timings: Timings, hangup: Hangup) -> int:
+def _up(config: UpConfig, console: Console, backend: Backend[NodesT], timings: Timings, hangup: Hangup) -> int:
     hosts = load_hosts(config)
     if config.resilience.min_nodes is not None and config.resilience.min_nodes > len(hosts):
         raise ConfigError(f"--min-nodes {config.resilience.min_nodes} exceeds the {len(hosts)} host(s) in "
@@ -97,7 +96,7 @@ def _up(config: UpConfig, console: Console, backend: Backend[Session], timings: 
         attempt = Attempt(attempt.number + 1, result.outcome.cause, resume=True)
 
 
-def _print_offline(config: UpConfig, hosts: list[Host], console: Console, backend: Backend[Session]) -> None:
+def _print_offline(config: UpConfig, hosts: list[Host], console: Console, backend: Backend[NodesT]) -> None:
     """Offline: nothing is contacted; interfaces and GPU counts are shown as detected at launch."""
     specs = container_specs(PlanInputs(config.program, config.resources, config.where, config.data, config.delivery,
                                        Attempt.first(config.resilience), tuple(hosts),
@@ -119,7 +118,7 @@ def _print_offline(config: UpConfig, hosts: list[Host], console: Console, backen
         console.print(note, markup=False, highlight=False, soft_wrap=True)
 
 
-def _print_probed(config: UpConfig, hosts: list[Host], console: Console, backend: Backend[Session]) -> None:
+def _print_probed(config: UpConfig, hosts: list[Host], console: Console, backend: Backend[NodesT]) -> None:
     """`--dry-run=hosts`: connect, probe read-only, print the first attempt's plan; nothing is created, sent or
     started anywhere. With --json the plan alone goes to stdout, the preflight table to stderr."""
     chatter = console_for(stderr=True) if config.mode.as_json else console
@@ -140,7 +139,7 @@ def _print_json(console: Console, data: dict[str, Any]) -> None:
     console.print(json.dumps(data, indent=2), markup=False, highlight=False, soft_wrap=True)
 
 
-def check(config: UpConfig, console: Console, backend: Backend[Session]) -> int:
+def check(config: UpConfig, console: Console, backend: Backend[NodesT]) -> int:
     """`check`: the first-day self-test (preflight, the image where missing, then per node the GPU probe, a
     training step and a checkpoint, and the network check); exit 1 when a part failed or a node is an outlier."""
     attempt, timings = Attempt.first(config.resilience), Timings()
@@ -153,7 +152,7 @@ def check(config: UpConfig, console: Console, backend: Backend[Session]) -> int:
         backend.close(ready.nodes)
 
 
-def _attempt(config: UpConfig, backend: Backend[Session], attempt: Attempt, hosts: list[Host], console: Console,
+def _attempt(config: UpConfig, backend: Backend[NodesT], attempt: Attempt, hosts: list[Host], console: Console,
              timings: Timings, hangup: Hangup, history: Sequence[AttemptResult]) -> AttemptResult:
     """One start of the job; `history`: how the attempts before it ended (a restart's hosts are decided on it)."""
     if attempt.number:
@@ -176,10 +175,10 @@ def _attempt(config: UpConfig, backend: Backend[Session], attempt: Attempt, host
                 require_all_joined(measure(backend, nodes, checks, Options.of(config.checks, config.resources), console),
                                    [n.host.label for n in plan.nodes])
         with timings.phase("data"):
-            phases.data(nodes, plan, config, console)
+            phases.data(ready, plan, config, console)
         stops.before_restart_starts(attempt.number)
         with timings.phase("start"):
-            submitted = phases.start(nodes, plan, inputs, ready, config, console)
+            submitted = phases.start(ready, plan, inputs, config, console)
             plan = submitted.plan
         console.print(f"job {config.program.job!r} started: {len(plan.nodes)} node(s), master {plan.master}",
                       markup=False, highlight=False)
@@ -193,7 +192,7 @@ def _attempt(config: UpConfig, backend: Backend[Session], attempt: Attempt, host
         backend.close(nodes)
 
 
-def _watched(backend: Backend[Session], nodes: Session, plan: JobPlan, ranks: Ranks, config: UpConfig,
+def _watched(backend: Backend[NodesT], nodes: NodesT, plan: JobPlan, ranks: Ranks, config: UpConfig,
              console: Console, timings: Timings, hangup: Hangup) -> AttemptResult:
     specs = plan.specs
     resumed_from = plan.resume.checkpoint.step if plan.resume else None

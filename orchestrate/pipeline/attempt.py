@@ -8,6 +8,7 @@ import dataclasses
 from rich.console import Console
 
 from orchestrate.backends.docker_ssh import data
+from orchestrate.backends.protocol import NodesT
 from orchestrate.checks import gpuprobe, netcheck
 from orchestrate.config import UpConfig
 from orchestrate.errors import NoCheckpointError
@@ -18,12 +19,11 @@ from orchestrate.probe.facts import local_data, node_facts
 from orchestrate.probe.imagecheck import CHECK_IMAGE, FIND_PYTHON, check_image
 from orchestrate.probe.observations import CheckResult, HostReport, ResumePoint
 from orchestrate.probe.resume import find_resume_checkpoint
-from orchestrate.remote.session import Session
 from orchestrate.timings import Timings
 from trainer.contract import ENV_RESUME
 
 
-def plan_attempt(config: UpConfig, attempt: Attempt, ready: PreflightedHosts[Session], console: Console, timings: Timings,
+def plan_attempt(config: UpConfig, attempt: Attempt, ready: PreflightedHosts[NodesT], console: Console, timings: Timings,
                  on_hosts: bool = True) -> tuple[JobPlan, PlanInputs]:
     """The attempt's plan, from what the read-only probe finds: the nodes' layers and data, the resume checkpoint,
     the launcher (`on_hosts` False: no check container on a host, as for a dry run); and the inputs it was built
@@ -54,7 +54,7 @@ def short_scripts() -> shortlived.Scripts:
                               find_python=FIND_PYTHON, check_image=CHECK_IMAGE)
 
 
-def _launcher(config: UpConfig, ready: PreflightedHosts[Session], on_hosts: bool,
+def _launcher(config: UpConfig, ready: PreflightedHosts[NodesT], on_hosts: bool,
               check: ContainerSpec) -> tuple[tuple[str, ...] | None, str]:
     """How torchrun starts in the image the nodes will run, checked before anything is sent (the plan's image
     check container): on this machine's daemon when the nodes run its image (same ID), else on node 0 where it
@@ -70,7 +70,7 @@ def _launcher(config: UpConfig, ready: PreflightedHosts[Session], on_hosts: bool
     return None, ""
 
 
-def _resume(ready: PreflightedHosts[Session], config: UpConfig, attempt: Attempt,
+def _resume(ready: PreflightedHosts[NodesT], config: UpConfig, attempt: Attempt,
             console: Console) -> tuple[ResumePoint | None, Attempt]:
     """The checkpoint this attempt resumes from, and the attempt as it runs (a restart before the first
     checkpoint starts over)."""

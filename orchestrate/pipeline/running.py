@@ -10,12 +10,11 @@ from dataclasses import replace
 
 from rich.console import Console
 
-from orchestrate.backends.protocol import Backend, Ranks
+from orchestrate.backends.protocol import Backend, NodesT, Ranks
 from orchestrate.config import UpConfig
 from orchestrate.masking import secret_values
 from orchestrate.outcome import End, Outcome
 from orchestrate.plan.jobplan import ContainerSpec
-from orchestrate.remote.session import Session
 from orchestrate.watch.hangup import Hangup, TerminalGone
 from orchestrate.watch.progress import ProgressView
 from orchestrate.watch.report import report_failure
@@ -28,7 +27,7 @@ from orchestrate.watch.watcher import (
 )
 
 
-def watch(backend: Backend[Session], nodes: Session, specs: Sequence[ContainerSpec], ranks: Ranks, config: UpConfig,
+def watch(backend: Backend[NodesT], nodes: NodesT, specs: Sequence[ContainerSpec], ranks: Ranks, config: UpConfig,
           console: Console, hangup: Hangup) -> Outcome:
     """Stay attached until the job succeeds or a node fails; on failure stop the job everywhere. Meanwhile:
     progress from the heartbeat, each new checkpoint replicated off node 0. The terminal going away (SIGHUP) ends
@@ -84,7 +83,7 @@ def _save_stall_report(ranks: Ranks, specs: Sequence[ContainerSpec], report: str
         console.print(f"could not save the stack dumps on node 0: {err}", markup=False, highlight=False)
 
 
-def _interrupted(backend: Backend[Session], nodes: Session, config: UpConfig, console: Console) -> Outcome:
+def _interrupted(backend: Backend[NodesT], nodes: NodesT, config: UpConfig, console: Console) -> Outcome:
     stop = config.resilience.stop_on_interrupt
     if not stop:
         try:

@@ -50,6 +50,10 @@ class Daemons(Protocol[NodesT]):
         """Preflight's facts of the node, read by its shell probe (probe/preflight.py) about the job's `dirs`."""
         ...
 
+    def data_copy_verified(self, nodes: NodesT, rank: int, folder: str, md5: str) -> bool:
+        """Whether the node's data `folder` holds a verified copy of the trainer's data (its marker says `md5`)."""
+        ...
+
     def daemon_version(self, nodes: NodesT, rank: int) -> str:
         """The node's daemon answers: its version (SSHError naming why when it does not)."""
         ...

@@ -5,11 +5,11 @@ holds, whether its data folder holds a verified copy) and this machine's (the --
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import TypeVar
 
 from orchestrate.config import Data, Delivery
 from orchestrate.fanout import fan_out
 from orchestrate.probe.daemons import Daemons
-from orchestrate.probe.datacopy import has_verified_copy
 from orchestrate.probe.layers import held_prefix
 from orchestrate.probe.observations import (
     HostReport,
@@ -18,25 +18,26 @@ from orchestrate.probe.observations import (
     NodeFacts,
     lacks_base,
 )
-from orchestrate.remote.session import Session
+
+NodesT = TypeVar("NodesT")
 
 
-def _layers_held(daemons: Daemons[Session], nodes: Session, ranks: Sequence[int], diff_ids: Sequence[str]) -> dict[int, int]:
+def _layers_held(daemons: Daemons[NodesT], nodes: NodesT, ranks: Sequence[int], diff_ids: Sequence[str]) -> dict[int, int]:
     found = daemons.chain_ids(nodes, ranks)
     return {r: held_prefix(diff_ids, chains) for r, chains in zip(ranks, found, strict=True)}
 
 
-def _data_present(nodes: Session, reports: Sequence[HostReport], data: Data | None) -> list[bool]:
+def _data_present(daemons: Daemons[NodesT], nodes: NodesT, reports: Sequence[HostReport], data: Data | None) -> list[bool]:
     """Whether each data folder holds a verified copy of the trainer's data (only asked when it may be fetched;
     `data` None: the program is not the trainer)."""
     if data is None or (data.data_from is not None and data.data_from.is_dir()):
         return [False] * len(reports)
     return fan_out("data check", list(range(len(reports))),
-                   lambda r: has_verified_copy(nodes.conn(r), reports[r].dirs["data"], data.data_md5),
-                   lambda r: nodes.hosts[r].label)
+                   lambda r: daemons.data_copy_verified(nodes, r, reports[r].dirs["data"], data.data_md5),
+                   lambda r: reports[r].label)
 
 
-def node_facts(daemons: Daemons[Session], nodes: Session, reports: Sequence[HostReport], delivery: Delivery, data: Data | None,
+def node_facts(daemons: Daemons[NodesT], nodes: NodesT, reports: Sequence[HostReport], delivery: Delivery, data: Data | None,
                image: LocalImage | None) -> list[NodeFacts]:
     """Every node's facts: its preflight report, and what the plan's image and data actions are decided on (`data`
     None: the program is not the trainer, its data is not looked for); `daemons` reads the image layers there."""
@@ -45,11 +46,11 @@ def node_facts(daemons: Daemons[Session], nodes: Session, reports: Sequence[Host
     held = _layers_held(daemons, nodes, behind, image.diff_ids) if behind and image is not None else {}
     base = image.base if image is not None else None
     reach = _base_reach(daemons, nodes, [r for r in behind if lacks_base(base, held[r])], base) if base else {}
-    present = _data_present(nodes, reports, data)
+    present = _data_present(daemons, nodes, reports, data)
     return [_facts(rep, held.get(r, 0), present[r], reach.get(r, NodeFacts.base_reach)) for r, rep in enumerate(reports)]
 
 
-def _base_reach(daemons: Daemons[Session], nodes: Session, ranks: Sequence[int], base: LocalBase) -> dict[int, str]:
+def _base_reach(daemons: Daemons[NodesT], nodes: NodesT, ranks: Sequence[int], base: LocalBase) -> dict[int, str]:
     """Whether each node that lacks the base reaches its registry ("" yes, else why not); no question is asked
     when no node may pull it (base.why)."""
     if base.why:

@@ -12,6 +12,7 @@ from rich.console import Console
 
 from orchestrate.backends.docker_ssh import carried, control, hostfiles, observe, owner, shortrun, stoprecord
 from orchestrate.backends.docker_ssh.claim import start_claimed
+from orchestrate.backends.docker_ssh.delivery import send_data, send_image
 from orchestrate.backends.docker_ssh.ranks import ContainerRanks
 from orchestrate.backends.docker_ssh.relay import relay_address
 from orchestrate.backends.docker_ssh.replicate import Replicator
@@ -29,12 +30,13 @@ from orchestrate.backends.protocol import (
     ShortRunResult,
     Submitted,
 )
-from orchestrate.config import Resources, SSHOptions
+from orchestrate.config import Data, Delivery, Resources, SSHOptions
 from orchestrate.hosts import Host
 from orchestrate.plan.jobplan import ContainerSpec, JobPlan
 from orchestrate.probe import preflight
 from orchestrate.probe.checkpoints import newest_valid
 from orchestrate.probe.daemons import Local
+from orchestrate.probe.datacopy import has_verified_copy
 from orchestrate.probe.observations import Checkpoint, ContainerSeen, Holdings, LocalImage
 from orchestrate.remote.docker import image_id
 from orchestrate.remote.identity import Identity
@@ -67,6 +69,13 @@ class DockerSSH:
     def run(self, nodes: Session, specs: Mapping[int, ContainerSpec], timeout: float, what: str,
             together: bool = False) -> dict[int, ShortRunResult]:
         return shortrun.run(nodes, specs, timeout, what, together)
+
+    def send_image(self, nodes: Session, plan: JobPlan, local: Local, local_id: str | None, delivery: Delivery,
+                   console: Console) -> None:
+        send_image(nodes, plan, local, local_id, delivery, console)
+
+    def send_data(self, nodes: Session, plan: JobPlan, data: Data, console: Console) -> None:
+        send_data(nodes, plan, data, console)
 
     def place_resume_checkpoint(self, nodes: Session, plan: JobPlan, say: Callable[[str], None]) -> None:
         copy_resume_checkpoint(nodes, plan, say, lambda rank: relay_address(nodes, rank, plan.master))
@@ -101,6 +110,9 @@ class DockerSSH:
 
     def close(self, nodes: Session) -> None:
         nodes.close()
+
+    def boot_and_driver(self, nodes: Session, rank: int) -> str:
+        return hostfiles.boot_and_driver(nodes, rank)
 
     def channels_held(self, nodes: Session) -> dict[str, int]:
         return {c.host.label: c.peak_channels for c in nodes.conns if c is not None}
@@ -166,6 +178,9 @@ class DockerSSH:
     def probe_host(self, nodes: Session, rank: int, resources: Resources, master_addr: str, master_ssh_port: int,
                    dirs: dict[str, str]) -> dict[str, str]:
         return preflight.probe_host(nodes.conn(rank), resources, rank, master_addr, master_ssh_port, dirs)
+
+    def data_copy_verified(self, nodes: Session, rank: int, folder: str, md5: str) -> bool:
+        return has_verified_copy(nodes.conn(rank), folder, md5)
 
     def daemon_version(self, nodes: Session, rank: int) -> str:
         return str(nodes.docker(rank).server_version)
