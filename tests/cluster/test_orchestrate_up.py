@@ -108,7 +108,7 @@ def test_kill_status_logs_then_resume(fresh: Cluster, work: Path, data: Data, ho
     assert res_a.returncode == 0 and res_b.returncode == 0
     ckpt = job_dir(fresh, 0, "victim")
     try:
-        # The bystander only has to stay untouched (running) until the end: a quarter of a core per container.
+        # The bystander only has to stay untouched (running) until the end: a tenth of a core per container.
         wait_for(lambda: len([c for _, c in job_containers(fresh, "bystander") if c.status == "running"]) == 2,
                  PATIENCE, "the bystander's containers to run", every=0.5)
         assert throttle_job(fresh, "bystander") == 2

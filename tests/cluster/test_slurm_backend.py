@@ -84,7 +84,7 @@ def test_submit_queues_trains_to_the_end_and_leaves_nothing(target: Cluster, dat
     c = target
     first = submit(c, data, "first", epochs=50)
     first_step(c, first)
-    # It only has to keep the nodes busy while the second waits: a quarter of a core each meanwhile, not the CPU the
+    # It only has to keep the nodes busy while the second waits: a tenth of a core each meanwhile, not the CPU the
     # other tests need (its training is not what this test reads).
     assert throttle_job(c, "first") == 2
     job_id = submit(c, data, "queued", epochs=2)
@@ -189,7 +189,7 @@ def test_slurms_sigterm_stops_every_container_with_a_checkpoint_and_submit_resum
     earlier = run_folders(c, "long")  # none: the job name is this test's alone
     job_id = submit(c, data, "long", "--time", "3", "--stop-grace", "15", epochs=1000)
     first_step(c, job_id)
-    # It only has to train until Slurm's signal (45-105 s): at a quarter of a core per container meanwhile, its
+    # It only has to train until Slurm's signal (45-105 s): at a tenth of a core per container meanwhile, its
     # steps still take well under a second, so the stop's agreement (every 8 steps) is seconds, not the grace.
     assert throttle_job(c, "long") == 2
     status = orchestrate(c, "status", "--job", "long")  # Slurm's state above our table of the ranks

@@ -186,10 +186,13 @@ def job_containers(cluster: Cluster, job: str) -> list[tuple[str, object]]:
     return found
 
 
-def throttle_job(cluster: Cluster, job: str, cpus: float = 0.25) -> int:
+def throttle_job(cluster: Cluster, job: str, cpus: float = 0.1) -> int:
     """Each running container of the job limited to `cpus` of a core (docker update), for a test whose job only
     has to keep training while it waits for something else (a scheduler's timer, another job's story): the CPU it
-    would burn meanwhile is the other tests' on a shared CI machine. How many were limited."""
+    would burn meanwhile is the other tests' on a shared CI machine. How many were limited. A tenth of a core: a
+    tiny step (batch 16, one thread) takes under 10 ms of CPU, so an agreement (8 steps) still comes within a
+    second and a stop within its grace; at a quarter the Slurm time-limit test's two containers alone took 46
+    CPU-seconds of a CI run while they waited for Slurm's signal."""
     limited = 0
     for host in cluster.hosts:
         client = host.docker_client()
