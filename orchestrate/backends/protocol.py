@@ -230,6 +230,16 @@ class Backend(Daemons[NodesT], Protocol[NodesT]):
         """PURE: the same as text (`--dry-run`)."""
         ...
 
+    def check_delivery(self, delivery: Delivery) -> None:
+        """Before any host is contacted: ConfigError when this machine lacks what the delivery options ask for
+        (`--layer-cache on`: the registry the layer cache runs)."""
+        ...
+
+    def fetch_script(self) -> str:
+        """PURE: the program the plan's data fetch container runs (plan/shortlived.py), whose output the backend
+        reads as it runs (`send_data`)."""
+        ...
+
     def submit(self, nodes: NodesT, plan: JobPlan, grace: float, replan: Replan, console: Console) -> Submitted:
         """Start the attempt as planned: the job's leftovers the plan names removed (stopped with `grace`), then
         every node's part, all or none. Where another job took part of the grant meanwhile, `replan` plans again from what the hosts
@@ -286,6 +296,12 @@ class Backend(Daemons[NodesT], Protocol[NodesT]):
         """The connection to `hosts`, open until `close`: with `every`, to all of them (SSHError or MultiHostError
         naming each that does not answer: `up` starts nothing), otherwise to those that answer now, the others
         left out and named (a restart with --min-nodes)."""
+        ...
+
+    def await_hosts(self, hosts: Sequence[Host], ssh: SSHOptions, console: Console, timeout: float) -> None:
+        """Before a restart that needs every host (plan/restarts.py): until each of `hosts` answers again, and its
+        daemon too, at most `timeout` s, one line on `console` per wait; then the restart goes on either way (its
+        preflight names a host still down). Over connections of its own, closed before it returns."""
         ...
 
     def keep(self, nodes: NodesT, hosts: Sequence[int]) -> NodesT:

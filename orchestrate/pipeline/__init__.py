@@ -12,7 +12,6 @@ from typing import Any
 from rich.console import Console
 
 from orchestrate import jobfile
-from orchestrate.backends.docker_ssh.layercache import REGISTRY_BINARY, registry_binary
 from orchestrate.backends.protocol import Backend, NodesT, Ranks
 from orchestrate.checks import gpuprobe, selfcheck
 from orchestrate.checks.netcheck import Options, measure, require_all_joined
@@ -28,7 +27,6 @@ from orchestrate.pipeline.running import watch
 from orchestrate.plan import gpus, restarts
 from orchestrate.plan.jobplan import UNKNOWN, Attempt, JobPlan, PlanInputs, container_specs, pipeline_layout
 from orchestrate.plan.restarts import AttemptResult
-from orchestrate.probe.hostboot import await_hosts
 from orchestrate.restart import back_off
 from orchestrate.terminal import console_for
 from orchestrate.timings import Timings
@@ -74,9 +72,7 @@ def _up(config: UpConfig, console: Console, backend: Backend[NodesT], timings: T
     if config.resilience.min_nodes is not None and config.resilience.min_nodes > len(hosts):
         raise ConfigError(f"--min-nodes {config.resilience.min_nodes} exceeds the {len(hosts)} host(s) in "
                           f"{config.ssh.hosts_file}; give at most {len(hosts)}")
-    if config.delivery.layer_cache == "on" and not config.delivery.pull and registry_binary() is None:
-        raise ConfigError(f"--layer-cache on: {REGISTRY_BINARY} is not installed here; install it (Debian: apt-get "
-                          "install docker-registry) or use --layer-cache auto")
+    backend.check_delivery(config.delivery)
     if config.mode.dry_run:
         _print_offline(config, hosts, console, backend)
         return 0
@@ -91,7 +87,7 @@ def _up(config: UpConfig, console: Console, backend: Backend[NodesT], timings: T
         decision = restarts.decide(config.program.job, history, result, None, config.resilience)
         back_off(decision, config.program.job, backend, config.ssh, hosts, console)
         if decision.next is restarts.Next.WAIT_FOR_HOSTS:
-            await_hosts(hosts, config.ssh.accept_new_host_keys, console, decision.wait_s)
+            backend.await_hosts(hosts, config.ssh, console, decision.wait_s)
         history.append(result)
         attempt = Attempt(attempt.number + 1, result.outcome.cause, resume=True)
 

@@ -7,8 +7,7 @@ import dataclasses
 
 from rich.console import Console
 
-from orchestrate.backends.docker_ssh import data
-from orchestrate.backends.protocol import NodesT
+from orchestrate.backends.protocol import Backend, NodesT
 from orchestrate.checks import gpuprobe, netcheck
 from orchestrate.config import UpConfig
 from orchestrate.errors import NoCheckpointError
@@ -33,7 +32,7 @@ def plan_attempt(config: UpConfig, attempt: Attempt, ready: PreflightedHosts[Nod
         facts = node_facts(ready.backend, ready.nodes, ready.reports, config.delivery, config.data if config.program.is_trainer else None, image)
         resume, attempt = _resume(ready, config, attempt, console) if attempt.resume else (None, attempt)
         archive_bytes, from_folder = local_data(config.data)
-        scripts = short_scripts()
+        scripts = short_scripts(ready.backend)
         check = shortlived.image_check(config.program, ready.hosts[0], scripts)
         launcher, on = _launcher(config, ready, on_hosts, check)
         inputs = PlanInputs(config.program, config.resources, config.where, config.data, config.delivery, attempt,
@@ -48,9 +47,9 @@ def _verdicts(report: HostReport) -> tuple[CheckResult, ...]:
     return tuple(CheckResult(name, c.ok, c.text, c.warn) for name, c in report.checks.items())
 
 
-def short_scripts() -> shortlived.Scripts:
-    """The programs the short containers run, as sent."""
-    return shortlived.Scripts(gpu_probe=gpuprobe.script(), network_check=netcheck.script(), fetch=data.SCRIPT,
+def short_scripts(backend: Backend[NodesT]) -> shortlived.Scripts:
+    """The programs the short containers run, as sent (the data fetch's is the backend's: it reads its output)."""
+    return shortlived.Scripts(gpu_probe=gpuprobe.script(), network_check=netcheck.script(), fetch=backend.fetch_script(),
                               find_python=FIND_PYTHON, check_image=CHECK_IMAGE)
 
 

@@ -7,6 +7,7 @@ import json
 
 from kit.units import HOSTS, SSH, gpu_facts, job_plan
 
+from orchestrate.backends.docker_ssh import DockerSSH
 from orchestrate.backends.docker_ssh.request import plan_json, render_job_plan, sdk_kwargs
 from orchestrate.config import UpConfig
 from orchestrate.labels import DATA_MARKER, IMAGE_CHECK_LABEL, JOB_LABEL, PREFETCH_LABEL, owner_labels
@@ -17,7 +18,7 @@ from trainer.contract import ARCHIVE_NAME, BASE_FOLDER
 
 DIRS = {"data": "/home/u/data", "ckpt": "/home/u/ck", "log": "/home/u/logs"}
 URL = "https://alice:s3cret@example.org/cifar.tar.gz"
-SCRIPTS = short_scripts()
+SCRIPTS = short_scripts(DockerSSH())
 
 
 FIRST = Attempt()

@@ -10,7 +10,18 @@ from typing import TYPE_CHECKING, cast
 
 from rich.console import Console
 
-from orchestrate.backends.docker_ssh import carried, control, hostfiles, observe, owner, shortrun, stoprecord
+from orchestrate.backends.docker_ssh import (
+    carried,
+    control,
+    data,
+    hostfiles,
+    hostwait,
+    layercache,
+    observe,
+    owner,
+    shortrun,
+    stoprecord,
+)
 from orchestrate.backends.docker_ssh.claim import start_claimed
 from orchestrate.backends.docker_ssh.delivery import send_data, send_image
 from orchestrate.backends.docker_ssh.ranks import ContainerRanks
@@ -61,6 +72,12 @@ class DockerSSH:
     def containers_text(self, specs: Sequence[ContainerSpec]) -> str:
         return render_plan(specs)
 
+    def check_delivery(self, delivery: Delivery) -> None:
+        layercache.require_registry(delivery)
+
+    def fetch_script(self) -> str:
+        return data.SCRIPT
+
     def submit(self, nodes: Session, plan: JobPlan, grace: float, replan: Replan, console: Console) -> Submitted:
         remove_leftovers(nodes, plan.job, grace, [n.rank for n in plan.nodes if n.leftovers])
         claim = start_claimed(nodes, plan.specs, replan, console)
@@ -101,6 +118,9 @@ class DockerSSH:
             return Reached(nodes, nodes.hosts, range(len(nodes.hosts)), {})
         nodes, unreachable = Session.connect_reachable(hosts, ssh.accept_new_host_keys)
         return Reached(nodes, nodes.hosts, nodes.reachable(), unreachable)
+
+    def await_hosts(self, hosts: Sequence[Host], ssh: SSHOptions, console: Console, timeout: float) -> None:
+        hostwait.await_hosts(hosts, ssh.accept_new_host_keys, console, timeout)
 
     def keep(self, nodes: Session, hosts: Sequence[int]) -> Session:
         for i, conn in enumerate(nodes.conns):

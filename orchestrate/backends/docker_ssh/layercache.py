@@ -42,7 +42,8 @@ from typing import Any
 from rich.console import Console
 from rich.progress import Progress
 
-from orchestrate.errors import OrchestrateError
+from orchestrate.config import Delivery
+from orchestrate.errors import ConfigError, OrchestrateError
 from orchestrate.localfs import cache_root, end_child
 
 log = logging.getLogger(__name__)
@@ -71,6 +72,13 @@ def cache_dir() -> Path:
 
 def registry_binary() -> str | None:
     return shutil.which(REGISTRY_BINARY)
+
+
+def require_registry(delivery: Delivery) -> None:
+    """`--layer-cache on` (the image not pulled): refused here, before any host, when the registry is not installed."""
+    if delivery.layer_cache == "on" and not delivery.pull and registry_binary() is None:
+        raise ConfigError(f"--layer-cache on: {REGISTRY_BINARY} is not installed here; install it (Debian: apt-get "
+                          "install docker-registry) or use --layer-cache auto")
 
 
 @dataclass(frozen=True)
