@@ -14,10 +14,11 @@ from orchestrate.errors import NoCheckpointError
 from orchestrate.pipeline.ready import PreflightedHosts
 from orchestrate.plan import shortlived
 from orchestrate.plan.jobplan import Attempt, ContainerSpec, JobPlan, PlanInputs, plan_job
+from orchestrate.plan.resume import ResumePoint, choose_resume, resume_line
 from orchestrate.probe.facts import local_data, node_facts
 from orchestrate.probe.imagecheck import CHECK_IMAGE, FIND_PYTHON, check_image
-from orchestrate.probe.observations import CheckResult, HostReport, ResumePoint
-from orchestrate.probe.resume import find_resume_checkpoint
+from orchestrate.probe.observations import CheckResult, HostReport
+from orchestrate.probe.resume import newest_checkpoints
 from orchestrate.timings import Timings
 from trainer.contract import ENV_RESUME
 
@@ -73,9 +74,12 @@ def _resume(ready: PreflightedHosts[NodesT], config: UpConfig, attempt: Attempt,
             console: Console) -> tuple[ResumePoint | None, Attempt]:
     """The checkpoint this attempt resumes from, and the attempt as it runs (a restart before the first
     checkpoint starts over)."""
+    labels, ckpt_dirs = [h.label for h in ready.hosts], [r.dirs["ckpt"] for r in ready.reports]
     try:
-        return find_resume_checkpoint(ready.backend, ready.nodes, [h.label for h in ready.hosts],
-                                      [r.dirs["ckpt"] for r in ready.reports], console), attempt
+        point = choose_resume(newest_checkpoints(ready.backend, ready.nodes, labels, ckpt_dirs, console), labels,
+                              ckpt_dirs)
+        console.print(resume_line(point), markup=False, highlight=False)
+        return point, attempt
     except NoCheckpointError:
         if config.program.is_trainer and attempt.number:
             # The failure came before the first checkpoint: nothing is lost by starting over.

@@ -32,7 +32,8 @@ from orchestrate.labels import (
 )
 from orchestrate.masking import url_masked
 from orchestrate.plan import gpus, gpuset, transport
-from orchestrate.probe.observations import CheckResult, LocalImage, NodeFacts, ResumePoint, lacks_base
+from orchestrate.plan.resume import ResumePoint
+from orchestrate.probe.observations import CheckResult, LocalImage, NodeFacts, lacks_base
 from orchestrate.version import __version__
 from trainer.contract import (
     ENV_CKPT_DIR,

@@ -116,15 +116,6 @@ class LocalImage:
 
 
 @dataclass(frozen=True)
-class ResumePoint:
-    """The checkpoint the attempt starts from: the newest valid one on any node."""
-
-    checkpoint: Checkpoint
-    source: int  # the node that holds it
-    copy_to: tuple[int, ...]  # nodes that lack it: it is copied there before the start
-
-
-@dataclass(frozen=True)
 class Holdings:
     others: list[Held] = field(default_factory=list)  # other jobs' claims, and the caller's other jobs'
     own_gpus: tuple[int, ...] = ()  # what the caller's containers of this job held last

@@ -30,8 +30,9 @@ from orchestrate.config import UpConfig
 from orchestrate.hosts import Host
 from orchestrate.plan.jobplan import Attempt, plan_job
 from orchestrate.plan.relay import RelayPlan, plan_copy_relay
+from orchestrate.plan.resume import ResumePoint
 from orchestrate.probe import checkpoints
-from orchestrate.probe.observations import Checkpoint, NodeFacts, ResumePoint
+from orchestrate.probe.observations import Checkpoint, NodeFacts
 from orchestrate.remote.ssh import Result
 from trainer.contract import SHARDED_FORMAT, ckpt_folder_name
 
