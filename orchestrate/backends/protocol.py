@@ -92,8 +92,8 @@ class Ranks(Protocol):
         ...
 
     def newest_checkpoint(self, rank: int, folder: str) -> Checkpoint | None:
-        """The newest checkpoint in the node's `folder` that checks out against its manifest (probe/checkpoints.py);
-        None when none does."""
+        """The newest checkpoint in the node's `folder` that checks out against its manifest (Docker over
+        SSH: backends/docker_ssh/checkpoints.py); None when none does."""
         ...
 
     def boot(self, rank: int) -> Boot | None:

@@ -1,5 +1,6 @@
 """Preflight: check every host in parallel, print one table, and refuse to start unless all pass. The probe
-observes (probe/preflight.py), the plan judges (plan/verdicts.py); this composes them."""
+observes (through the backend's Daemons.probe_host; the clock rules and the table: probe/preflight.py), the plan
+judges (plan/verdicts.py); this composes them."""
 
 from __future__ import annotations
 

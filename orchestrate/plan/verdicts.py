@@ -1,4 +1,4 @@
-"""PURE: preflight's verdicts on each host, decided from what the probe observed (probe/preflight.py): the GPU
+"""PURE: preflight's verdicts on each host, decided from what the probe observed (Daemons.probe_host): the GPU
 cell (from the set plan/gpuset.py decides), the transport, the folders' space, node 0's master port, the master's
 interface, the image, and whether a running job of this name is replaced. Each returns its cell (and what it
 decided); pipeline/preflight.py puts them into the host's report, once."""

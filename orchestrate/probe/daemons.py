@@ -47,7 +47,8 @@ class Daemons(Protocol[NodesT]):
 
     def probe_host(self, nodes: NodesT, rank: int, resources: Resources, master_addr: str, master_ssh_port: int,
                    dirs: dict[str, str]) -> dict[str, str]:
-        """Preflight's facts of the node, read by its shell probe (probe/preflight.py) about the job's `dirs`."""
+        """Preflight's facts of the node, read by its shell probe about the job's `dirs` (Docker over SSH:
+        backends/docker_ssh/hostprobe.py)."""
         ...
 
     def data_copy_verified(self, nodes: NodesT, rank: int, folder: str, md5: str) -> bool:
@@ -85,6 +86,7 @@ class Daemons(Protocol[NodesT]):
 
     def newest_checkpoint(self, nodes: NodesT, rank: int, folder: str,
                           skipped: Callable[[str], None]) -> Checkpoint | None:
-        """The newest checkpoint in the node's `folder` that checks out against its manifest (probe/checkpoints.py);
-        None when none does. `skipped` is told the path of each newer manifest whose checkpoint does not."""
+        """The newest checkpoint in the node's `folder` that checks out against its manifest (Docker over
+        SSH: backends/docker_ssh/checkpoints.py); None when none does. `skipped` is told the path of each newer
+        manifest whose checkpoint does not."""
         ...

@@ -17,7 +17,7 @@ from functools import partial
 from pathlib import Path
 
 from orchestrate.backends.docker_ssh import data as prefetch
-from orchestrate.probe.datacopy import BATCHES, MARKER
+from orchestrate.backends.docker_ssh.datacopy import BATCHES, MARKER
 
 
 class QuietHandler(http.server.SimpleHTTPRequestHandler):

@@ -5,7 +5,7 @@ from __future__ import annotations
 import subprocess
 from collections.abc import Mapping, Sequence
 
-from orchestrate.probe.preflight import PROBE_SCRIPT
+from orchestrate.backends.docker_ssh.hostprobe import PROBE_SCRIPT
 
 
 def probe_facts(data: str, ckpt: str, log: str, *, gpus: bool = False, env: Mapping[str, str] | None = None,

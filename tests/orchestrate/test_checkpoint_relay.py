@@ -22,7 +22,7 @@ import pytest
 from kit.lines import LineReader
 from kit.units import SSH, plan_inputs
 
-from orchestrate.backends.docker_ssh import ckptrelay, relay, start
+from orchestrate.backends.docker_ssh import checkpoints, ckptrelay, relay, start
 from orchestrate.backends.docker_ssh.ckptrelay import land_command
 from orchestrate.backends.docker_ssh.relay import RELAY_SCRIPT, Failed, RelayError, Served
 from orchestrate.backends.docker_ssh.request import plan_json, render_job_plan
@@ -31,7 +31,6 @@ from orchestrate.hosts import Host
 from orchestrate.plan.jobplan import Attempt, plan_job
 from orchestrate.plan.relay import RelayPlan, plan_copy_relay
 from orchestrate.plan.resume import ResumePoint
-from orchestrate.probe import checkpoints
 from orchestrate.probe.observations import Checkpoint, NodeFacts
 from orchestrate.remote.ssh import Result
 from trainer.contract import SHARDED_FORMAT, ckpt_folder_name
@@ -167,7 +166,7 @@ def test_the_dry_run_says_where_each_node_gets_the_checkpoint_from() -> None:
 
 
 class LocalConn:
-    """A node whose commands run on this machine (for probe/checkpoints.py's validate)."""
+    """A node whose commands run on this machine (for backends/docker_ssh/checkpoints.py's validate)."""
 
     host = SimpleNamespace(label="here")
 

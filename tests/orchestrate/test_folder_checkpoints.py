@@ -15,8 +15,7 @@ from typing import Any
 
 from rich.console import Console
 
-from orchestrate.backends.docker_ssh import replicate
-from orchestrate.probe import checkpoints
+from orchestrate.backends.docker_ssh import checkpoints, replicate
 from orchestrate.remote.ssh import Result
 from trainer.contract import SHARDED_FORMAT, ckpt_folder_name
 

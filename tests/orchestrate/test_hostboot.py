@@ -6,8 +6,8 @@ import subprocess
 
 import pytest
 
+from orchestrate.backends.docker_ssh.hostboot import SCRIPT, parse_boot
 from orchestrate.probe.bootchange import Boot, Change, change
-from orchestrate.probe.hostboot import SCRIPT, parse_boot
 
 BEFORE = Boot("b-1", "4242 1000")
 

@@ -10,8 +10,8 @@ import re
 
 from rich.console import Console
 
+from orchestrate.backends.docker_ssh.gpuusage import GpuUse, index_ranges, parse_usage, read_usage, usage_text
 from orchestrate.backends.docker_ssh.jobview import ended_line, running_lines
-from orchestrate.probe.gpuusage import GpuUse, index_ranges, parse_usage, read_usage, usage_text
 from orchestrate.probe.heartbeat import Beat
 from orchestrate.probe.observations import Check, HostReport
 from orchestrate.probe.preflight import COLUMNS, render_table

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from orchestrate.backends.docker_ssh import data as prefetch
-from orchestrate.probe.datacopy import BATCHES, MARKER
+from orchestrate.backends.docker_ssh.datacopy import BATCHES, MARKER
 from orchestrate.probe.imagecheck import CHECK_IMAGE, FIND_PYTHON, parse_facts
 from orchestrate.remote import scripts
 

@@ -16,11 +16,11 @@ import pytest
 from kit.fetching import archive, fetch, serving
 from kit.net import free_port
 
+from orchestrate.backends.docker_ssh.datacopy import BATCHES
 from orchestrate.errors import MultiHostError, SSHError
 from orchestrate.fanout import fan_out
 from orchestrate.hosts import Host
 from orchestrate.masking import mask_text, masked_env
-from orchestrate.probe.datacopy import BATCHES
 from orchestrate.remote.docker import dial_command
 from orchestrate.remote.identity import Identity
 from orchestrate.remote.ssh import Connection, find_known_host_line, quote_command

@@ -15,6 +15,7 @@ from orchestrate.backends.docker_ssh import (
     control,
     data,
     hostfiles,
+    hostprobe,
     hostwait,
     layercache,
     observe,
@@ -22,7 +23,9 @@ from orchestrate.backends.docker_ssh import (
     shortrun,
     stoprecord,
 )
+from orchestrate.backends.docker_ssh.checkpoints import newest_valid
 from orchestrate.backends.docker_ssh.claim import start_claimed
+from orchestrate.backends.docker_ssh.datacopy import has_verified_copy
 from orchestrate.backends.docker_ssh.delivery import send_data, send_image
 from orchestrate.backends.docker_ssh.ranks import ContainerRanks
 from orchestrate.backends.docker_ssh.relay import relay_address
@@ -44,10 +47,7 @@ from orchestrate.backends.protocol import (
 from orchestrate.config import Data, Delivery, Resources, SSHOptions
 from orchestrate.hosts import Host
 from orchestrate.plan.jobplan import ContainerSpec, JobPlan
-from orchestrate.probe import preflight
-from orchestrate.probe.checkpoints import newest_valid
 from orchestrate.probe.daemons import Local
-from orchestrate.probe.datacopy import has_verified_copy
 from orchestrate.probe.observations import Checkpoint, ContainerSeen, Holdings, LocalImage
 from orchestrate.remote.docker import image_id
 from orchestrate.remote.identity import Identity
@@ -197,7 +197,7 @@ class DockerSSH:
 
     def probe_host(self, nodes: Session, rank: int, resources: Resources, master_addr: str, master_ssh_port: int,
                    dirs: dict[str, str]) -> dict[str, str]:
-        return preflight.probe_host(nodes.conn(rank), resources, rank, master_addr, master_ssh_port, dirs)
+        return hostprobe.probe_host(nodes.conn(rank), resources, rank, master_addr, master_ssh_port, dirs)
 
     def data_copy_verified(self, nodes: Session, rank: int, folder: str, md5: str) -> bool:
         return has_verified_copy(nodes.conn(rank), folder, md5)

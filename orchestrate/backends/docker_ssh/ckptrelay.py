@@ -3,7 +3,7 @@ that holds it packs its files (the manifest last) into one archive and serves it
 nodes that lack it fetch it from there, or past the fan-out from a node that fetched it (relay.py's RelayTree), each
 checking its size and sha256, then unpacking it into the checkpoint dir with the manifest renamed into place last
 (checkpoint_land.sh: a copy cut short never counts). The copy is then validated on the node against the manifest
-(probe/checkpoints.py), as a copy through here is. Nothing passes through this machine; a node that cannot fetch it
+(checkpoints.py), as a copy through here is. Nothing passes through this machine; a node that cannot fetch it
 is left to the caller (copied through here), with why."""
 
 from __future__ import annotations
@@ -11,10 +11,10 @@ from __future__ import annotations
 from collections.abc import Callable
 from contextlib import ExitStack
 
+from orchestrate.backends.docker_ssh.checkpoints import validate
 from orchestrate.backends.docker_ssh.relay import RelayError, RelayTree, serving_packed
 from orchestrate.errors import SSHError
 from orchestrate.plan.relay import RelayPlan
-from orchestrate.probe.checkpoints import validate
 from orchestrate.probe.observations import Checkpoint
 from orchestrate.remote import scripts
 from orchestrate.remote.session import Session

@@ -15,6 +15,7 @@ from rich.console import Console
 
 from orchestrate import labels
 from orchestrate.backends.docker_ssh import jobview, owner
+from orchestrate.backends.docker_ssh.checkpoints import newest_manifest
 from orchestrate.backends.docker_ssh.jobview import folder_of, node_rank
 from orchestrate.backends.protocol import JobStatus, NodeLog, RankFiles, StatusRow
 from orchestrate.errors import JobError, MultiHostError
@@ -22,7 +23,6 @@ from orchestrate.fanout import fan_out
 from orchestrate.labels import JOB_LABEL, PREFETCH_LABEL
 from orchestrate.masking import mask_text
 from orchestrate.plan.jobplan import CKPT_MOUNT, LOG_MOUNT
-from orchestrate.probe.checkpoints import newest_manifest
 from orchestrate.remote import scripts
 from orchestrate.remote.docker import job_containers
 from orchestrate.remote.session import Session

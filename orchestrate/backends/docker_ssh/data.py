@@ -14,6 +14,7 @@ from contextlib import ExitStack
 from dataclasses import dataclass
 from pathlib import Path
 
+from orchestrate.backends.docker_ssh.datacopy import has_verified_copy
 from orchestrate.backends.docker_ssh.datalock import data_lock
 from orchestrate.backends.docker_ssh.relay import (
     RelayError,
@@ -28,7 +29,6 @@ from orchestrate.errors import SSHError
 from orchestrate.fanout import fan_out
 from orchestrate.plan.jobplan import ContainerSpec
 from orchestrate.plan.relay import RelayPlan, plan_relay
-from orchestrate.probe.datacopy import has_verified_copy
 from orchestrate.remote import scripts
 from orchestrate.remote.session import Session
 from orchestrate.remote.ssh import Connection

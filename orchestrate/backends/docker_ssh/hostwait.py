@@ -8,9 +8,9 @@ from collections.abc import Sequence
 
 from rich.console import Console
 
+from orchestrate.backends.docker_ssh.hostboot import PROBE_TIMEOUT_S
 from orchestrate.fanout import fan_out
 from orchestrate.hosts import Host
-from orchestrate.probe.hostboot import PROBE_TIMEOUT_S
 from orchestrate.remote.ssh import Connection
 
 

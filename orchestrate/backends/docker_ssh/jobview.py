@@ -9,11 +9,11 @@ from collections.abc import Mapping, Sequence
 from datetime import datetime, timezone
 from typing import Any
 
+from orchestrate.backends.docker_ssh.gpuusage import read_usage
 from orchestrate.backends.docker_ssh.rfc3339 import docker_time
 from orchestrate.fanout import fan_out
 from orchestrate.labels import GPUS_LABEL, RANK_LABEL, RESTART_CAUSE_LABEL, RESTART_LABEL
 from orchestrate.plan.jobplan import CKPT_MOUNT
-from orchestrate.probe.gpuusage import read_usage
 from orchestrate.probe.heartbeat import Beat, hms, read_beat
 from orchestrate.probe.observations import label_ids
 from orchestrate.remote.session import Session
@@ -72,7 +72,7 @@ def ended_line(beat: Beat, ended: float | None, now: float) -> str:
 
 
 def gpu_use(nodes: Session, found: Found) -> dict[int, str]:
-    """Node rank -> its GPUs' use (probe/gpuusage.py), for the nodes whose container holds GPUs. A node whose
+    """Node rank -> its GPUs' use (gpuusage.py), for the nodes whose container holds GPUs. A node whose
     nvidia-smi does not answer is left out: status shows what it can."""
     held = [(host, node_rank(c), label_ids(c.labels.get(GPUS_LABEL, ""))) for host, cs in found.items() for c in cs]
     held = [h for h in held if h[2]]

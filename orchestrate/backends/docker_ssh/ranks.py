@@ -9,12 +9,12 @@ import threading
 from collections.abc import Iterator, Sequence
 from typing import Any
 
+from orchestrate.backends.docker_ssh.checkpoints import newest_valid
 from orchestrate.backends.docker_ssh.control import LogResume
+from orchestrate.backends.docker_ssh.hostboot import read_boot
 from orchestrate.backends.docker_ssh.rfc3339 import docker_time
 from orchestrate.backends.protocol import RankState
 from orchestrate.probe.bootchange import Boot
-from orchestrate.probe.checkpoints import newest_valid
-from orchestrate.probe.hostboot import read_boot
 from orchestrate.probe.observations import Checkpoint
 from orchestrate.remote import scripts
 from orchestrate.remote.session import Session

@@ -1,6 +1,6 @@
 """Copy checkpoints between nodes: the resume checkpoint to the nodes that lack it (before the start), and the
 replicas of each new one to another node and this machine's mirror while the job runs (--ckpt-mirror). What is
-copied is read and validated by probe/checkpoints.py."""
+copied is read and validated by checkpoints.py."""
 
 from __future__ import annotations
 
@@ -11,9 +11,9 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from orchestrate.backends.docker_ssh.checkpoints import list_manifests, validate
 from orchestrate.errors import SSHError
 from orchestrate.localfs import write_atomically
-from orchestrate.probe.checkpoints import list_manifests, validate
 from orchestrate.probe.observations import Checkpoint
 from orchestrate.remote.ssh import Connection
 from trainer.contract import METRICS_FILE

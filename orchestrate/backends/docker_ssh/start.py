@@ -6,6 +6,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
 
+from orchestrate.backends.docker_ssh.checkpoints import validate
 from orchestrate.backends.docker_ssh.ckptrelay import relay_checkpoint
 from orchestrate.backends.docker_ssh.control import kill_on_host, uid_of
 from orchestrate.backends.docker_ssh.replicate import copy_checkpoint
@@ -13,7 +14,6 @@ from orchestrate.backends.docker_ssh.request import sdk_kwargs
 from orchestrate.fanout import fan_out
 from orchestrate.plan.jobplan import ContainerSpec, JobPlan
 from orchestrate.plan.relay import plan_copy_relay
-from orchestrate.probe.checkpoints import validate
 from orchestrate.remote.session import Session
 
 if TYPE_CHECKING:  # docker-py is imported where it is used

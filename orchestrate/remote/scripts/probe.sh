@@ -1,8 +1,8 @@
 # shellcheck shell=sh
-# Run on a host over SSH (orchestrate/probe/preflight.py, as `sh -c SCRIPT probe ARGS`): every shell fact
-# preflight needs, in ONE exec. Arguments: $1 data dir, $2 ckpt dir, $3 master address, $4 master SSH port (0: do
-# not try it), $5 list listening ports (1/0), $6 look for GPUs and RDMA (1/0), $7 log dir. Values are only ever
-# expanded inside double quotes, and never become code.
+# Run on a host over SSH (orchestrate/backends/docker_ssh/hostprobe.py, as `sh -c SCRIPT probe ARGS`): every
+# shell fact preflight needs, in ONE exec. Arguments: $1 data dir, $2 ckpt dir, $3 master address, $4 master SSH
+# port (0: do not try it), $5 list listening ports (1/0), $6 look for GPUs and RDMA (1/0), $7 log dir. Values are
+# only ever expanded inside double quotes, and never become code.
 # Output: key=value records separated by NUL (so paths with newlines cannot break the parsing).
 out() { printf '%s=%s\0' "$1" "$2"; }
 out clock "$(date +%s.%N)"
