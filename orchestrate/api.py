@@ -36,23 +36,23 @@ def Job(hosts: str | Path, *, ssh_config: str | Path | None = None, accept_new_h
     return UpConfig.of(ssh, **options)
 
 
-# Each command's backend is chosen here, where the command is composed (the registered default: Docker over SSH),
+# Each command's scheduler is chosen here, where the command is composed (the registered default: Docker over SSH),
 # and passed down: nothing below looks one up (lint contract backend-given).
 
 
 def up(job: UpConfig, console: Console | None = None) -> int:
-    from orchestrate.backends.choice import backend
+    from orchestrate.backends.choice import scheduler
     from orchestrate.pipeline import up as run_up
 
-    return run_up(job, console or console_for(), backend())
+    return run_up(job, console or console_for(), scheduler())
 
 
 def check(job: UpConfig, console: Console | None = None) -> int:
     """The network check with the job's settings (`check`); 1 when a node is an outlier."""
-    from orchestrate.backends.choice import backend
+    from orchestrate.backends.choice import scheduler
     from orchestrate.pipeline import check as run_check
 
-    return run_check(job, console or console_for(), backend())
+    return run_check(job, console or console_for(), scheduler())
 
 
 def kill(name: str, hosts: str | Path | None = None, grace: float = 60.0, console: Console | None = None) -> int:
@@ -83,8 +83,8 @@ def jobs(command: str, config: JobsConfig, console: Console | None = None) -> in
 
 
 def _jobs(command: str, config: JobsConfig, console: Console | None) -> int:
-    from orchestrate.backends.choice import backend
-    from orchestrate.backends.schedulers import SCHEDULERS
+    from orchestrate.backends.allocators import ALLOCATORS
+    from orchestrate.backends.choice import scheduler
     from orchestrate.jobs.commands import run_jobs_command
 
-    return run_jobs_command(command, config, console or console_for(), backend(), SCHEDULERS)
+    return run_jobs_command(command, config, console or console_for(), scheduler(), ALLOCATORS)

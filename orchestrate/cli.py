@@ -1,5 +1,5 @@
 """Command line: `python -m orchestrate up | check | kill | status | logs | plot | tensorboard`, and each registered
-scheduler's own subcommands (backends/schedulers.py SCHEDULERS).
+allocator's own subcommands (backends/allocators.py ALLOCATORS).
 
 argparse → one frozen, validated config per subcommand → one function per subcommand. Expected failures
 (OrchestrateError) are caught here only, printed as one line (or one line per host), non-zero exit.
@@ -18,8 +18,8 @@ from typing import Any, NoReturn
 
 from rich.console import Console
 
+from orchestrate.backends.allocators import ALLOCATORS
 from orchestrate.backends.protocol import Allocation
-from orchestrate.backends.schedulers import SCHEDULERS
 from orchestrate.config import JOB_COMMANDS, SECTIONS, SELFTEST_OPTIONS, JobsConfig, SSHOptions, UpConfig
 from orchestrate.errors import ConfigError, MultiHostError, OrchestrateError
 from orchestrate.gpuspec import parse_gpus, split
@@ -36,11 +36,11 @@ examples:
   python -m orchestrate check --hosts hosts.txt --gpus 8
   python -m orchestrate kill --job r18
   python -m orchestrate up --hosts hosts.txt --gpus 8 --job r18 --resume -- --epochs 30 --precision bf16
-""" + "".join(s.examples for s in SCHEDULERS) + """
+""" + "".join(s.examples for s in ALLOCATORS) + """
 hosts file: one host a line, [user@]host[:port] [slots=N] [key=value ...], '#' comments; the first host
 is node 0 and the rendezvous master. Keys: slots, gpu_ids (device indices), iface, docker_host, data_dir, ckpt_dir,
 log_dir. Names resolve through ~/.ssh/config; host keys are checked against known_hosts.
-""" + "".join(s.epilog for s in SCHEDULERS)
+""" + "".join(s.epilog for s in ALLOCATORS)
 
 
 # The defaults are the configs' own (config.py): written once, shown by --help, used by job files (jobfile.py).
@@ -118,21 +118,21 @@ def build_parser() -> argparse.ArgumentParser:
         p = sub.add_parser(name, help=help_text, description=help_text, formatter_class=_Formatter)
         _ssh_args(p, hosts_required=False)
         _jobs_args(p, name)
-    for name, summary in ((n, t) for s in SCHEDULERS for n, t in s.summaries.items()):
-        # listed only: run() hands a scheduler's subcommand its whole command line before this parser reads it
+    for name, summary in ((n, t) for s in ALLOCATORS for n, t in s.summaries.items()):
+        # listed only: run() hands an allocator's subcommand its whole command line before this parser reads it
         sub.add_parser(name, help=summary, add_help=False)
     parser.up_parser = up  # type: ignore[attr-defined]  # the job file's schema (jobfile.py)
     return parser
 
 
 def _ssh_args(p: argparse.ArgumentParser, hosts_required: bool, in_allocation: bool = False) -> None:
-    """--hosts and the SSH options (SSHOptions' fields); --hosts's help adds the schedulers' values and its
-    default; `in_allocation`: a scheduler's allocation this runs in is the default (up's)."""
-    inside = "".join(f"{s.default_help}, else " for s in SCHEDULERS) if in_allocation else ""
+    """--hosts and the SSH options (SSHOptions' fields); --hosts's help adds the allocators' values and its
+    default; `in_allocation`: an allocator's allocation this runs in is the default (up's)."""
+    inside = "".join(f"{s.default_help}, else " for s in ALLOCATORS) if in_allocation else ""
     for f in dataclasses.fields(SSHOptions):
         help_text, extra = f.metadata["help"], {}
         if f.name == "hosts_file":
-            help_text += "".join(f", or {s.hosts_help}" for s in SCHEDULERS) + (
+            help_text += "".join(f", or {s.hosts_help}" for s in ALLOCATORS) + (
                 "" if hosts_required else f" (default: {inside}the hosts file the job's last up used)")
             extra = {"required": hosts_required}
         _argument(p, f, f.metadata["flag"], help_text, extra)
@@ -294,8 +294,8 @@ def parse_args(argv: Sequence[str]) -> tuple[str, UpConfig | JobsConfig]:
             parser.up_parser.set_defaults(**base)  # type: ignore[attr-defined]
             ns = parser.parse_args(argv)
             trainer = trainer if given_args else file_args
-        if ns.hosts is None:  # a scheduler's allocation this runs in, if any
-            ns.hosts = next((hosts for s in SCHEDULERS if (hosts := s.default_hosts()) is not None), None)
+        if ns.hosts is None:  # an allocator's allocation this runs in, if any
+            ns.hosts = next((hosts for s in ALLOCATORS if (hosts := s.default_hosts()) is not None), None)
         if ns.hosts is None:
             raise ConfigError("up needs the hosts: --hosts FILE, hosts = \"FILE\" in a job file (-f), or --job NAME "
                               "of a job that ran from here before")
@@ -317,16 +317,16 @@ def parse_args(argv: Sequence[str]) -> tuple[str, UpConfig | JobsConfig]:
 
 
 def _allocation(hosts: Path | None) -> Allocation | None:
-    """--hosts naming a scheduler's allocation: the one this runs in; None for a hosts file."""
+    """--hosts naming an allocator's allocation: the one this runs in; None for a hosts file."""
     if hosts is None:
         return None
     from orchestrate.jobs import memory
 
-    return next((found for s in SCHEDULERS if (found := s.allocation(hosts, memory.state_dir())) is not None), None)
+    return next((found for s in ALLOCATORS if (found := s.allocation(hosts, memory.state_dir())) is not None), None)
 
 
 def _allocation_hosts(ns: argparse.Namespace) -> None:
-    """--hosts naming a scheduler: the allocation's hosts file, and --gpus as it granted them (the hosts file's
+    """--hosts naming an allocator: the allocation's hosts file, and --gpus as it granted them (the hosts file's
     gpu_ids= holds each node's indices): a count given by hand must match the grant; --gpus 0 runs on CPU
     regardless."""
     granted = _allocation(ns.hosts)
@@ -335,7 +335,7 @@ def _allocation_hosts(ns: argparse.Namespace) -> None:
 
 
 class _CommandLine:
-    """The CommandLine of backends/protocol.py: what a scheduler's own subcommands (`submit`) borrow from here."""
+    """The CommandLine of backends/protocol.py: what an allocator's own subcommands (`submit`) borrow from here."""
 
     def parser(self, command: str, description: str, options: type[Any]) -> argparse.ArgumentParser:
         # No abbreviations: the options it does not know go on to `up`, and `--gpus` (up's) must not be taken for
@@ -349,7 +349,7 @@ class _CommandLine:
 
     def up_options(self, argv: Sequence[str]) -> argparse.Namespace:
         """up's options as `up` reads them: a job file's (-f) under the command line's; its `hosts =` aside (the
-        scheduler's allocation is the hosts), its args as `trainer_args`."""
+        allocator's allocation is the hosts), its args as `trainer_args`."""
         from orchestrate import jobfile
 
         parser = build_parser()
@@ -393,10 +393,10 @@ def run(argv: Sequence[str], console: Console) -> int:
     """The command line is a thin layer over the Python API (orchestrate/api.py)."""
     from orchestrate import api
 
-    scheduled = {name: command for s in SCHEDULERS for name, command in s.commands.items()}
-    if argv[:1] and argv[0] in scheduled:  # a scheduler's own subcommand (`submit`)
+    allocator_commands = {name: command for s in ALLOCATORS for name, command in s.commands.items()}
+    if argv[:1] and argv[0] in allocator_commands:  # an allocator's own subcommand (`submit`)
         cut = list(argv).index("--") if "--" in argv else len(argv)
-        return scheduled[argv[0]](argv[1:cut], argv[cut + 1:], COMMAND_LINE, console)
+        return allocator_commands[argv[0]](argv[1:cut], argv[cut + 1:], COMMAND_LINE, console)
     command, config = parse_args(argv)
     if isinstance(config, UpConfig):
         try:
@@ -407,10 +407,10 @@ def run(argv: Sequence[str], console: Console) -> int:
 
 
 def _with_hints(err: MultiHostError, config: UpConfig) -> MultiHostError:
-    """Hosts that failed inside a scheduler's allocation: each line says what the site must allow."""
+    """Hosts that failed inside an allocator's allocation: each line says what the site must allow."""
     from orchestrate.jobs import memory
 
-    for s in SCHEDULERS:
+    for s in ALLOCATORS:
         err = s.hint(err, config.ssh.hosts_file, memory.state_dir())
     return err
 

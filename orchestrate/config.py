@@ -80,7 +80,7 @@ def option(default: Any, flag: str | None = None, help: str = "", *, check: dict
 @dataclass(frozen=True)
 class SSHOptions:
     """How every command reaches the hosts: `up`, `check` and the job commands all take these options (cli.py adds
-    to --hosts's help the schedulers' values and when it is required)."""
+    to --hosts's help the allocators' values and when it is required)."""
 
     hosts_file: Path | None = option(None, "--hosts", "hosts file", type=Path)
     ssh_config: Path | None = option(None, "--ssh-config", "default ~/.ssh/config", type=Path)
@@ -118,7 +118,7 @@ SELFTEST_OPTIONS: dict[str, tuple[tuple[str, ...] | None, str]] = {
 
 # docker stop's timeout also becomes docker-py's socket timeout: `--grace 1e12` overflowed it, the stop failed and
 # the container kept running. torchrun SIGKILLs its workers 30 s after its own SIGTERM whatever the grace, so an
-# hour is more than any stop needs (and a scheduler's stop signal lead, grace + 60 s, stays within 65535 s).
+# hour is more than any stop needs (and an allocator's stop signal lead, grace + 60 s, stays within 65535 s).
 MAX_GRACE_S = 3600
 
 
@@ -301,7 +301,7 @@ class Delivery:
                         "transfer's time (the resume checkpoint: served by the node that holds it, nothing through "
                         "here); 'off' = sent from here to each node; 'auto' = on from "
                         f"{RELAY_AUTO_FROM} such nodes", choices=RELAY_MODES)
-    # `submit` passes it to its batch job's `up` (the scheduler's page: "The image: submit brings it")
+    # `submit` passes it to its batch job's `up` (the allocator's page: "The image: submit brings it")
     image_from: Path | None = option(None, "--image-from", "first load the image into this machine's Docker (only "
                                      "the layers it lacks) from this manifest, which `submit` wrote on storage the "
                                      "nodes share; then it is sent to the nodes as always", type=Path)

@@ -1,6 +1,6 @@
 """Run one function on every host (or node) in parallel, and collect every host's failure into one MultiHostError
 instead of stopping at the first (as fabric's groups do). It knows no connection: the watcher fans out over the
-backend's Ranks with it, the SSH layer over its connections."""
+scheduler's Ranks with it, the SSH layer over its connections."""
 
 from __future__ import annotations
 

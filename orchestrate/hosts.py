@@ -45,7 +45,7 @@ class Host:
     known_hosts_files: tuple[str, ...] = ()
     identities_only: bool = False  # ssh config IdentitiesOnly: use only key_filenames, no agent/default keys
     slots: int | None = None
-    gpu_ids: tuple[int, ...] = ()  # gpu_ids=0,1: the device indices the job gets here (a scheduler's grant)
+    gpu_ids: tuple[int, ...] = ()  # gpu_ids=0,1: the device indices the job gets here (an allocator's grant)
     docker_host: str | None = None
     iface: str | None = None
     data_dir: str | None = None

@@ -30,7 +30,7 @@ def print_lines(console: Console, rank: int, text: str, secrets: Sequence[str]) 
 def follow_lines(console: Console, rank: int, chunks: Iterable[bytes], secrets: Sequence[str],
                  stop: threading.Event | None = None) -> None:
     """Print a followed log stream line by line with the node prefix (`logs -f` and `up`'s watcher); the stream
-    is closed at the end (a backend's stream then hands its connection back)."""
+    is closed at the end (a scheduler's stream then hands its connection back)."""
     pending = ""
     try:
         for chunk in chunks:

@@ -1,12 +1,13 @@
-"""The Backend protocol: what the pipeline, `kill`/`status`/`logs` and the watcher ask of a scheduler, and the plain
-data it answers with. A backend decides nothing: it carries out a plan and reports what it sees.
+"""The Scheduler protocol: what the pipeline, `kill`/`status`/`logs` and the watcher ask of a scheduler, and the plain
+data it answers with. A scheduler decides nothing: it carries out a plan and reports what it sees.
 
 A second scheduler implements these methods in its own folder (`backends/NAME/`) and registers in
-`backends/choice.py`'s BACKENDS; nothing above it names it. The protocol is generic over the connection a backend runs a
+`backends/choice.py`'s SCHEDULERS; nothing above it names it. The protocol is generic over the connection a scheduler runs a
 command over (NodesT): it never names one, so importing it loads neither paramiko nor docker-py (lint contract
-`protocol-names-no-connection`); Docker over SSH fixes it to its SSH Session (remote/session.py). A scheduler that grants the hosts and queues the jobs,
-while a Backend runs the containers on them, implements Scheduler and registers in SCHEDULERS (schedulers.py): its subcommands, its
-`--hosts` value, its side of `status` and `kill`, and its hint on an SSH failure are asked of it there."""
+`protocol-names-no-connection`); Docker over SSH fixes it to its SSH Session (remote/session.py). An allocator grants
+the hosts and queues the batch jobs, while a Scheduler runs the containers on them: it implements Allocator and
+registers in ALLOCATORS (allocators.py): its subcommands, its `--hosts` value, its side of `status` and `kill`, and its
+hint on an SSH failure are asked of it there."""
 
 from __future__ import annotations
 
@@ -29,12 +30,12 @@ from orchestrate.probe.daemons import Daemons, Local
 from orchestrate.probe.observations import Checkpoint, Holdings
 
 Request = dict[str, Any]  # JSON-ready, secrets masked
-# The connection to the hosts that a backend runs a command over, opaque here: each backend names its own (Docker
-# over SSH: one SSH Session to every host); whoever runs the command opens it (or has the backend open it: `reach`)
+# The connection to the hosts that a scheduler runs a command over, opaque here: each scheduler names its own (Docker
+# over SSH: one SSH Session to every host); whoever runs the command opens it (or has the scheduler open it: `reach`)
 # and hands it to every call.
 NodesT = TypeVar("NodesT")
 # Plan the start again from what the hosts hold now (another job took part of the grant meanwhile): node 0's master
-# port and every node's container, decided by the pipeline's plan, never by the backend.
+# port and every node's container, decided by the pipeline's plan, never by the scheduler.
 Replan = Callable[[Sequence[Holdings]], tuple[int | None, list[ContainerSpec]]]
 
 
@@ -54,7 +55,7 @@ class RankState:
 
 class Ranks(Protocol):
     """The watcher's view of one submitted attempt, node by node (node rank = index into the plan's nodes): the
-    nodes' parts, the files they write and the hosts they run on, read however the backend reaches them (the
+    nodes' parts, the files they write and the hosts they run on, read however the scheduler reaches them (the
     watcher names no connection). Each method may raise when the host does not answer: the watcher then asks the
     host itself why (`boot`)."""
 
@@ -198,7 +199,7 @@ class RankFiles:
 
 @dataclass(frozen=True)
 class Reached(Generic[NodesT]):
-    """The hosts of a command as the backend reached them (`reach`): a host that does not answer is left out
+    """The hosts of a command as the scheduler reached them (`reach`): a host that does not answer is left out
     and named, never waited for."""
 
     nodes: NodesT  # the connection to those that answered, handed to every call
@@ -210,7 +211,7 @@ class Reached(Generic[NodesT]):
         return self.hosts[host].label
 
 
-class Backend(Daemons[NodesT], Protocol[NodesT]):
+class Scheduler(Daemons[NodesT], Protocol[NodesT]):
     """A scheduler's answers: the probe's reads of its daemons (Daemons, probe/daemons.py, in the probe's types) and
     these."""
 
@@ -236,7 +237,7 @@ class Backend(Daemons[NodesT], Protocol[NodesT]):
         ...
 
     def fetch_script(self) -> str:
-        """PURE: the program the plan's data fetch container runs (plan/shortlived.py), whose output the backend
+        """PURE: the program the plan's data fetch container runs (plan/shortlived.py), whose output the scheduler
         reads as it runs (`send_data`)."""
         ...
 
@@ -384,12 +385,12 @@ class Backend(Daemons[NodesT], Protocol[NodesT]):
 
 @dataclass(frozen=True)
 class Allocation:
-    """The hosts a scheduler granted the allocation this runs in: a hosts file (node 0 first, each node's GPU
+    """The hosts an allocator granted the allocation this runs in: a hosts file (node 0 first, each node's GPU
     indices in its gpu_ids=), and the GPUs granted per node (0: none)."""
 
     hosts_file: Path
     gpus_per_node: int
-    scheduler: str  # its name in messages
+    allocator: str  # its name in messages
     ask_gpus: str  # how one asks it for other GPUs (a flag of its own)
 
     def gpus(self, count: int) -> int:
@@ -397,13 +398,13 @@ class Allocation:
         count given by hand is refused."""
         if count in (GPUS_ALL, self.gpus_per_node) or count == 0:
             return self.gpus_per_node if count == GPUS_ALL else count
-        raise ConfigError(f"--gpus {count}: {self.scheduler} granted {self.gpus_per_node} GPU(s) per node to this "
-                          f"allocation; leave --gpus out to use them, or ask {self.scheduler} for others "
+        raise ConfigError(f"--gpus {count}: {self.allocator} granted {self.gpus_per_node} GPU(s) per node to this "
+                          f"allocation; leave --gpus out to use them, or ask {self.allocator} for others "
                           f"({self.ask_gpus})")
 
 
 class CommandLine(Protocol):
-    """What the command line (cli.py) lends a scheduler's subcommands, so that they read as its own."""
+    """What the command line (cli.py) lends an allocator's subcommands, so that they read as its own."""
 
     def parser(self, command: str, description: str, options: type[Any]) -> argparse.ArgumentParser:
         """`python -m orchestrate COMMAND`'s parser, its options the flag fields of the dataclass `options` (each
@@ -420,18 +421,18 @@ class CommandLine(Protocol):
         ...
 
     def state_dir(self) -> Path:
-        """The folder of this machine's job records (the jobs' memory, the schedulers' records)."""
+        """The folder of this machine's job records (the jobs' memory, the allocators' records)."""
         ...
 
 
-# A scheduler's subcommand: (its arguments before '--', the trainer's after it, the command line's parsers, the
+# An allocator's subcommand: (its arguments before '--', the trainer's after it, the command line's parsers, the
 # console) → the exit status.
 Command = Callable[[Sequence[str], Sequence[str], CommandLine, Console], int]
 
 
-class Scheduler(Protocol):
-    """A scheduler that grants the hosts and queues the jobs, beside the Backend that runs the containers on them.
-    The command line and `status`/`kill` ask every one in SCHEDULERS and name none."""
+class Allocator(Protocol):
+    """An allocator grants the hosts and queues the batch jobs, beside the Scheduler that runs the containers on them.
+    The command line and `status`/`kill` ask every one in ALLOCATORS and name none."""
 
     hosts_help: str  # --hosts's help on the value it owns: "'NAME': ..."
     default_help: str  # --hosts's help on when that value is up's default

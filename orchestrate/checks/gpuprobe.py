@@ -25,7 +25,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from orchestrate.backends.protocol import Backend, NodesT, ShortRunResult
+from orchestrate.backends.protocol import NodesT, Scheduler, ShortRunResult
 from orchestrate.errors import PreflightError
 from orchestrate.fanout import fan_out
 from orchestrate.localfs import cache_root, write_atomically
@@ -173,30 +173,30 @@ def need_of(spec: ContainerSpec) -> int:
     return int(nproc) if nproc.isdigit() else 1
 
 
-def probe_all(backend: Backend[NodesT], nodes: NodesT, specs: Sequence[ContainerSpec], probes: Sequence[ContainerSpec | None],
+def probe_all(scheduler: Scheduler[NodesT], nodes: NodesT, specs: Sequence[ContainerSpec], probes: Sequence[ContainerSpec | None],
               image_id: str | None) -> list[ProbeResult]:
     """Probe every node in parallel with the plan's probe containers (`probes`, beside the job's `specs`), run by
-    the backend; a pass remembered for this image, boot and driver is not probed again; with no image ID every
+    the scheduler; a pass remembered for this image, boot and driver is not probed again; with no image ID every
     node is probed."""
 
     def one(r: int) -> ProbeResult:
-        state = read_node_state(lambda: backend.boot_and_driver(nodes, r)) if image_id else None
+        state = read_node_state(lambda: scheduler.boot_and_driver(nodes, r)) if image_id else None
         probe = probes[r]
         assert probe is not None  # planned for every node of a GPU job (plan/shortlived.py)
-        return probe_node(lambda p: backend.run(nodes, {r: p}, PROBE_TIMEOUT_S, "GPU probe")[r], specs[r], probe,
+        return probe_node(lambda p: scheduler.run(nodes, {r: p}, PROBE_TIMEOUT_S, "GPU probe")[r], specs[r], probe,
                           image_id, state)
     return fan_out("GPU probe", list(range(len(specs))), one, lambda r: specs[r].host.label)
 
 
 def node_state(out: str) -> str | None:
-    """PURE: the host's boot id and driver version text (Backend.boot_and_driver's answer); None when no boot id is
+    """PURE: the host's boot id and driver version text (Scheduler.boot_and_driver's answer); None when no boot id is
     there (then nothing is remembered: the probe runs every time)."""
     lines = out.strip().splitlines()
     return out.strip() if lines and BOOT_ID.match(lines[0].strip()) else None
 
 
 def read_node_state(read: Callable[[], str]) -> str | None:
-    """The host's state as `read` (the backend) tells it, read before the memory is consulted."""
+    """The host's state as `read` (the scheduler) tells it, read before the memory is consulted."""
     try:
         return node_state(read())
     except Exception:  # SSH trouble: probe without the memory; preflight names an unreachable host

@@ -27,7 +27,7 @@ from typing import Any, TypeVar
 from rich.console import Console
 from rich.table import Table
 
-from orchestrate.backends.protocol import Backend, ShortRunResult
+from orchestrate.backends.protocol import Scheduler, ShortRunResult
 from orchestrate.config import Checks, Resources
 from orchestrate.errors import JobError
 from orchestrate.plan.jobplan import ContainerSpec
@@ -35,7 +35,7 @@ from orchestrate.plan.shortlived import JOIN_TIMEOUT_S, PAIRS_UP_TO
 from orchestrate.plan.transport import IB_DEVICE_DIR
 from trainer.transport import NcclPaths, nccl_paths
 
-NodesT = TypeVar("NodesT")  # the backend's connection to the nodes: the check only hands it back to the backend
+NodesT = TypeVar("NodesT")  # the scheduler's connection to the nodes: the check only hands it back to the scheduler
 OUTLIER_FRACTION = 0.5
 MARK = "NETCHECK "
 # Default floors of all_reduce bus bandwidth (GB/s), by the transport that carried it: far below healthy hardware
@@ -206,7 +206,7 @@ def script() -> str:
         return fh.read()
 
 
-def measure(backend: Backend[NodesT], nodes: NodesT, checks: Sequence[ContainerSpec], options: Options,
+def measure(scheduler: Scheduler[NodesT], nodes: NodesT, checks: Sequence[ContainerSpec], options: Options,
             console: Console) -> Verdict:
     """Run the check's containers as planned (plan/shortlived.py) once (bounded), print its table and each failure
     in a line, remove its containers; the verdict."""
@@ -214,7 +214,7 @@ def measure(backend: Backend[NodesT], nodes: NodesT, checks: Sequence[ContainerS
                   f"1-{options.max_mb} MB within each node, then across nodes"
                   + (", then every pair" if len(checks) <= PAIRS_UP_TO else ""), markup=False)
     # Bounded: the join timeout, then the measurements (each capped by the program's time budget).
-    ran = backend.run(nodes, dict(enumerate(checks)), JOIN_TIMEOUT_S + 600, "network check", together=True)
+    ran = scheduler.run(nodes, dict(enumerate(checks)), JOIN_TIMEOUT_S + 600, "network check", together=True)
     results = [_result(ran[r], r, checks[r].host.label) for r in range(len(checks))]
     verdict = judge(results, planned_transport(checks[0], options.cpu), options.floors)
     console.print(render(verdict, [s.host.label for s in checks]))

@@ -19,7 +19,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from orchestrate.backends.protocol import Backend, NodesT
+from orchestrate.backends.protocol import NodesT, Scheduler
 from orchestrate.checks import gpuprobe, netcheck
 from orchestrate.checks.netcheck import (
     Options,
@@ -114,24 +114,24 @@ def network_cells(verdict: Verdict, n: int) -> list[Cell]:
     return cells
 
 
-def run(backend: Backend[NodesT], nodes: NodesT, plan: JobPlan, program: Program, resources: Resources, checks: Checks,
+def run(scheduler: Scheduler[NodesT], nodes: NodesT, plan: JobPlan, program: Program, resources: Resources, checks: Checks,
         image_id: str | None, console: Console) -> int:
     """The self-test on every node, its containers planned with the job's (plan/shortlived.py); 0 when every part
     passed on every node, else 1 (the table says where)."""
     specs = plan.specs
     rows = [NodeRow(s.host.label, Cell(True, "CPU mode")) for s in specs]
     if not resources.cpu_mode:
-        for row, probe in zip(rows, gpuprobe.probe_all(backend, nodes, specs, [n.gpu_probe for n in plan.nodes], image_id),
+        for row, probe in zip(rows, gpuprobe.probe_all(scheduler, nodes, specs, [n.gpu_probe for n in plan.nodes], image_id),
                               strict=True):
             row.gpus = Cell(probe.problem is None, probe.text)
     ready = [r for r, row in enumerate(rows) if row.gpus.ok]
-    for r, (payload, code) in zip(ready, _selftests(backend, nodes, shortlived.selftest(specs, program, resources), ready), strict=True):
+    for r, (payload, code) in zip(ready, _selftests(scheduler, nodes, shortlived.selftest(specs, program, resources), ready), strict=True):
         rows[r].step, rows[r].ckpt = step_cell(payload, code), ckpt_cell(payload)
     verdict = None
     if all(row.gpus.ok for row in rows):
         options = Options.of(checks, resources)
         containers = network_check(specs, options.cpu, options.max_mb, netcheck.script())
-        verdict = measure(backend, nodes, containers, options, console)
+        verdict = measure(scheduler, nodes, containers, options, console)
         for row, cell in zip(rows, network_cells(verdict, len(rows)), strict=True):
             row.network = cell
     console.print(render(rows))
@@ -140,10 +140,10 @@ def run(backend: Backend[NodesT], nodes: NodesT, plan: JobPlan, program: Program
     return 0 if all(row.ok for row in rows) else 1
 
 
-def _selftests(backend: Backend[NodesT], nodes: NodesT, specs: Sequence[ContainerSpec], ranks: list[int]) -> list[tuple[dict[str, Any] | None, int]]:
-    """Each node's self-test run to its end by the backend; a node where it could not start fails the command (one
+def _selftests(scheduler: Scheduler[NodesT], nodes: NodesT, specs: Sequence[ContainerSpec], ranks: list[int]) -> list[tuple[dict[str, Any] | None, int]]:
+    """Each node's self-test run to its end by the scheduler; a node where it could not start fails the command (one
     line per host)."""
-    ran = backend.run(nodes, {r: specs[r] for r in ranks}, SELFTEST_TIMEOUT_S, "self-test")
+    ran = scheduler.run(nodes, {r: specs[r] for r in ranks}, SELFTEST_TIMEOUT_S, "self-test")
     refused = {specs[r].host.label: ran[r].error for r in ranks if ran[r].exit_code is None}
     if refused:
         raise MultiHostError("self-test", refused)

@@ -1,4 +1,4 @@
-"""kill / status / logs / plot: hosts from --hosts or the job's remembered state, reached through the backend
+"""kill / status / logs / plot: hosts from --hosts or the job's remembered state, reached through the scheduler
 (which owns the connection), then its answers, shown here."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from orchestrate.backends.protocol import Backend, Reached, Scheduler
+from orchestrate.backends.protocol import Allocator, Reached, Scheduler
 from orchestrate.config import JobsConfig
 from orchestrate.errors import ConfigError, JobError, MultiHostError
 from orchestrate.hosts import Host, parse_hosts_file
@@ -21,7 +21,7 @@ from orchestrate.loglines import follow_lines, print_lines, shown
 from orchestrate.masking import mask_text
 from orchestrate.plan.jobplan import CKPT_MOUNT
 
-NodesT = TypeVar("NodesT")  # the backend's connection to the hosts, opaque here
+NodesT = TypeVar("NodesT")  # the scheduler's connection to the hosts, opaque here
 
 
 def hosts_for(config: JobsConfig) -> list[Host]:
@@ -34,68 +34,68 @@ def hosts_for(config: JobsConfig) -> list[Host]:
     return parse_hosts_file(remembered.hosts_file, ssh_config)
 
 
-def run_jobs_command(command: str, config: JobsConfig, console: Console, backend: Backend[NodesT],
-                     schedulers: Sequence[Scheduler]) -> int:
-    """`backend`: the one the composition root chose (api.py): it reaches the hosts, finds the job's containers
-    and answers; `schedulers`: the registered ones (backends/schedulers.py), asked first about the job."""
-    if _scheduled(command, config, console, schedulers) and config.ssh.hosts_file is None and memory.load(config.job) is None:
-        return 0  # queued by a scheduler, never started: no hosts, no containers yet
-    with backend.reach(hosts_for(config), config.ssh) as reached:
-        return _on_hosts(command, backend, reached, config, console)
+def run_jobs_command(command: str, config: JobsConfig, console: Console, scheduler: Scheduler[NodesT],
+                     allocators: Sequence[Allocator]) -> int:
+    """`scheduler`: the one the composition root chose (api.py): it reaches the hosts, finds the job's containers
+    and answers; `allocators`: the registered ones (backends/allocators.py), asked first about the job."""
+    if _allocated(command, config, console, allocators) and config.ssh.hosts_file is None and memory.load(config.job) is None:
+        return 0  # queued by an allocator, never started: no hosts, no containers yet
+    with scheduler.reach(hosts_for(config), config.ssh) as reached:
+        return _on_hosts(command, scheduler, reached, config, console)
 
 
-def _on_hosts(command: str, backend: Backend[NodesT], reached: Reached[NodesT], config: JobsConfig,
+def _on_hosts(command: str, scheduler: Scheduler[NodesT], reached: Reached[NodesT], config: JobsConfig,
               console: Console) -> int:
     nodes, unreachable = reached.nodes, reached.unreachable
     if command == "kill":
-        kill(backend, reached, config, console)
+        kill(scheduler, reached, config, console)
         return 0
     if command == "status":
-        ok = (print_all_jobs(backend, nodes, console, unreachable) if config.all_jobs
-              else print_status(backend, nodes, config.job, console, unreachable))
+        ok = (print_all_jobs(scheduler, nodes, console, unreachable) if config.all_jobs
+              else print_status(scheduler, nodes, config.job, console, unreachable))
         if not ok:
             raise MultiHostError("status", unreachable)
         return 0
     if not reached.answered:  # "no container found" would hide that no host answered at all
         raise MultiHostError(command, unreachable)
     if command in ("plot", "tensorboard"):
-        return _from_node0(command, backend, reached, config, console)
+        return _from_node0(command, scheduler, reached, config, console)
     if config.rank is not None:
-        print_rank_logs(backend, nodes, config, console, config.rank)
+        print_rank_logs(scheduler, nodes, config, console, config.rank)
     else:
-        print_logs(backend, nodes, config, console)
+        print_logs(scheduler, nodes, config, console)
     if unreachable:
         raise MultiHostError("logs", unreachable)
     return 0
 
 
-def _from_node0(command: str, backend: Backend[NodesT], reached: Reached[NodesT], config: JobsConfig,
+def _from_node0(command: str, scheduler: Scheduler[NodesT], reached: Reached[NodesT], config: JobsConfig,
                 console: Console) -> int:
     """plot and tensorboard, which read node 0's folder: where it was not found, the hosts that did not answer are
     named (node 0 may be on one of them)."""
     try:
-        return (plot if command == "plot" else tensorboard.run)(backend, reached, config, console)
+        return (plot if command == "plot" else tensorboard.run)(scheduler, reached, config, console)
     except JobError as err:
         if not reached.unreachable:
             raise
         raise JobError(f"{err}; no answer from {', '.join(sorted(reached.unreachable))}") from None
 
 
-def _scheduled(command: str, config: JobsConfig, console: Console, schedulers: Sequence[Scheduler]) -> bool:
-    """status and kill of one job: each scheduler's side first (its state printed; its queued or running jobs of the
+def _allocated(command: str, config: JobsConfig, console: Console, allocators: Sequence[Allocator]) -> bool:
+    """status and kill of one job: each allocator's side first (its state printed; its queued or running jobs of the
     name cancelled). True when one of them knows the job."""
     if command not in ("status", "kill") or config.all_jobs:
         return False
     folder = memory.state_dir()
     known = [s.describe_job(config.job, console, folder) if command == "status"
-             else s.cancel_job(config.job, console, folder) for s in schedulers]
+             else s.cancel_job(config.job, console, folder) for s in allocators]
     return any(known)
 
 
-def print_status(backend: Backend[NodesT], nodes: NodesT, job: str, console: Console, unreachable: dict[str, str]) -> bool:
+def print_status(scheduler: Scheduler[NodesT], nodes: NodesT, job: str, console: Console, unreachable: dict[str, str]) -> bool:
     """Print one row per node, then the job's progress and its automatic restarts; False if some host could not be
     reached."""
-    status = backend.describe(nodes, job, unreachable)
+    status = scheduler.describe(nodes, job, unreachable)
     table = Table(title=f"job {job}")
     # Every cell stays whole (grep finds it) and the table fits 100 columns (a file's width, orchestrate/terminal.py):
     # the exit code goes with the state, the checkpoint is its file name (the folder is the job's), and each node's
@@ -114,12 +114,12 @@ def print_status(backend: Backend[NodesT], nodes: NodesT, job: str, console: Con
     return not unreachable
 
 
-def print_all_jobs(backend: Backend[NodesT], nodes: NodesT, console: Console, unreachable: Mapping[str, str]) -> bool:
+def print_all_jobs(scheduler: Scheduler[NodesT], nodes: NodesT, console: Console, unreachable: Mapping[str, str]) -> bool:
     """`status --all`: every owner's jobs on the reachable hosts, one row each; False if a host was unreachable."""
     table = Table(title="jobs on these hosts (everyone's)")
     for col in ("owner", "job", "nodes", "GPUs", "age", "running"):
         table.add_column(col, overflow="fold", no_wrap=col != "GPUs")  # names stay whole; a long GPU list folds
-    for row in backend.find(nodes):
+    for row in scheduler.find(nodes):
         table.add_row(*(Text(cell) for cell in (row.owner, row.job, row.nodes, row.gpus, row.age,
                                                  f"{row.running}/{row.containers}")))
     console.print(table)
@@ -128,9 +128,9 @@ def print_all_jobs(backend: Backend[NodesT], nodes: NodesT, console: Console, un
     return not unreachable
 
 
-def print_logs(backend: Backend[NodesT], nodes: NodesT, config: JobsConfig, console: Console) -> None:
+def print_logs(scheduler: Scheduler[NodesT], nodes: NodesT, config: JobsConfig, console: Console) -> None:
     """Print (or follow) the nodes' logs, each line prefixed with its node rank."""
-    logs = backend.logs(nodes, config.job, config.node, config.tail, config.follow)
+    logs = scheduler.logs(nodes, config.job, config.node, config.tail, config.follow)
     if not config.follow:
         for log in logs:
             print_lines(console, log.node, b"".join(log.chunks).decode(errors="replace"), log.secrets)
@@ -144,9 +144,9 @@ def print_logs(backend: Backend[NodesT], nodes: NodesT, config: JobsConfig, cons
             t.join(0.5)
 
 
-def print_rank_logs(backend: Backend[NodesT], nodes: NodesT, config: JobsConfig, console: Console, rank: int) -> None:
+def print_rank_logs(scheduler: Scheduler[NodesT], nodes: NodesT, config: JobsConfig, console: Console, rank: int) -> None:
     """One global rank's stdout and stderr files, then with --follow its new lines as they come."""
-    found = backend.rank_logs(nodes, config.job, rank, config.tail, config.follow)
+    found = scheduler.rank_logs(nodes, config.job, rank, config.tail, config.follow)
     for stream in ("stdout", "stderr"):
         for line in found.files.get(stream, "").splitlines():
             console.print(f"[rank {rank} {stream}] {mask_text(line, found.secrets)}", markup=False, highlight=False,
@@ -156,19 +156,19 @@ def print_rank_logs(backend: Backend[NodesT], nodes: NodesT, config: JobsConfig,
                       soft_wrap=True)
 
 
-def kill(backend: Backend[NodesT], reached: Reached[NodesT], config: JobsConfig, console: Console) -> None:
+def kill(scheduler: Scheduler[NodesT], reached: Reached[NodesT], config: JobsConfig, console: Console) -> None:
     """The stop record first, on every host (an `up` waiting to restart the job, from any machine, then starts
     nothing more: see jobs/stops.py), then the job's containers. A host where either fails is reported."""
     nodes = reached.nodes
-    not_left = backend.leave_stop_record(nodes, config.job)
+    not_left = scheduler.leave_stop_record(nodes, config.job)
     left = len(reached.answered) - len(not_left)
     if left:
         console.print(f"left a stop record on {left} host(s): an 'up' of job {config.job!r} waiting to restart it "
                       "starts nothing more", markup=False, highlight=False)
-    backend.cancel(nodes, config.job, config.grace, console, {**reached.unreachable, **not_left})
+    scheduler.cancel(nodes, config.job, config.grace, console, {**reached.unreachable, **not_left})
 
 
-def plot(backend: Backend[NodesT], reached: Reached[NodesT], config: JobsConfig, console: Console) -> int:
+def plot(scheduler: Scheduler[NodesT], reached: Reached[NodesT], config: JobsConfig, console: Console) -> int:
     """metrics.jsonl from node 0, drawn locally (trainer.plot: matplotlib, no torch)."""
     import posixpath
 
@@ -176,11 +176,11 @@ def plot(backend: Backend[NodesT], reached: Reached[NodesT], config: JobsConfig,
     from trainer.plot import PlotError, plot_text
 
     remembered = memory.load(config.job)
-    host, folder = backend.node0_dir(reached.nodes, config.job,
+    host, folder = scheduler.node0_dir(reached.nodes, config.job,
                                      remembered.options.get("ckpt_dir") if remembered else None, CKPT_MOUNT)
     path = posixpath.join(folder, METRICS_FILE)
     try:
-        text = backend.read_file(reached.nodes, host, path).decode(errors="replace")
+        text = scheduler.read_file(reached.nodes, host, path).decode(errors="replace")
     except OSError:
         raise JobError(f"no {METRICS_FILE} of job {config.job!r} at {reached.label(host)}:{path} (the "
                        "trainer writes one record per epoch; another program may write none)") from None

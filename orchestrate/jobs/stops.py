@@ -3,7 +3,7 @@
 Between two attempts (the restart backoff) no container runs, so the labels have nothing to say and a `kill` finds
 nothing to stop. So `kill` first leaves a stop record on every host it reaches, in the login's job folder there
 (`~/.local/share/ddp-cifar/jobs/JOB/stop`, written atomically), then stops the job's containers. An `up` looks for
-it through its backend (Backend.stop_record_seen; Docker over SSH: backends/docker_ssh/stoprecord.py): once a
+it through its scheduler (Scheduler.stop_record_seen; Docker over SSH: backends/docker_ssh/stoprecord.py): once a
 second during the backoff, and once more right after each attempt's containers started. The record is per login (its
 home): another account's `up` of a job of the same name is never stopped.
 

@@ -20,7 +20,7 @@ from typing import TypeVar
 
 from rich.console import Console
 
-from orchestrate.backends.protocol import Backend, Reached
+from orchestrate.backends.protocol import Reached, Scheduler
 from orchestrate.config import JobsConfig
 from orchestrate.errors import JobError
 from orchestrate.jobs import memory
@@ -31,7 +31,7 @@ from trainer.contract import ENV_LOG_DIR, TENSORBOARD_EVENTS_PREFIX, TENSORBOARD
 REFRESH_S = 30.0  # while TensorBoard serves, the event files are fetched again this often (a running job's grow)
 START_S = 120.0  # TensorBoard's start (it imports its plugins: seconds on a loaded machine) is waited for this long
 _URL = re.compile(r"TensorBoard \S+ at (http://\S+)")
-NodesT = TypeVar("NodesT")  # the backend's connection to the hosts, opaque here
+NodesT = TypeVar("NodesT")  # the scheduler's connection to the hosts, opaque here
 
 
 def within(found: list[tuple[str, int]]) -> list[tuple[str, int]]:
@@ -41,35 +41,35 @@ def within(found: list[tuple[str, int]]) -> list[tuple[str, int]]:
             if not PurePosixPath(name).is_absolute() and ".." not in PurePosixPath(name).parts]
 
 
-def fetch(backend: Backend[NodesT], nodes: NodesT, folders: dict[int, tuple[int, str]], out: Path) -> int:
+def fetch(scheduler: Scheduler[NodesT], nodes: NodesT, folders: dict[int, tuple[int, str]], out: Path) -> int:
     """Copy each node's event files that are new or changed into out/node<N>/; the number of files copied."""
     copied = 0
     for node, (host, folder) in sorted(folders.items()):
-        for name, size in within(backend.files_named(nodes, host, folder, TENSORBOARD_EVENTS_PREFIX)):
+        for name, size in within(scheduler.files_named(nodes, host, folder, TENSORBOARD_EVENTS_PREFIX)):
             local = out / f"node{node}" / name
             if local.is_file() and local.stat().st_size == size:
                 continue
-            data = backend.read_file(nodes, host, posixpath.join(folder, name))
+            data = scheduler.read_file(nodes, host, posixpath.join(folder, name))
             write_atomically(local, [data])  # never half a file read
             copied += 1
     return copied
 
 
-def log_folders(backend: Backend[NodesT], nodes: NodesT, config: JobsConfig) -> dict[int, tuple[int, str]]:
+def log_folders(scheduler: Scheduler[NodesT], nodes: NodesT, config: JobsConfig) -> dict[int, tuple[int, str]]:
     """Node 0's log dir (from its container, or the options of the job's last `up` once it is removed) and node
     1's, the replica, when its container is there."""
-    found = backend.node_dirs(nodes, config.job, LOG_MOUNT)
+    found = scheduler.node_dirs(nodes, config.job, LOG_MOUNT)
     remembered = memory.load(config.job)
-    folders = {0: backend.node0_dir(nodes, config.job, remembered.options.get("log_dir") if remembered else None, LOG_MOUNT)}
+    folders = {0: scheduler.node0_dir(nodes, config.job, remembered.options.get("log_dir") if remembered else None, LOG_MOUNT)}
     if 1 in found:
         folders[1] = found[1]
     return folders
 
 
-def run(backend: Backend[NodesT], reached: Reached[NodesT], config: JobsConfig, console: Console) -> int:
-    folders = log_folders(backend, reached.nodes, config)
+def run(scheduler: Scheduler[NodesT], reached: Reached[NodesT], config: JobsConfig, console: Console) -> int:
+    folders = log_folders(scheduler, reached.nodes, config)
     out = config.out or Path(f"{config.job}-tensorboard")
-    copied = fetch(backend, reached.nodes, folders, out)
+    copied = fetch(scheduler, reached.nodes, folders, out)
     if not any(out.rglob(f"{TENSORBOARD_EVENTS_PREFIX}*")):
         where = ", ".join(f"{reached.label(h)}:{f}" for h, f in folders.values())
         raise JobError(f"no TensorBoard event files of job {config.job!r} under {where} (the trainer's rank 0 "
@@ -79,7 +79,7 @@ def run(backend: Backend[NodesT], reached: Reached[NodesT], config: JobsConfig, 
     if importlib.util.find_spec("tensorboard") is None:
         say(console, f"TensorBoard is not installed here: pip install tensorboard, then tensorboard --logdir {out}")
         return 0
-    serve(backend, reached.nodes, folders, out, config.port, console)
+    serve(scheduler, reached.nodes, folders, out, config.port, console)
     return 0
 
 
@@ -87,7 +87,7 @@ def say(console: Console, line: str) -> None:
     console.print(line, markup=False, highlight=False, soft_wrap=True)
 
 
-def serve(backend: Backend[NodesT], nodes: NodesT, folders: dict[int, tuple[int, str]], out: Path, port: int | None,
+def serve(scheduler: Scheduler[NodesT], nodes: NodesT, folders: dict[int, tuple[int, str]], out: Path, port: int | None,
           console: Console) -> None:
     """TensorBoard on `out` (its own CLI, a child process) until Ctrl-C or SIGTERM; the event files fetched again
     every REFRESH_S meanwhile. The child is stopped on the way out, whatever ends the wait."""
@@ -99,7 +99,7 @@ def serve(backend: Backend[NodesT], nodes: NodesT, folders: dict[int, tuple[int,
     try:
         say(console, f"TensorBoard at {started_url(child)} on {out} (the event files fetched again every "
                      f"{REFRESH_S:.0f} s; Ctrl-C stops it)")
-        wait_refreshing(backend, nodes, folders, out, child, stop, console)
+        wait_refreshing(scheduler, nodes, folders, out, child, stop, console)
     except KeyboardInterrupt:
         pass
     finally:
@@ -135,13 +135,13 @@ def started_url(child: subprocess.Popen[str]) -> str:
     raise JobError(f"TensorBoard did not start: {(seen or ['no output within the wait'])[-1]}")
 
 
-def wait_refreshing(backend: Backend[NodesT], nodes: NodesT, folders: dict[int, tuple[int, str]], out: Path,
+def wait_refreshing(scheduler: Scheduler[NodesT], nodes: NodesT, folders: dict[int, tuple[int, str]], out: Path,
                     child: subprocess.Popen[str], stop: threading.Event, console: Console) -> None:
     while not stop.wait(REFRESH_S):
         if child.poll() is not None:
             raise JobError(f"TensorBoard exited with code {child.returncode}")
         try:
-            fetch(backend, nodes, folders, out)
+            fetch(scheduler, nodes, folders, out)
         except Exception as err:  # noqa: BLE001  # a node gone meanwhile: what was fetched stays served
             say(console, f"warning: event files not fetched again: {err}")
 

@@ -12,7 +12,7 @@ from typing import Any
 from rich.console import Console
 
 from orchestrate import jobfile
-from orchestrate.backends.protocol import Backend, NodesT, Ranks
+from orchestrate.backends.protocol import NodesT, Ranks, Scheduler
 from orchestrate.checks import gpuprobe, selfcheck
 from orchestrate.checks.netcheck import Options, measure, require_all_joined
 from orchestrate.config import UpConfig
@@ -56,43 +56,43 @@ def _match_exec_note(config: UpConfig) -> str | None:
             "may differ at launch") if blocks else None
 
 
-def up(config: UpConfig, console: Console, backend: Backend[NodesT]) -> int:
-    """`backend`: what runs the containers, chosen by the composition root (api.py) and passed down."""
+def up(config: UpConfig, console: Console, scheduler: Scheduler[NodesT]) -> int:
+    """`scheduler`: what runs the containers, chosen by the composition root (api.py) and passed down."""
     timings, hangup = Timings(), Hangup()
     try:
         with hangup.handled():
-            return _up(config, console, backend, timings, hangup)
+            return _up(config, console, scheduler, timings, hangup)
     finally:
         if config.mode.timings and not (config.mode.dry_run or config.mode.dry_run_hosts):
             console.print(timings.render(), markup=False, highlight=False)
 
 
-def _up(config: UpConfig, console: Console, backend: Backend[NodesT], timings: Timings, hangup: Hangup) -> int:
+def _up(config: UpConfig, console: Console, scheduler: Scheduler[NodesT], timings: Timings, hangup: Hangup) -> int:
     hosts = load_hosts(config)
     if config.resilience.min_nodes is not None and config.resilience.min_nodes > len(hosts):
         raise ConfigError(f"--min-nodes {config.resilience.min_nodes} exceeds the {len(hosts)} host(s) in "
                           f"{config.ssh.hosts_file}; give at most {len(hosts)}")
-    backend.check_delivery(config.delivery)
+    scheduler.check_delivery(config.delivery)
     if config.mode.dry_run:
-        _print_offline(config, hosts, console, backend)
+        _print_offline(config, hosts, console, scheduler)
         return 0
     if config.mode.dry_run_hosts:
-        _print_probed(config, hosts, console, backend)
+        _print_probed(config, hosts, console, scheduler)
         return 0
     attempt, history = Attempt.first(config.resilience), list[AttemptResult]()
     while True:
-        result = _attempt(config, backend, attempt, hosts, console, timings, hangup, history)
+        result = _attempt(config, scheduler, attempt, hosts, console, timings, hangup, history)
         if result.outcome.ok:
             return 0
         decision = restarts.decide(config.program.job, history, result, None, config.resilience)
-        back_off(decision, config.program.job, backend, config.ssh, hosts, console)
+        back_off(decision, config.program.job, scheduler, config.ssh, hosts, console)
         if decision.next is restarts.Next.WAIT_FOR_HOSTS:
-            backend.await_hosts(hosts, config.ssh, console, decision.wait_s)
+            scheduler.await_hosts(hosts, config.ssh, console, decision.wait_s)
         history.append(result)
         attempt = Attempt(attempt.number + 1, result.outcome.cause, resume=True)
 
 
-def _print_offline(config: UpConfig, hosts: list[Host], console: Console, backend: Backend[NodesT]) -> None:
+def _print_offline(config: UpConfig, hosts: list[Host], console: Console, scheduler: Scheduler[NodesT]) -> None:
     """Offline: nothing is contacted; interfaces and GPU counts are shown as detected at launch."""
     specs = container_specs(PlanInputs(config.program, config.resources, config.where, config.data, config.delivery,
                                        Attempt.first(config.resilience), tuple(hosts),
@@ -100,13 +100,13 @@ def _print_offline(config: UpConfig, hosts: list[Host], console: Console, backen
     nprocs = [int(s.env["NPROC_PER_NODE"]) if s.env["NPROC_PER_NODE"].isdigit() else UNKNOWN for s in specs]
     layout = pipeline_layout(config.program.pipeline_stages, nprocs)  # refused here, before anything is printed
     if config.mode.as_json:
-        _print_json(console, backend.materialize_offline(specs))
+        _print_json(console, scheduler.materialize_offline(specs))
         return
     console.print("# the job (a job file for 'up -f'; options that differ from the defaults, secrets masked)",
                   markup=False)
     console.print("\n".join(f"#   {line}" for line in jobfile.of_config(config).splitlines()), markup=False,
                   highlight=False, soft_wrap=True)
-    console.print(backend.containers_text(specs), markup=False, highlight=False, soft_wrap=True)
+    console.print(scheduler.containers_text(specs), markup=False, highlight=False, soft_wrap=True)
     if layout:
         console.print(layout, markup=False, highlight=False, soft_wrap=True)
     note = _match_exec_note(config)
@@ -114,20 +114,20 @@ def _print_offline(config: UpConfig, hosts: list[Host], console: Console, backen
         console.print(note, markup=False, highlight=False, soft_wrap=True)
 
 
-def _print_probed(config: UpConfig, hosts: list[Host], console: Console, backend: Backend[NodesT]) -> None:
+def _print_probed(config: UpConfig, hosts: list[Host], console: Console, scheduler: Scheduler[NodesT]) -> None:
     """`--dry-run=hosts`: connect, probe read-only, print the first attempt's plan; nothing is created, sent or
     started anywhere. With --json the plan alone goes to stdout, the preflight table to stderr."""
     chatter = console_for(stderr=True) if config.mode.as_json else console
     attempt = Attempt.first(config.resilience)
-    ready = connect_and_preflight(backend, config, attempt, hosts, chatter, Timings())
+    ready = connect_and_preflight(scheduler, config, attempt, hosts, chatter, Timings())
     try:
         plan, _ = plan_attempt(config, attempt, ready, chatter, Timings(), on_hosts=False)
     finally:
-        backend.close(ready.nodes)
+        scheduler.close(ready.nodes)
     if config.mode.as_json:
-        _print_json(console, backend.materialize(plan))
+        _print_json(console, scheduler.materialize(plan))
     else:
-        console.print(backend.text(plan), markup=False, highlight=False, soft_wrap=True)
+        console.print(scheduler.text(plan), markup=False, highlight=False, soft_wrap=True)
 
 
 def _print_json(console: Console, data: dict[str, Any]) -> None:
@@ -135,40 +135,40 @@ def _print_json(console: Console, data: dict[str, Any]) -> None:
     console.print(json.dumps(data, indent=2), markup=False, highlight=False, soft_wrap=True)
 
 
-def check(config: UpConfig, console: Console, backend: Backend[NodesT]) -> int:
+def check(config: UpConfig, console: Console, scheduler: Scheduler[NodesT]) -> int:
     """`check`: the first-day self-test (preflight, the image where missing, then per node the GPU probe, a
     training step and a checkpoint, and the network check); exit 1 when a part failed or a node is an outlier."""
     attempt, timings = Attempt.first(config.resilience), Timings()
-    ready = connect_and_preflight(backend, config, attempt, load_hosts(config), console, timings)
+    ready = connect_and_preflight(scheduler, config, attempt, load_hosts(config), console, timings)
     try:
         plan = phases.images(ready, plan_attempt(config, attempt, ready, console, timings)[0], config, console)
-        return selfcheck.run(backend, ready.nodes, plan, config.program, config.resources, config.checks,
+        return selfcheck.run(scheduler, ready.nodes, plan, config.program, config.resources, config.checks,
                              None if config.delivery.pull else ready.local_id, console)
     finally:
-        backend.close(ready.nodes)
+        scheduler.close(ready.nodes)
 
 
-def _attempt(config: UpConfig, backend: Backend[NodesT], attempt: Attempt, hosts: list[Host], console: Console,
+def _attempt(config: UpConfig, scheduler: Scheduler[NodesT], attempt: Attempt, hosts: list[Host], console: Console,
              timings: Timings, hangup: Hangup, history: Sequence[AttemptResult]) -> AttemptResult:
     """One start of the job; `history`: how the attempts before it ended (a restart's hosts are decided on it)."""
     if attempt.number:
         console.print(f"--- restart {attempt.number} of {config.resilience.max_restarts} ---", markup=False)
-    ready = connect_and_preflight(backend, config, attempt, hosts, console, timings, history)
+    ready = connect_and_preflight(scheduler, config, attempt, hosts, console, timings, history)
     nodes = ready.nodes
     try:
         if not attempt.number:  # only a kill typed while this `up` runs stops it (jobs/stops.py)
-            backend.clear_stop_record(nodes, config.program.job)
+            scheduler.clear_stop_record(nodes, config.program.job)
         plan, inputs = plan_attempt(config, attempt, ready, console, timings)
         with timings.phase("image"):
             plan = phases.images(ready, plan, config, console)
         if not config.resources.cpu_mode:
             with timings.phase("GPU probe"):  # a restart probes afresh: it follows a failure (XID 79 keeps the boot)
                 remembered = None if config.delivery.pull or attempt.number else ready.local_id
-                gpuprobe.require(gpuprobe.probe_all(backend, nodes, plan.specs, [n.gpu_probe for n in plan.nodes], remembered))
+                gpuprobe.require(gpuprobe.probe_all(scheduler, nodes, plan.specs, [n.gpu_probe for n in plan.nodes], remembered))
         if config.checks.check_network and not attempt.number:
             with timings.phase("network check"):
                 checks = [n.network_check for n in plan.nodes if n.network_check is not None]
-                require_all_joined(measure(backend, nodes, checks, Options.of(config.checks, config.resources), console),
+                require_all_joined(measure(scheduler, nodes, checks, Options.of(config.checks, config.resources), console),
                                    [n.host.label for n in plan.nodes])
         with timings.phase("data"):
             phases.data(ready, plan, config, console)
@@ -182,18 +182,18 @@ def _attempt(config: UpConfig, backend: Backend[NodesT], attempt: Attempt, hosts
             console.print(f"detached; follow with 'logs -f --job {config.program.job}', stop with 'kill --job {config.program.job}'",
                           markup=False)
             return AttemptResult(Outcome(True, End.DETACHED))
-        return _watched(backend, nodes, plan, submitted.ranks, config, console, timings, hangup)
+        return _watched(scheduler, nodes, plan, submitted.ranks, config, console, timings, hangup)
     finally:
-        timings.channels = backend.channels_held(nodes)
-        backend.close(nodes)
+        timings.channels = scheduler.channels_held(nodes)
+        scheduler.close(nodes)
 
 
-def _watched(backend: Backend[NodesT], nodes: NodesT, plan: JobPlan, ranks: Ranks, config: UpConfig,
+def _watched(scheduler: Scheduler[NodesT], nodes: NodesT, plan: JobPlan, ranks: Ranks, config: UpConfig,
              console: Console, timings: Timings, hangup: Hangup) -> AttemptResult:
     specs = plan.specs
     resumed_from = plan.resume.checkpoint.step if plan.resume else None
     with timings.phase("run"):
-        outcome = watch(backend, nodes, specs, ranks, config, console, hangup)
+        outcome = watch(scheduler, nodes, specs, ranks, config, console, hangup)
     if outcome.ok and outcome.end is not End.DETACHED:
         with timings.phase("summary"):
             summary(ranks, specs, console)

@@ -7,7 +7,7 @@ import dataclasses
 
 from rich.console import Console
 
-from orchestrate.backends.protocol import Backend, NodesT
+from orchestrate.backends.protocol import NodesT, Scheduler
 from orchestrate.checks import gpuprobe, netcheck
 from orchestrate.config import UpConfig
 from orchestrate.errors import NoCheckpointError
@@ -29,11 +29,11 @@ def plan_attempt(config: UpConfig, attempt: Attempt, ready: PreflightedHosts[Nod
     the launcher (`on_hosts` False: no check container on a host, as for a dry run); and the inputs it was built
     from (a lost GPU/port claim plans again from them: backends/docker_ssh/claim.py)."""
     with timings.phase("plan"):
-        image = ready.backend.local_layers(ready.local, ready.local_id)
-        facts = node_facts(ready.backend, ready.nodes, ready.reports, config.delivery, config.data if config.program.is_trainer else None, image)
+        image = ready.scheduler.local_layers(ready.local, ready.local_id)
+        facts = node_facts(ready.scheduler, ready.nodes, ready.reports, config.delivery, config.data if config.program.is_trainer else None, image)
         resume, attempt = _resume(ready, config, attempt, console) if attempt.resume else (None, attempt)
         archive_bytes, from_folder = local_data(config.data)
-        scripts = short_scripts(ready.backend)
+        scripts = short_scripts(ready.scheduler)
         check = shortlived.image_check(config.program, ready.hosts[0], scripts)
         launcher, on = _launcher(config, ready, on_hosts, check)
         inputs = PlanInputs(config.program, config.resources, config.where, config.data, config.delivery, attempt,
@@ -48,9 +48,9 @@ def _verdicts(report: HostReport) -> tuple[CheckResult, ...]:
     return tuple(CheckResult(name, c.ok, c.text, c.warn) for name, c in report.checks.items())
 
 
-def short_scripts(backend: Backend[NodesT]) -> shortlived.Scripts:
-    """The programs the short containers run, as sent (the data fetch's is the backend's: it reads its output)."""
-    return shortlived.Scripts(gpu_probe=gpuprobe.script(), network_check=netcheck.script(), fetch=backend.fetch_script(),
+def short_scripts(scheduler: Scheduler[NodesT]) -> shortlived.Scripts:
+    """The programs the short containers run, as sent (the data fetch's is the scheduler's: it reads its output)."""
+    return shortlived.Scripts(gpu_probe=gpuprobe.script(), network_check=netcheck.script(), fetch=scheduler.fetch_script(),
                               find_python=FIND_PYTHON, check_image=CHECK_IMAGE)
 
 
@@ -63,9 +63,9 @@ def _launcher(config: UpConfig, ready: PreflightedHosts[NodesT], on_hosts: bool,
     node0, here = ready.reports[0].image_id, ready.local_id
     memo_id = None if config.delivery.pull else here  # a pulled image may differ from a local one of the same name
     if here is not None and (not config.delivery.pull or node0 == here):
-        return check_image(config.program, memo_id, lambda: ready.backend.image_check(ready.nodes, check, ready.local)), "here"
+        return check_image(config.program, memo_id, lambda: ready.scheduler.image_check(ready.nodes, check, ready.local)), "here"
     if node0 is not None and on_hosts:
-        return (check_image(config.program, memo_id, lambda: ready.backend.image_check(ready.nodes, check, None)),
+        return (check_image(config.program, memo_id, lambda: ready.scheduler.image_check(ready.nodes, check, None)),
                 ready.hosts[0].label)
     return None, ""
 
@@ -76,7 +76,7 @@ def _resume(ready: PreflightedHosts[NodesT], config: UpConfig, attempt: Attempt,
     checkpoint starts over)."""
     labels, ckpt_dirs = [h.label for h in ready.hosts], [r.dirs["ckpt"] for r in ready.reports]
     try:
-        point = choose_resume(newest_checkpoints(ready.backend, ready.nodes, labels, ckpt_dirs, console), labels,
+        point = choose_resume(newest_checkpoints(ready.scheduler, ready.nodes, labels, ckpt_dirs, console), labels,
                               ckpt_dirs)
         console.print(resume_line(point), markup=False, highlight=False)
         return point, attempt

@@ -10,7 +10,7 @@ from dataclasses import replace
 
 from rich.console import Console
 
-from orchestrate.backends.protocol import Backend, NodesT, Ranks
+from orchestrate.backends.protocol import NodesT, Ranks, Scheduler
 from orchestrate.config import UpConfig
 from orchestrate.masking import secret_values
 from orchestrate.outcome import End, Outcome
@@ -27,13 +27,13 @@ from orchestrate.watch.watcher import (
 )
 
 
-def watch(backend: Backend[NodesT], nodes: NodesT, specs: Sequence[ContainerSpec], ranks: Ranks, config: UpConfig,
+def watch(scheduler: Scheduler[NodesT], nodes: NodesT, specs: Sequence[ContainerSpec], ranks: Ranks, config: UpConfig,
           console: Console, hangup: Hangup) -> Outcome:
     """Stay attached until the job succeeds or a node fails; on failure stop the job everywhere. Meanwhile:
     progress from the heartbeat, each new checkpoint replicated off node 0. The terminal going away (SIGHUP) ends
     the watch and leaves the job running."""
     watcher = Watcher(specs, ranks, console, secret_values(config.program.env_dict), config.resilience.stall_timeout)
-    replicator = backend.replicate(nodes, specs, config.resilience.ckpt_mirror, console)
+    replicator = scheduler.replicate(nodes, specs, config.resilience.ckpt_mirror, console)
     view = ProgressView(console)
     watcher.read_boots()
     watcher.start_streams()
@@ -45,7 +45,7 @@ def watch(backend: Backend[NodesT], nodes: NodesT, specs: Sequence[ContainerSpec
         watcher.stop_event.set()
         view.close()
         replicator.stop()
-        return _interrupted(backend, nodes, config, console)
+        return _interrupted(scheduler, nodes, config, console)
     except TerminalGone:
         watcher.stop_event.set()
         replicator.stop()
@@ -64,7 +64,7 @@ def watch(backend: Backend[NodesT], nodes: NodesT, specs: Sequence[ContainerSpec
         console.print(f"stopping job {config.program.job!r} on all nodes", markup=False)
         try:
             # Short grace: with a peer gone the others cannot agree on a checkpoint anyway.
-            backend.cancel(nodes, config.program.job, min(config.resilience.grace, FAILED_GRACE_S), console)
+            scheduler.cancel(nodes, config.program.job, min(config.resilience.grace, FAILED_GRACE_S), console)
         except Exception as err:  # reported; the job failure is what matters
             console.print(f"while stopping: {err}", markup=False, highlight=False)
             outcome = replace(outcome, leftovers=True)
@@ -74,7 +74,7 @@ def watch(backend: Backend[NodesT], nodes: NodesT, specs: Sequence[ContainerSpec
 
 
 def _save_stall_report(ranks: Ranks, specs: Sequence[ContainerSpec], report: str, console: Console) -> None:
-    """The stall's stack dumps in node 0's log dir, written through the backend."""
+    """The stall's stack dumps in node 0's log dir, written through the scheduler."""
     path = f"{specs[0].dirs['log']}/stall-{time.strftime('%Y%m%d-%H%M%S', time.gmtime())}.txt"
     try:
         ranks.write_file(0, path, report.encode(), 60)
@@ -83,7 +83,7 @@ def _save_stall_report(ranks: Ranks, specs: Sequence[ContainerSpec], report: str
         console.print(f"could not save the stack dumps on node 0: {err}", markup=False, highlight=False)
 
 
-def _interrupted(backend: Backend[NodesT], nodes: NodesT, config: UpConfig, console: Console) -> Outcome:
+def _interrupted(scheduler: Scheduler[NodesT], nodes: NodesT, config: UpConfig, console: Console) -> Outcome:
     stop = config.resilience.stop_on_interrupt
     if not stop:
         try:
@@ -92,7 +92,7 @@ def _interrupted(backend: Backend[NodesT], nodes: NodesT, config: UpConfig, cons
             answer = "y"
         stop = answer.strip().lower() in ("y", "yes")
     if stop:
-        backend.cancel(nodes, config.program.job, config.resilience.grace, console)
+        scheduler.cancel(nodes, config.program.job, config.resilience.grace, console)
         return Outcome(False, End.INTERRUPTED, None, "stopped by Ctrl-C")
     console.print(f"job {config.program.job!r} keeps running; see it with 'status --job {config.program.job}', "
                   f"stop it with 'kill --job {config.program.job}'", markup=False)

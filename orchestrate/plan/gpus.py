@@ -17,7 +17,7 @@ from orchestrate.hosts import Host
 
 
 def granted_here(resources: Resources, host: Host) -> Resources:
-    """The job's GPU request on this host: the host's own `gpu_ids=` indices (a scheduler's grant, which may differ
+    """The job's GPU request on this host: the host's own `gpu_ids=` indices (an allocator's grant, which may differ
     from node to node) stand for `--gpus` there; in CPU mode there is nothing to grant."""
     if not host.gpu_ids or not resources.gpus:
         return resources

@@ -86,7 +86,7 @@ class GpuSet:
 
 def decide_gpus(resources: Resources, host: Host, seen: GpuSeen | None, holdings: Holdings) -> GpuSet:
     """PURE: which GPUs node `host` gets, and why; the one place that decides it. From the request (`--gpus`, or the
-    host's own `gpu_ids=`, a scheduler's grant, which stands for it there), what nvidia-smi listed there (`seen`;
+    host's own `gpu_ids=`, an allocator's grant, which stands for it there), what nvidia-smi listed there (`seen`;
     None: not probed, the offline dry run) and what the other jobs' containers there hold (their labels; a restart
     keeps the set this job held while it is free). After a lost claim it is asked again with the labels then."""
     if not resources.gpus:

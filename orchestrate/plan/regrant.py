@@ -18,7 +18,7 @@ def regrant(resources: Resources, where: Where, hosts: Sequence[Host], facts: Se
             listening: AbstractSet[int], found: Sequence[Holdings]) -> tuple[int | None, list[NodeFacts]]:
     """The port, and every node's facts with the labels found now (from which the plan decides its GPU set again,
     plan/gpuset.py); one line per host where they no longer fit (the jobs that took them are named), and nothing
-    starts. `hosts`: node 0 first; a host's own grant (`gpu_ids=`, a scheduler's) is asked for again as it is, never
+    starts. `hosts`: node 0 first; a host's own grant (`gpu_ids=`, an allocator's) is asked for again as it is, never
     other indices of that node."""
     labels = [h.label for h in hosts]
     now = [replace(f, holdings=h) for f, h in zip(facts, found, strict=True)]

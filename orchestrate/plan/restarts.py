@@ -1,6 +1,6 @@
 """PURE: what follows a failed attempt: restart (after a backoff), wait for every host first, restart on fewer hosts
 (--min-nodes), or give up, and why. The one place this is decided; the pipeline carries it out (restart.py waits
-out the backoff and looks for a kill meanwhile, the backend waits for the hosts: Backend.await_hosts,
+out the backoff and looks for a kill meanwhile, the scheduler waits for the hosts: Scheduler.await_hosts,
 pipeline/ready.py leaves the hosts out). The stories it answers are docs/what-happens-when.md's."""
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """PURE: the attempt's short containers, decided with its plan like the job's own: the image check (run before
 the rest of the plan, whose launcher it answers), and per node the GPU probe, the data fetch, the network check,
-and `check`'s self-test. Each is a ContainerSpec that the backend materializes as it does the job's, and that
+and `check`'s self-test. Each is a ContainerSpec that the scheduler materializes as it does the job's, and that
 `--dry-run=hosts --json` prints. The programs they run come in as text (Scripts): reading them is not the plan's."""
 
 from __future__ import annotations

@@ -6,7 +6,7 @@ pulls the base only by digest, so that it gets exactly the layers the image was 
 none, the local base's registry digests (RepoDigests, from its pull or push) may; a base built or loaded here has
 none, and its layers are then sent as before.
 
-Whether a node can pull it is asked of the node's own daemon, and the local base is read, by the backend
+Whether a node can pull it is asked of the node's own daemon, and the local base is read, by the scheduler
 (`Daemons.registry_reach`, `Daemons.local_layers`; Docker's: backends/docker_ssh/observe.py); here is what its
 answers mean.
 """

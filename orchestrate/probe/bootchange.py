@@ -1,6 +1,6 @@
 """PURE: a host's boot and its Docker daemon's start as read (Ranks.boot, backends/protocol.py), and what changed
 between two readings: how the watcher tells why a node's part stopped answering (the host rebooted, its daemon
-restarted or is down while the host answers) without knowing how the backend reads them."""
+restarted or is down while the host answers) without knowing how the scheduler reads them."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 """What the probe asks of the daemons (the image stores and container runtimes, here and on each node), answered in
-the probe's own plain types. The backend answers (the Backend protocol, backends/protocol.py, includes this one; the
+the probe's own plain types. The scheduler answers (the Scheduler protocol, backends/protocol.py, includes this one; the
 Docker reads are backends/docker_ssh/observe.py), so that the probe speaks no scheduler's API: it keeps the shell
 probes over SSH and the pure reading and judging of what it is told."""
 
@@ -11,13 +11,13 @@ from typing import Protocol, TypeVar
 from orchestrate.config import Resources
 from orchestrate.probe.observations import Checkpoint, ContainerSeen, Holdings, Identity, LocalImage
 
-# The connection to the nodes the reads go over, opaque here: the backend names it (Docker over SSH: its SSH Session).
+# The connection to the nodes the reads go over, opaque here: the scheduler names it (Docker over SSH: its SSH Session).
 NodesT = TypeVar("NodesT", contravariant=True)
 
 
 class LocalStore(Protocol):
-    """This machine's image store as a backend holds it (Docker: the local daemon's client). Opaque here: only the
-    backend that handed it out reads it; above the backend it is carried (from `local_image` to the other local
+    """This machine's image store as a scheduler holds it (Docker: the local daemon's client). Opaque here: only the
+    scheduler that handed it out reads it; above the scheduler it is carried (from `local_image` to the other local
     reads and the image's delivery), never used."""
 
 

@@ -1,6 +1,6 @@
 """The facts a plan is built from, all read-only: each node's (preflight's report, the image layers its daemon
 holds, whether its data folder holds a verified copy) and this machine's (the --data-from). The daemons' answers
-(the layers held, a registry reached, the local image) are the backend's reads (probe/daemons.py)."""
+(the layers held, a registry reached, the local image) are the scheduler's reads (probe/daemons.py)."""
 
 from __future__ import annotations
 

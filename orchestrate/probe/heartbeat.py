@@ -1,4 +1,4 @@
-"""Rank 0's heartbeat (docs/DESIGN.md §2), read through whatever reads the node's files (the backend's Ranks for the
+"""Rank 0's heartbeat (docs/DESIGN.md §2), read through whatever reads the node's files (the scheduler's Ranks for the
 watcher, the SSH connection for `status`): what `up`'s progress line and `status` show."""
 
 from __future__ import annotations

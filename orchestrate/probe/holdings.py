@@ -13,7 +13,7 @@ from orchestrate.probe.observations import ContainerSeen, Held, Holdings, held, 
 
 
 def holdings(found: Iterable[ContainerSeen], job: str, uid: int, skip: Collection[str] = ()) -> Holdings:
-    """PURE: the claims of the containers `found` on one daemon (the backend lists them); `skip`: container IDs that
+    """PURE: the claims of the containers `found` on one daemon (the scheduler lists them); `skip`: container IDs that
     are the caller's own claim being checked."""
     others: list[Held] = []
     own_gpus: tuple[int, ...] = ()

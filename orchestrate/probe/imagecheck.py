@@ -68,7 +68,7 @@ def judge(facts: ImageFacts, program: Program) -> tuple[str, ...]:
 
 def check_image(program: Program, image_id: str | None, run: Callable[[], str]) -> tuple[str, ...]:
     """The launcher argv for this image and entry: remembered, or judged from the output of the check `run` gives
-    (the backend runs the plan's image check container: `Backend.image_check`). `image_id`: the image's ID where
+    (the scheduler runs the plan's image check container: `Scheduler.image_check`). `image_id`: the image's ID where
     known (None: check every time)."""
     memo = _memo_path(image_id, program.entry_target) if image_id else None
     remembered = _recall(memo) if memo else None

@@ -157,7 +157,7 @@ def label_ids(text: str) -> tuple[int, ...]:
 
 @dataclass(frozen=True)
 class ContainerSeen:
-    """One container as its daemon lists it (the backend reads it: backends/docker_ssh/observe.py)."""
+    """One container as its daemon lists it (the scheduler reads it: backends/docker_ssh/observe.py)."""
 
     id: str
     status: str  # the daemon's word: created, running, exited, ...

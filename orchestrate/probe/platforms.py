@@ -1,6 +1,6 @@
 """Image and node architectures must match: an arm64 image (built on Apple silicon) on amd64 nodes, or an amd64
 image on GH200 (arm64) nodes, fails only at start, with `exec format error`. Preflight compares the local image's
-platform (what `up` sends) with each node's Docker daemon's architecture before anything is sent (the backend reads
+platform (what `up` sends) with each node's Docker daemon's architecture before anything is sent (the scheduler reads
 both: backends/docker_ssh/observe.py)."""
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """Is the job alive and moving? Rank 0's heartbeat (docs/DESIGN.md §2), the stall rule, stack dumps of every rank.
 
-The heartbeat (on each poll) and the dumps are read through the backend's Ranks (its `read_file`); no torch here.
+The heartbeat (on each poll) and the dumps are read through the scheduler's Ranks (its `read_file`); no torch here.
 A program that writes no heartbeat gets no progress line and no stall check (its failures are still seen by exit
 codes and host polls).
 """

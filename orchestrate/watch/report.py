@@ -101,7 +101,7 @@ def _fr_dumps(watcher: Watched, stacks: Sequence[RankStack]) -> dict[int, bytes]
 
 
 def summary(ranks: Ranks, specs: Sequence[ContainerSpec], console: Console) -> None:
-    """Epochs, final accuracy (node 0's metrics.jsonl) and where the checkpoints are, read through the backend."""
+    """Epochs, final accuracy (node 0's metrics.jsonl) and where the checkpoints are, read through the scheduler."""
     folder = specs[0].dirs["ckpt"]
     metrics = _last_metrics(ranks, folder)
     newest = ranks.newest_checkpoint(0, folder)

@@ -26,8 +26,8 @@ from trainer.contract import EXIT_DIVERGED
 
 POLL_S = 2.0
 REMOVED = "removed"  # a pseudo-status: the scheduler answered that the node's part no longer exists
-HOST_CHANGED = "host changed"  # a pseudo-status: the backend failed and the host rebooted or dockerd restarted
-NO_API = "no api"  # a pseudo-status: the backend failed while sshd answers
+HOST_CHANGED = "host changed"  # a pseudo-status: the scheduler failed and the host rebooted or dockerd restarted
+NO_API = "no api"  # a pseudo-status: the scheduler failed while sshd answers
 UNREACHABLE_S = 15.0  # a host that answers no poll for this long counts as down
 # After a job ended on an exit: how long a host that does not answer SSH (rebooting: sshd starts after dockerd) or
 # whose dockerd is down gets to come back and say whether it rebooted or restarted, which then is the cause.
@@ -41,7 +41,7 @@ STREAM_RETRY_S = 1.0  # a node's log stream broke while its container runs: foll
 
 @dataclass(frozen=True)
 class HostSeen:
-    """What the host itself says when the backend does not answer (HOST_CHANGED or NO_API), and why."""
+    """What the host itself says when the scheduler does not answer (HOST_CHANGED or NO_API), and why."""
 
     status: str
     cause: str
@@ -51,9 +51,9 @@ Seen = RankState | HostSeen | None  # one node in one poll; None: the host does 
 
 
 class Watcher:
-    """Streams every node's log with a `[node R]` prefix, learns of each node's exit from the backend's wait, and
+    """Streams every node's log with a `[node R]` prefix, learns of each node's exit from the scheduler's wait, and
     polls each node's state with a timeout (which also finds unreachable hosts), reads the heartbeat, the stack
-    dumps and the hosts' boots: all through the backend's Ranks.
+    dumps and the hosts' boots: all through the scheduler's Ranks.
     """
 
     def __init__(self, specs: Sequence[ContainerSpec], ranks: Ranks, console: Console, secrets: list[str],
@@ -100,7 +100,7 @@ class Watcher:
             return True
 
     def _wait(self, rank: int) -> None:
-        """Block in the backend's wait until the node's part exits: the exit is seen at once, without polling."""
+        """Block in the scheduler's wait until the node's part exits: the exit is seen at once, without polling."""
         try:
             self.ranks.wait_exit(rank)
             self.exit_seen[rank] = time.monotonic()

@@ -12,7 +12,7 @@ import json
 import sys
 from pathlib import Path
 
-from orchestrate.backends.choice import backend
+from orchestrate.backends.choice import scheduler
 from orchestrate.checks import gpuprobe
 from orchestrate.config import SSHOptions, UpConfig
 from orchestrate.hosts import parse_hosts_file
@@ -28,7 +28,7 @@ def main(hosts_file: str, image: str) -> None:
     try:
         specs = container_specs(PlanInputs(config.program, config.resources, config.where, config.data,
                                            config.delivery, Attempt(), tuple(hosts), hosts[0].hostname))
-        for result in gpuprobe.probe_all(backend(), nodes, specs, [gpu_probe(s, gpuprobe.script()) for s in specs], None):
+        for result in gpuprobe.probe_all(scheduler(), nodes, specs, [gpu_probe(s, gpuprobe.script()) for s in specs], None):
             print(json.dumps(dataclasses.asdict(result)), flush=True)
     finally:
         nodes.close()

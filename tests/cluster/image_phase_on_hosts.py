@@ -14,7 +14,7 @@ from pathlib import Path
 
 from rich.console import Console
 
-from orchestrate.backends.choice import backend
+from orchestrate.backends.choice import scheduler
 from orchestrate.backends.docker_ssh.image import ensure_images
 from orchestrate.backends.docker_ssh.request import render_job_plan
 from orchestrate.config import SSHOptions, UpConfig
@@ -29,10 +29,10 @@ def main(hosts_file: str, image: str) -> None:
     hosts = parse_hosts_file(Path(hosts_file), None)
     config = UpConfig.of(ssh=SSHOptions(Path(hosts_file), None, False), image=image, gpus=0, job="image-phase-test")
     console = Console(highlight=False, emoji=False, width=200)  # as the CLI's when its output is not a terminal
-    ready = connect_and_preflight(backend(), config, Attempt(), hosts, console, Timings())
+    ready = connect_and_preflight(scheduler(), config, Attempt(), hosts, console, Timings())
     try:
-        local = ready.backend.local_layers(ready.local, ready.local_id)
-        facts = node_facts(ready.backend, ready.nodes, ready.reports, config.delivery, config.data if config.program.is_trainer else None, local)
+        local = ready.scheduler.local_layers(ready.local, ready.local_id)
+        facts = node_facts(ready.scheduler, ready.nodes, ready.reports, config.delivery, config.data if config.program.is_trainer else None, local)
         plan = plan_job(PlanInputs(config.program, config.resources, config.where, config.data, config.delivery,
                                    Attempt(), tuple(ready.nodes.hosts), ready.master, tuple(facts), local, ("torchrun",)))
         for line in render_job_plan(plan).splitlines():

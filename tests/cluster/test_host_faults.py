@@ -85,7 +85,7 @@ def test_a_host_down_past_the_backoff_is_waited_for_and_the_restart_runs_once_it
         target: Cluster, work: Path, data: Data, hosts: Path) -> None:
     """A slow reboot: host 1 goes down under the job and stays down past the backoff (--restart-backoff 1: the
     default 10 s only waited; the host stays down until the wait for it is seen, whatever the backoff). The restart waits for it
-    (at most 120 s: plan/restarts.py; Backend.await_hosts) instead of failing its preflight, and runs once the host is back.
+    (at most 120 s: plan/restarts.py; Scheduler.await_hosts) instead of failing its preflight, and runs once the host is back.
     The failure seen first is usually node 0's exit (its gloo peer vanished), not host 1's silence: waited for too."""
     job, h1 = "host-down", target.hosts[1]
     up = Up(start(target, work / "state-down", *up_args(hosts, data, job, "--max-restarts", "1", "--restart-backoff",

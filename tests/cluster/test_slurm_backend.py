@@ -1,4 +1,4 @@
-"""The Slurm backend on a real Slurm (devcluster --slurm: slurmctld, slurmd, munge, sshd, dockerd per host) and
+"""The Slurm allocator on a real Slurm (devcluster --slurm: slurmctld, slurmd, munge, sshd, dockerd per host) and
 torchrun in the job's containers: `submit` queues, the batch script runs `up --hosts slurm` on the first node, the
 job trains to its end, and `status`/`kill` show and end it on both sides.
 

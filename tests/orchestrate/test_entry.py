@@ -202,7 +202,7 @@ class CheckClient:
         return (json.dumps(dataclasses.asdict(self.answer)) + "\n").encode()
 
     def check(self) -> str:
-        """The check run on this client, as the backend runs it (backends/docker_ssh/observe.py)."""
+        """The check run on this client, as the scheduler runs it (backends/docker_ssh/observe.py)."""
         return run_check(self, "ex:1", {})
 
 

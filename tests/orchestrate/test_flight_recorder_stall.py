@@ -92,7 +92,7 @@ def crafted_dump(newest: int) -> bytes:
 
 
 class NodeFiles:
-    """One node's files as the backend reads them (Ranks.read_file): FileNotFoundError when absent."""
+    """One node's files as the scheduler reads them (Ranks.read_file): FileNotFoundError when absent."""
 
     def __init__(self, files: dict[str, bytes]) -> None:
         self.files = files
@@ -126,7 +126,7 @@ def test_a_gpu_jobs_dump_is_written_to_the_nodes_log_dir_and_read_from_there_by_
     nodes = {0: NodeFiles({on_node(0, 0): crafted_dump(3)}), 1: NodeFiles({on_node(1, 2): crafted_dump(2)})}
 
     def read_file(node: int, path: str, timeout: float) -> bytes:
-        """As the backend's Ranks.read_file reads node `node`'s file."""
+        """As the scheduler's Ranks.read_file reads node `node`'s file."""
         if node not in nodes:
             raise OSError("unreachable")
         return nodes[node].read_file(path, timeout)

@@ -1,5 +1,5 @@
-"""The layers of docs/orchestrate.md beyond the imports: the pure plan loads neither SSH nor Docker at run time, and a
-scheduler is named nowhere but in its folder and its registration (import-linter's contracts in .importlinter hold
+"""The layers of docs/orchestrate.md beyond the imports: the pure plan loads neither SSH nor Docker at run time, and an
+allocator is named nowhere but in its folder and its registration (import-linter's contracts in .importlinter hold
 the imports between the folders; this holds what an import really loads, and the names)."""
 
 from __future__ import annotations
@@ -21,8 +21,8 @@ def test_importing_the_plan_loads_no_ssh_and_no_docker() -> None:
 
 
 def test_importing_the_backend_protocol_loads_no_ssh_and_no_docker() -> None:
-    """The protocol is generic over the connection (issue 43): a second backend, or a program that only types
-    against it, need not load paramiko and docker-py, which the Docker-over-SSH backend alone brings."""
+    """The protocol is generic over the connection (issue 43): a second scheduler, or a program that only types
+    against it, need not load paramiko and docker-py, which the Docker-over-SSH scheduler alone brings."""
     code = ("import sys\nimport orchestrate.backends.protocol, orchestrate.probe.daemons\n"
             "print(' '.join(sorted(m for m in sys.modules if m.split('.')[0] in ('docker', 'paramiko')"
             " or m.startswith(('orchestrate.remote.', 'orchestrate.backends.docker_ssh', 'orchestrate.backends.slurm'))"
@@ -31,19 +31,19 @@ def test_importing_the_backend_protocol_loads_no_ssh_and_no_docker() -> None:
     assert out.stdout.split() == []
 
 
-def test_a_scheduler_is_named_only_in_its_folder_and_its_registration() -> None:
-    """Slurm is one folder (backends/slurm/) and its line in SCHEDULERS: cli.py, jobs/ and every other file reach it
-    through the Scheduler protocol (the lint contract `through-the-scheduler` holds the imports; this, the names in
+def test_an_allocator_is_named_only_in_its_folder_and_its_registration() -> None:
+    """Slurm is one folder (backends/slurm/) and its line in ALLOCATORS: cli.py, jobs/ and every other file reach it
+    through the Allocator protocol (the lint contract `through-the-allocator` holds the imports; this, the names in
     code, help texts and docstrings too)."""
     root = Path(__file__).resolve().parents[2] / "orchestrate"
     naming = {str(path.relative_to(root)) for path in root.rglob("*") if path.is_file()
               and "__pycache__" not in path.parts and path.relative_to(root).parts[:2] != ("backends", "slurm")
               and "slurm" in path.read_text(errors="replace").lower()}
-    assert naming == {"backends/schedulers.py"}
-    registration = [line for line in (root / "backends" / "schedulers.py").read_text().splitlines()
+    assert naming == {"backends/allocators.py"}
+    registration = [line for line in (root / "backends" / "allocators.py").read_text().splitlines()
                     if "slurm" in line.lower()]
     assert registration == ["from orchestrate.backends.slurm import Slurm",
-                            "SCHEDULERS: tuple[Scheduler, ...] = (Slurm(),)"]
+                            "ALLOCATORS: tuple[Allocator, ...] = (Slurm(),)"]
 
 
 def test_every_decision_in_the_docs_table_is_made_where_it_says() -> None:

@@ -25,7 +25,7 @@ def test_an_arm64_image_on_an_amd64_node_says_how_to_build_for_it() -> None:
 
 
 def test_every_mismatched_node_is_named_once() -> None:
-    # each node's daemon as the backend reads it (backends/docker_ssh/observe.py node_platform): (os, uname -m)
+    # each node's daemon as the scheduler reads it (backends/docker_ssh/observe.py node_platform): (os, uname -m)
     nodes = [("a", ("linux", "x86_64")), ("gh200-1", ("linux", "aarch64")), ("gh200-2", ("linux", "aarch64"))]
     with pytest.raises(PreflightError) as err:
         require_same("img:1", ("linux", "amd64"), nodes)

@@ -145,11 +145,11 @@ def test_the_backoff_raises_a_give_up_and_ends_at_a_kills_stop_record(tmp_path: 
     """The kill's stop record on real hosts: tests/cluster/test_self_healing.py."""
     monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path))
     console = Console(file=io.StringIO(), width=200)
-    ssh, backend = SSHOptions(None, None, False), DockerSSH()
+    ssh, scheduler = SSHOptions(None, None, False), DockerSSH()
     with pytest.raises(JobError, match="^why$"):
-        restart.back_off(Decision(Next.GIVE_UP, "why"), "j", backend, ssh, [], console)
-    restart.back_off(Decision(Next.RESTART, "restart 1 of 2 in 0 s", 0.2), "j", backend, ssh, [], console)
+        restart.back_off(Decision(Next.GIVE_UP, "why"), "j", scheduler, ssh, [], console)
+    restart.back_off(Decision(Next.RESTART, "restart 1 of 2 in 0 s", 0.2), "j", scheduler, ssh, [], console)
     assert console.file.getvalue() == "restart 1 of 2 in 0 s\n"  # type: ignore[attr-defined]
-    monkeypatch.setattr(backend, "stop_record_seen", lambda nodes, job: job == "j")
+    monkeypatch.setattr(scheduler, "stop_record_seen", lambda nodes, job: job == "j")
     with pytest.raises(JobError, match="stopped with 'kill' during the restart backoff"):
-        restart.back_off(Decision(Next.RESTART, "restart 1 of 2 in 10 s", 10.0), "j", backend, ssh, [], console)
+        restart.back_off(Decision(Next.RESTART, "restart 1 of 2 in 10 s", 10.0), "j", scheduler, ssh, [], console)

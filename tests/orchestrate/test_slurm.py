@@ -1,4 +1,4 @@
-"""The Slurm backend's pure parts on Slurm 22.05's real outputs (recorded from the test cluster's Slurm into
+"""The Slurm allocator's pure parts on Slurm 22.05's real outputs (recorded from the test cluster's Slurm into
 data/slurm/), and the command line over stand-in Slurm clients that print those recordings: hosts and GPUs from
 an allocation, submit's sbatch line and refusals. The real Slurm runs in tests/cluster/test_slurm_backend.py."""
 

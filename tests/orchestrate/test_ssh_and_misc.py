@@ -105,8 +105,8 @@ def test_logs_with_every_host_unreachable_names_the_hosts(tmp_path: Path, monkey
     its folders"): with no host answering, that says nothing about the job."""
     from rich.console import Console
 
-    from orchestrate.backends.choice import backend
-    from orchestrate.backends.schedulers import SCHEDULERS
+    from orchestrate.backends.allocators import ALLOCATORS
+    from orchestrate.backends.choice import scheduler
     from orchestrate.config import JobsConfig, SSHOptions
     from orchestrate.jobs import commands
     from orchestrate.remote.session import Session
@@ -117,8 +117,8 @@ def test_logs_with_every_host_unreachable_names_the_hosts(tmp_path: Path, monkey
         lambda cls, hosts, accept: (cls(hosts, [None]), {"gpu-a": "connection to gpu-a refused"})))
     config = JobsConfig(ssh=SSHOptions(hosts_file, None, False), job="j")
     with pytest.raises(MultiHostError) as err:
-        commands.run_jobs_command(command, config, Console(file=open(tmp_path / "out", "w")), backend(),  # noqa: SIM115
-                                  SCHEDULERS)
+        commands.run_jobs_command(command, config, Console(file=open(tmp_path / "out", "w")), scheduler(),  # noqa: SIM115
+                                  ALLOCATORS)
     assert err.value.lines() == ["gpu-a: connection to gpu-a refused"] and err.value.what == command
 
 
@@ -144,7 +144,7 @@ def test_node0s_folder_not_found_with_a_host_silent_names_that_host(tmp_path: Pa
     monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "state"))
     monkeypatch.setattr(Session, "connect_reachable", classmethod(
         lambda cls, hosts, accept: (cls(hosts, [None, object()]), {"gpu-a": "connection to gpu-a refused"})))
-    # the backend the command is given: Docker over SSH's reach, over the session above
+    # the scheduler the command is given: Docker over SSH's reach, over the session above
     silent_node0 = SimpleNamespace(reach=DockerSSH().reach, node_dirs=lambda *a: {}, node0_dir=not_found)
     monkeypatch.setattr(Session, "close", lambda self: None)
     config = JobsConfig(ssh=SSHOptions(hosts_file, None, False), job="j")
@@ -614,8 +614,8 @@ def test_the_status_table_in_100_columns_keeps_names_and_checkpoints_whole(capsy
                                last_line="[default0]:00:11:56 [rank 0] INFO epoch 1 step 1 loss 2.3936 images/s 15 "
                                          "and a tail long enough to pass the width of any table here")
 
-    backend = SimpleNamespace(describe=lambda *_: SimpleNamespace(rows=[row(0), row(1)], lines=[]))
-    commands.print_status(backend, None, "heal-kill", console_for(), {})  # type: ignore[arg-type]
+    scheduler = SimpleNamespace(describe=lambda *_: SimpleNamespace(rows=[row(0), row(1)], lines=[]))
+    commands.print_status(scheduler, None, "heal-kill", console_for(), {})  # type: ignore[arg-type]
     lines = capsys.readouterr().out.splitlines()
     assert max(len(line) for line in lines if "last log line" not in line) <= 100
     for node in (0, 1):

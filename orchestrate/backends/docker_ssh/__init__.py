@@ -58,7 +58,7 @@ if TYPE_CHECKING:  # docker-py is imported where it is used
 
 
 class DockerSSH:
-    """The Backend of backends/protocol.py over each host's Docker daemon (its docstrings say what each does)."""
+    """The Scheduler of backends/protocol.py over each host's Docker daemon (its docstrings say what each does)."""
 
     def materialize(self, plan: JobPlan) -> Request:
         return plan_json(plan)
@@ -183,7 +183,7 @@ class DockerSSH:
         return observe.local_image(name)
 
     def local_layers(self, local: Local, image_id: str | None) -> LocalImage | None:
-        # The store is the local daemon's client this backend's local_image handed out.
+        # The store is the local daemon's client this scheduler's local_image handed out.
         return observe.local_layers(cast("DockerClient | None", local), image_id)
 
     def local_platform(self, local: Local, image: str) -> tuple[str, str] | None:

@@ -1,4 +1,4 @@
-"""An image carried to a batch scheduler's allocation through the storage its nodes share (`submit`).
+"""An image carried to an allocator's allocation through the storage its nodes share (`submit`).
 
 `submit` runs where the image was built; the batch job's `up` runs on the allocation's first node, whose Docker
 lacks it. So, before sbatch, `submit` writes the image's compressed layer blobs into a store on the shared storage

@@ -1,4 +1,4 @@
-"""The image and the data carried onto every node as the plan says (Backend.send_image, Backend.send_data): the
+"""The image and the data carried onto every node as the plan says (Scheduler.send_image, Scheduler.send_data): the
 pipeline says when, these say how, over each node's SSH session and Docker daemon."""
 
 from __future__ import annotations

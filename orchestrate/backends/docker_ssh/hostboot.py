@@ -1,4 +1,4 @@
-"""A host's boot and its Docker daemon's start, read over SSH (what the Docker-over-SSH backend's Ranks.boot answers,
+"""A host's boot and its Docker daemon's start, read over SSH (what the Docker-over-SSH scheduler's Ranks.boot answers,
 probe/bootchange.py tells what changed)."""
 
 from __future__ import annotations

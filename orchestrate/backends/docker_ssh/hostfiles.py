@@ -1,5 +1,5 @@
-"""Files on a host, read over its SSH session (`plot`'s metrics, `tensorboard`'s event files: Backend.read_file,
-Backend.files_named; the boot id and GPU driver a GPU probe is remembered against: Backend.boot_and_driver)."""
+"""Files on a host, read over its SSH session (`plot`'s metrics, `tensorboard`'s event files: Scheduler.read_file,
+Scheduler.files_named; the boot id and GPU driver a GPU probe is remembered against: Scheduler.boot_and_driver)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The wait for hosts before a restart (Backend.await_hosts): each host asked over a fresh SSH login whether it and
+"""The wait for hosts before a restart (Scheduler.await_hosts): each host asked over a fresh SSH login whether it and
 its Docker daemon answer again, until every one does or the time plan/restarts.py allows has passed."""
 
 from __future__ import annotations

@@ -1,10 +1,10 @@
-"""The Slurm backend (docs/slurm.md): hosts from an allocation (`up --hosts slurm`), and a job submitted with
+"""The Slurm allocator (docs/slurm.md): hosts from an allocation (`up --hosts slurm`), and a job submitted with
 `sbatch` whose batch script runs `up --hosts slurm` on the allocation's first node (`submit`).
 
 Slurm does the queueing and the sharing; the containers, the image delivery and the watch stay the Docker-over-SSH
-backend's. `records.py` and `script.py` are pure (what Slurm printed → our types; our options → the batch script);
+scheduler's. `records.py` and `script.py` are pure (what Slurm printed → our types; our options → the batch script);
 `commands.py` runs Slurm's clients and nothing else does; `submit.py` is the `submit` command, `control.py` Slurm's
-side of `status` and `kill`. `Slurm` below is the Scheduler (backends/protocol.py) registered in SCHEDULERS."""
+side of `status` and `kill`. `Slurm` below is the Allocator (backends/protocol.py) registered in ALLOCATORS."""
 
 from __future__ import annotations
 
@@ -21,7 +21,7 @@ from orchestrate.errors import MultiHostError
 
 
 class Slurm:
-    """The Scheduler of backends/protocol.py for Slurm (its docstrings say what each does)."""
+    """The Allocator of backends/protocol.py for Slurm (its docstrings say what each does)."""
 
     hosts_help = "'slurm': the nodes of the Slurm allocation this runs in"
     default_help = "slurm inside an allocation"

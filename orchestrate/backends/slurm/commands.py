@@ -1,4 +1,4 @@
-"""The thin I/O of the Slurm backend: Slurm's clients (scontrol, sbatch, squeue, scancel) run here and nowhere
+"""The thin I/O of the Slurm allocator: Slurm's clients (scontrol, sbatch, squeue, scancel) run here and nowhere
 else; what they print is read by records.py, what they are given is made by script.py."""
 
 from __future__ import annotations

@@ -1,9 +1,0 @@
-"""The schedulers that grant the hosts and queue the jobs (Scheduler, protocol.py), each one line here: the command
-line asks every one for its subcommands and `--hosts` value, `status` and `kill` for its side of a job."""
-
-from __future__ import annotations
-
-from orchestrate.backends.protocol import Scheduler
-from orchestrate.backends.slurm import Slurm
-
-SCHEDULERS: tuple[Scheduler, ...] = (Slurm(),)
