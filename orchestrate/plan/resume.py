@@ -1,6 +1,6 @@
 """Which checkpoint an attempt resumes from, and which nodes it is copied to, decided from what the probe saw: each
 node's newest valid checkpoint (probe/resume.py reads the folders; a checkpoint that fails its manifest is not
-among them). Pure: the copy itself is the backend's work at the start (Scheduler.place_resume_checkpoint)."""
+among them). Pure: the copy itself is the scheduler's work at the start (Scheduler.place_resume_checkpoint)."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """What each node holds to resume from: its newest valid checkpoint, each node's folder read through the scheduler
 (Daemons.newest_checkpoint: the probe names no connection). Observations only: which one the attempt resumes from,
-and where it is copied, is the plan's (plan/resume.py); putting it on the nodes that lack it is the backend's work at
+and where it is copied, is the plan's (plan/resume.py); putting it on the nodes that lack it is the scheduler's work at
 the start (Scheduler.place_resume_checkpoint)."""
 
 from __future__ import annotations
