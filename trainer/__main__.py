@@ -30,7 +30,7 @@ from .contract import ENV_LOG_DIR, EXIT_DIVERGED, stack_file_name
 from .dist import DistContext
 from .errors import ConfigError, DivergedError, TrainerError
 from .metrics import Heartbeat, StepLog, is_restart, open_tensorboard, record_resume, setup_logging
-from .pace import Pace, StopRequest
+from .pace import LoopState, StopRequest
 from .ranktime import RankTimer, enabled_by_env
 
 log = logging.getLogger("trainer")
@@ -97,7 +97,7 @@ def _train(cfg: Config, ctx: DistContext) -> int:
     steps = StepLog(cfg.ckpt_dir, loader.global_batch, speed, open_tensorboard(
         cfg.ckpt_dir, st.pos.step if cfg.resume or is_restart() else None)) if ctx.is_main else None
     timer = RankTimer(ctx.device, ctx.world_size) if enabled_by_env() else None
-    pace = Pace(beat, settings, strategy, micro=micro, ckpt_group=group, timer=timer, steps=steps)
+    pace = LoopState(beat, settings, strategy, micro=micro, ckpt_group=group, timer=timer, steps=steps)
     try:
         return loop.run(cfg, ctx, st, loader, test, stop, pace)
     finally:

@@ -23,7 +23,7 @@ from .data import Split, TrainLoader, normalize
 from .defaults import RunSettings
 from .device import memory_format
 from .dist import DistContext
-from .pace import AGREE_EVERY, Pace, StopRequest
+from .pace import AGREE_EVERY, LoopState, StopRequest
 from .precision import autocast
 from .saving import diverged_error, save
 from .state import TrainState
@@ -148,7 +148,7 @@ class EpochStats:
 
 
 def _train_epoch(cfg: Config, ctx: DistContext, st: TrainState, loader: TrainLoader, stop: StopRequest,
-                 pace: Pace) -> EpochStats:
+                 pace: LoopState) -> EpochStats:
     n = len(loader.split)
     total = torch.zeros(2, dtype=torch.float64, device=loader.split.images.device)
     steps_done, stopped, save_due, eval_due, t0 = 0, False, False, False, time.perf_counter()
@@ -210,7 +210,7 @@ def _train_epoch(cfg: Config, ctx: DistContext, st: TrainState, loader: TrainLoa
 
 
 def _record_epoch(cfg: Config, ctx: DistContext, st: TrainState, loader: TrainLoader, stats: EpochStats,
-                  pace: Pace, acc: float | None, partial: bool = False) -> None:
+                  pace: LoopState, acc: float | None, partial: bool = False) -> None:
     """The epoch's log line and metrics.jsonl record (global rank 0; no collective). `partial`: the run ended
     inside the epoch (--max-steps, SIGTERM); `epoch` then counts the complete epochs before it."""
     if not ctx.is_main:
@@ -226,7 +226,7 @@ def _record_epoch(cfg: Config, ctx: DistContext, st: TrainState, loader: TrainLo
 
 
 def _after_epoch(cfg: Config, ctx: DistContext, st: TrainState, loader: TrainLoader, test: Split,
-                 stats: EpochStats, pace: Pace) -> float | None:
+                 stats: EpochStats, pace: LoopState) -> float | None:
     """Evaluate, log, append metrics and checkpoint when due (by epoch or by rank 0's agreed clock); returns the
     test accuracy if evaluated. The last epoch is always evaluated; its checkpoint is the run's final save."""
     run = pace.settings
@@ -245,14 +245,14 @@ def _every(epoch: int, every: int) -> bool:
     return every > 0 and epoch % every == 0
 
 
-def _evaluate(cfg: Config, ctx: DistContext, st: TrainState, test: Split, pace: Pace) -> float:
+def _evaluate(cfg: Config, ctx: DistContext, st: TrainState, test: Split, pace: LoopState) -> float:
     pace.heartbeat.mark("evaluating", step=st.pos.step)
     acc = pace.strategy.evaluate(st, test, ctx, pace.settings.precision, cfg.eval_batch_size)
     pace.last_eval = time.monotonic()
     return acc
 
 
-def _stop(cfg: Config, ctx: DistContext, st: TrainState, loader: TrainLoader, stats: EpochStats, pace: Pace) -> int:
+def _stop(cfg: Config, ctx: DistContext, st: TrainState, loader: TrainLoader, stats: EpochStats, pace: LoopState) -> int:
     """SIGTERM: the checkpoint first (SIGKILL follows within torchrun's 30 s, docker stop's 10 s). An epoch the
     stop happened to complete still gets its metrics line, with test_acc null: there is no time to evaluate,
     and the resumed run starts the next epoch (the position, not this line, is what resume relies on)."""
@@ -266,7 +266,7 @@ def _stop(cfg: Config, ctx: DistContext, st: TrainState, loader: TrainLoader, st
 
 
 def run(cfg: Config, ctx: DistContext, st: TrainState, loader: TrainLoader, test: Split, stop: StopRequest,
-        pace: Pace) -> int:
+        pace: LoopState) -> int:
     """Train from st.pos to the last epoch (or --max-steps, or SIGTERM); returns the exit code."""
     acc: float | None = None
     stats: EpochStats | None = None

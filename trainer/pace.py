@@ -85,9 +85,10 @@ class StopRequest:
 
 
 @dataclass
-class Pace:
-    """What runs beside the steps: the resolved settings, the heartbeat, the clocks of time-based checkpoints
-    and evaluations, the background checkpoint writer."""
+class LoopState:
+    """The loop's state beside the model's (TrainState): the resolved settings, the heartbeat, the clocks of
+    time-based checkpoints and evaluations, the background checkpoint writer, the agreement cadence (`pace` where a
+    function takes it: it sets the loop's pace)."""
 
     heartbeat: metrics.Heartbeat
     settings: RunSettings

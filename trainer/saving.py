@@ -17,14 +17,14 @@ from .data import TrainLoader
 from .dcp_checkpoint import finish_save
 from .dist import DistContext
 from .errors import CheckpointError, DivergedError
-from .pace import Pace
+from .pace import LoopState
 from .snapshot import off_device, save_sharded, start_sharded, to_checkpoint
 from .state import Position, TrainState
 
 log = logging.getLogger(__name__)
 
 
-def save(cfg: Config, ctx: DistContext, st: TrainState, loader: TrainLoader, pace: Pace,
+def save(cfg: Config, ctx: DistContext, st: TrainState, loader: TrainLoader, pace: LoopState,
          background: bool = False) -> Path | None:
     """A checkpoint of this step, after the pending one (at most one in flight). `background` (DDP): global
     rank 0 copies the state to the CPU and writes it in a thread while training goes on; returns None, and
@@ -66,7 +66,7 @@ def _save_now(cfg: Config, ctx: DistContext, st: TrainState, loader: TrainLoader
     return path
 
 
-def _save_in_background(cfg: Config, ctx: DistContext, st: TrainState, loader: TrainLoader, pace: Pace) -> None:
+def _save_in_background(cfg: Config, ctx: DistContext, st: TrainState, loader: TrainLoader, pace: LoopState) -> None:
     """Global rank 0: the pause is the copy of the state to the CPU; the write, fsync and sha256 run in the
     writer's thread."""
     t0 = time.monotonic()
@@ -77,7 +77,7 @@ def _save_in_background(cfg: Config, ctx: DistContext, st: TrainState, loader: T
              pos.step, time.monotonic() - t0)
 
 
-def finish_pending_save(cfg: Config, ctx: DistContext, pace: Pace, fail: bool = True) -> None:
+def finish_pending_save(cfg: Config, ctx: DistContext, pace: LoopState, fail: bool = True) -> None:
     """Wait for the background write and tell every rank whether it worked. A collective on every rank when
     checkpoints are asynchronous (a setting every rank shares), nothing otherwise. A failed write raises on
     every rank, or with `fail` False (before the end's or a stop's own save, which must still be tried) is a
@@ -96,7 +96,7 @@ def finish_pending_save(cfg: Config, ctx: DistContext, pace: Pace, fail: bool = 
             log.warning("%s; writing this step's checkpoint now", e)
 
 
-def _finish_full(cfg: Config, ctx: DistContext, pace: Pace) -> None:
+def _finish_full(cfg: Config, ctx: DistContext, pace: LoopState) -> None:
     """DDP: global rank 0 waits for its writer thread; every rank learns the outcome (collective)."""
     err = None
     if ctx.is_main:
@@ -110,7 +110,7 @@ def _finish_full(cfg: Config, ctx: DistContext, pace: Pace) -> None:
         raise err or CheckpointError("global rank 0 could not write the checkpoint; see its error line")
 
 
-def _finish_sharded(cfg: Config, ctx: DistContext, pace: Pace) -> None:
+def _finish_sharded(cfg: Config, ctx: DistContext, pace: LoopState) -> None:
     """FSDP: every rank waits for its own background shard write, then rank 0 seals (collective)."""
     pending, pace.shards = pace.shards, None
     if pending is not None:

@@ -20,7 +20,7 @@ from trainer.config import Config
 from trainer.contract import DIVERGED_LINE, EXIT_DIVERGED
 from trainer.dist import DistContext
 from trainer.errors import DivergedError
-from trainer.pace import Pace
+from trainer.pace import LoopState
 
 HUGE_LR = ["--lr", "1e12", "--warmup-epochs", "0", "--momentum", "0"]
 
@@ -74,7 +74,7 @@ def test_nonfinite_weights_are_never_saved(tmp_path: Path) -> None:
     checkpoint.check_writable(cfg.ckpt_dir)
     with torch.no_grad():
         next(st.model.parameters())[0] = math.inf
-    pace = Pace(metrics.Heartbeat(cfg.ckpt_dir, True, 10, 1, 8), defaults.resolve(cfg, "cpu", False, 8),
+    pace = LoopState(metrics.Heartbeat(cfg.ckpt_dir, True, 10, 1, 8), defaults.resolve(cfg, "cpu", False, 8),
                      strategies.for_config(cfg))
     loader = type("L", (), {"global_batch": 8})()
     with pytest.raises(DivergedError, match=f"{DIVERGED_LINE} at step 0: weights not finite, lr 0.1; "):

@@ -27,7 +27,7 @@ from trainer.__main__ import main
 from trainer.config import Config
 from trainer.contract import PEER_WAIT_FUNCTION
 from trainer.dist import DistContext
-from trainer.pace import AGREE_EVERY, Cadence, Pace, StopRequest, agreement_interval
+from trainer.pace import AGREE_EVERY, Cadence, LoopState, StopRequest, agreement_interval
 
 _FROM_PYTHON = {torch.tensor, torch.as_tensor, torch.scalar_tensor}
 _READS = {torch.Tensor.item, torch.Tensor.cpu, torch.Tensor.tolist, torch.Tensor.numpy, torch.Tensor.__bool__,
@@ -186,7 +186,7 @@ def test_only_global_rank_0_reads_the_loss_for_its_log_line(rank: int, reads: in
     train, _ = data.load_cifar(data_dir, allow_unverified=True)
     loader = data.TrainLoader(train, 32, rank, 2, cfg.seed)  # 8 steps of global batch 64
     steps = metrics.StepLog(tmp_path, 64, None, None) if ctx.is_main else None  # as trainer/__main__.py has it
-    pace = Pace(metrics.Heartbeat(tmp_path, ctx.is_main, 8, 1, 64), defaults.resolve(cfg, "cpu", False, 64),
+    pace = LoopState(metrics.Heartbeat(tmp_path, ctx.is_main, 8, 1, 64), defaults.resolve(cfg, "cpu", False, 64),
                      strategies.for_config(cfg), steps=steps)
     st = state.build(cfg, ctx)
     with SyncCounter() as c:
