@@ -112,8 +112,3 @@ def newest_manifest(conn: Connection, folder: str) -> dict[str, Any] | None:
             found["file"] = posixpath.dirname(name)
         return found
     return None
-
-
-# ---- replication: the newest checkpoint survives its node --------------------------------------------------
-
-
