@@ -125,7 +125,7 @@ def run(scheduler: Scheduler[NodesT], nodes: NodesT, plan: JobPlan, program: Pro
                               strict=True):
             row.gpus = Cell(probe.problem is None, probe.text)
     ready = [r for r, row in enumerate(rows) if row.gpus.ok]
-    for r, (payload, code) in zip(ready, _selftests(scheduler, nodes, shortlived.selftest(specs, program, resources), ready), strict=True):
+    for r, (payload, code) in zip(ready, _selftests(scheduler, nodes, shortlived.selftest(specs, program, resources, plan.torchrun), ready), strict=True):
         rows[r].step, rows[r].ckpt = step_cell(payload, code), ckpt_cell(payload)
     verdict = None
     if all(row.gpus.ok for row in rows):

@@ -16,7 +16,7 @@ from orchestrate.plan import shortlived
 from orchestrate.plan.jobplan import Attempt, ContainerSpec, JobPlan, PlanInputs, plan_job
 from orchestrate.plan.resume import ResumePoint, choose_resume, resume_line
 from orchestrate.probe.facts import local_data, node_facts
-from orchestrate.probe.imagecheck import CHECK_IMAGE, FIND_PYTHON, check_image
+from orchestrate.probe.imagecheck import CHECK_IMAGE, FIND_PYTHON, Launcher, check_image
 from orchestrate.probe.observations import CheckResult, HostReport
 from orchestrate.probe.resume import newest_checkpoints
 from orchestrate.timings import Timings
@@ -55,8 +55,8 @@ def short_scripts(scheduler: Scheduler[NodesT]) -> shortlived.Scripts:
 
 
 def _launcher(config: UpConfig, ready: PreflightedHosts[NodesT], on_hosts: bool,
-              check: ContainerSpec) -> tuple[tuple[str, ...] | None, str]:
-    """How torchrun starts in the image the nodes will run, checked before anything is sent (the plan's image
+              check: ContainerSpec) -> tuple[Launcher | None, str]:
+    """How the job's processes start in the image the nodes will run, checked before anything is sent (the plan's image
     check container): on this machine's daemon when the nodes run its image (same ID), else on node 0 where it
     keeps its own; None when node 0 has still to pull it (then it is checked after the pull). And where the check
     would run ("" when it does not: node 0 pulls the image first; a check remembered runs nothing)."""

@@ -33,7 +33,7 @@ from orchestrate.labels import (
 from orchestrate.masking import url_masked
 from orchestrate.plan import gpus, gpuset, transport
 from orchestrate.plan.resume import ResumePoint
-from orchestrate.probe.observations import CheckResult, LocalImage, NodeFacts, lacks_base
+from orchestrate.probe.observations import TORCHRUN, CheckResult, Launcher, LocalImage, NodeFacts, lacks_base
 from orchestrate.version import __version__
 from trainer.contract import (
     ENV_CKPT_DIR,
@@ -213,9 +213,9 @@ class PlanInputs:
     master_addr: str
     facts: tuple[NodeFacts, ...] | None = None  # from preflight (None: an offline dry run)
     local: LocalImage | None = None  # the job's image on this machine (None: none)
-    # torchrun, or `python -m torch.distributed.run` where it is not on PATH, from the image check (None: with
-    # --pull, read from the image once node 0 pulled it; the containers say torchrun until then)
-    launcher: tuple[str, ...] | None = None
+    # The image's launchers, from the image check (None: with --pull, read from the image once node 0 pulled it;
+    # the containers say torchrun until then)
+    launcher: Launcher | None = None
     resume: ResumePoint | None = None
     archive_bytes: int | None = None  # the --data-from archive's size
     from_folder: bool = False  # --data-from is a folder
@@ -233,16 +233,27 @@ class PlanInputs:
         return self.master_port if self.master_port is not None else self.where.master_port
 
 
+def launch_head(launcher: Launcher | None, nprocs: Sequence[int | str]) -> tuple[str, ...]:
+    """PURE: what starts each node's processes. Where every node runs one process and the image has it,
+    trainer.launch: torchrun's agent would import torch (a CPU-second and about a second of every node start) to
+    supervise one process that the container's init and the watcher supervise already. Otherwise torchrun: its
+    rendezvous numbers the ranks of nodes with different process counts, which every node must then join."""
+    if launcher is None:
+        return TORCHRUN
+    return launcher.one_process if launcher.one_process and all(n == 1 for n in nprocs) else launcher.torchrun
+
+
 def container_specs(inputs: PlanInputs) -> list[ContainerSpec]:
     """One ContainerSpec per host, node 0 first."""
     facts = inputs.node_facts
-    refuse_uneven_fsdp(inputs.program, [(host, nproc_for(inputs.resources, host, f))
-                                        for host, f in zip(inputs.hosts, facts, strict=True)])
+    nprocs = [(host, nproc_for(inputs.resources, host, f)) for host, f in zip(inputs.hosts, facts, strict=True)]
+    refuse_uneven_fsdp(inputs.program, nprocs)
+    head = launch_head(inputs.launcher, [n for _, n in nprocs])
     names = tuple((f"ddp-node{rank}", addr) for rank, f in enumerate(facts) if f.addr
                   for addr in ((f.addr, f"::ffff:{f.addr}") if "." in f.addr else (f.addr,)))
     resources = inputs.resources
     net = transport.job_transport(resources.nccl_transport, [f.ib for f in facts]) if not resources.cpu_mode else "auto"
-    return [_with_transport(dataclasses.replace(_node(inputs, rank), extra_hosts=names), net)
+    return [_with_transport(dataclasses.replace(_node(inputs, rank, head), extra_hosts=names), net)
             for rank in range(len(inputs.hosts))]
 
 
@@ -256,7 +267,7 @@ def _with_transport(spec: ContainerSpec, net: str) -> ContainerSpec:
     return spec
 
 
-def _node(inputs: PlanInputs, rank: int) -> ContainerSpec:
+def _node(inputs: PlanInputs, rank: int, head: tuple[str, ...]) -> ContainerSpec:
     program, resources, attempt = inputs.program, inputs.resources, inputs.attempt
     host, facts, nnodes, master_addr = inputs.hosts[rank], inputs.node_facts[rank], len(inputs.hosts), inputs.master_addr
     master_port = inputs.port
@@ -265,7 +276,7 @@ def _node(inputs: PlanInputs, rank: int) -> ContainerSpec:
     dirs = dict(facts.dirs) if facts.dirs is not None else host_dirs(inputs.where, program.job, host, facts.home)
     port = UNKNOWN if master_port is None else str(master_port)
     command = [
-        *(inputs.launcher or ("torchrun",)), "--nnodes", str(nnodes), "--node_rank", str(rank), "--master_addr", master_addr,
+        *head, "--nnodes", str(nnodes), "--node_rank", str(rank), "--master_addr", master_addr,
         "--master_port", port, "--nproc_per_node", str(nproc), *TORCHRUN_LOG_ARGS,
         *program.entry_argv,
     ]
@@ -393,7 +404,7 @@ class JobPlan:
     job: str
     attempt: Attempt
     master: str  # address:port of the rendezvous
-    launcher: tuple[str, ...] | None  # None: with --pull, read from the image once node 0 pulled it
+    launcher: Launcher | None  # None: with --pull, read from the image once node 0 pulled it
     resume: ResumePoint | None
     nodes: tuple[NodePlan, ...]
     # The image check's container (plan/shortlived.py), run before the rest of the plan, whose launcher it answers;
@@ -407,18 +418,35 @@ class JobPlan:
     def specs(self) -> list[ContainerSpec]:
         return [n.container for n in self.nodes]
 
-    def with_launcher(self, launcher: Sequence[str]) -> JobPlan:
+    @property
+    def head(self) -> tuple[str, ...]:
+        """What starts the processes of every node (launch_head): the commands' head."""
+        command = self.nodes[0].container.command
+        return command[:len(command) - len(_after_launcher(self.nodes[0].container))]
+
+    @property
+    def torchrun(self) -> tuple[str, ...]:
+        """The image's torchrun (`check`'s self-test runs several processes on a node whatever the job's count)."""
+        return self.launcher.torchrun if self.launcher is not None else TORCHRUN
+
+    def with_launcher(self, launcher: Launcher) -> JobPlan:
         """The plan whose launcher the image check found after a pull: only the command's head changes."""
-        old = len(self.nodes[0].container.command) - len(_after_launcher(self.nodes[0].container))
+        old = len(self.head)
+        head = launch_head(launcher, [_nproc(n.container) for n in self.nodes])
         nodes = tuple(dataclasses.replace(n, container=dataclasses.replace(
-            n.container, command=(*launcher, *n.container.command[old:]))) for n in self.nodes)
-        return dataclasses.replace(self, launcher=tuple(launcher), nodes=nodes)
+            n.container, command=(*head, *n.container.command[old:]))) for n in self.nodes)
+        return dataclasses.replace(self, launcher=launcher, nodes=nodes)
 
 
     def with_claim(self, specs: Sequence[ContainerSpec], port: int | None) -> JobPlan:
         """The plan as a lost GPU/port claim re-planned it (backends/docker_ssh/claim.py): other GPU sets or another port."""
         nodes = tuple(dataclasses.replace(n, container=spec) for n, spec in zip(self.nodes, specs, strict=True))
         return dataclasses.replace(self, master=f"{self.master.rsplit(':', 1)[0]}:{port}", nodes=nodes)
+
+
+def _nproc(spec: ContainerSpec) -> int | str:
+    count = spec.command[spec.command.index("--nproc_per_node") + 1]
+    return int(count) if count.isdigit() else count
 
 
 def _after_launcher(spec: ContainerSpec) -> tuple[str, ...]:

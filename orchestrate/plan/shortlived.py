@@ -135,21 +135,17 @@ LOOPBACK = {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29500", "NNODES": "1", "
             "GLOO_SOCKET_IFNAME": "lo", "NCCL_SOCKET_IFNAME": "lo", ENV_LOG_DIR: "/tmp"}
 
 
-def launcher(spec: ContainerSpec) -> tuple[str, ...]:
-    """The job's launcher (torchrun, or `python -m torch.distributed.run` in an image without it)."""
-    return spec.command[:spec.command.index("--nnodes")]
-
-
-def selftest(specs: Sequence[ContainerSpec], program: Program, resources: Resources) -> list[ContainerSpec]:
-    """The job's containers turned into the self-test's: same image, environment, user and GPUs, the job's
-    launcher with its process count, on this node alone over loopback (static rendezvous on 127.0.0.1: torchrun's
+def selftest(specs: Sequence[ContainerSpec], program: Program, resources: Resources,
+             torchrun: tuple[str, ...]) -> list[ContainerSpec]:
+    """The job's containers turned into the self-test's: same image, environment, user and GPUs, the image's
+    torchrun with the job's process count, on this node alone over loopback (static rendezvous on 127.0.0.1: torchrun's
     --standalone looks the container's name up, which a container without network cannot resolve); no mounts
     (it writes its checkpoint under the container's /tmp), its own name and job label."""
     job = f"{program.job}-selftest"
     device = "cpu" if resources.cpu_mode else "cuda"  # a GPU job must fail here when CUDA is missing, not fall back
     return [dataclasses.replace(
         s, name=container_name(job, s.rank, s.labels.get(OWNER_LABEL)), mounts=(), env={**s.env, **LOOPBACK},
-        command=(*launcher(s), "--nnodes", "1", "--master_addr", LOOPBACK["MASTER_ADDR"], "--master_port",
+        command=(*torchrun, "--nnodes", "1", "--master_addr", LOOPBACK["MASTER_ADDR"], "--master_port",
                  LOOPBACK["MASTER_PORT"], "--nproc_per_node", str(processes(s, resources.cpu_mode)),
                  "-m", "trainer.selftest", *program.trainer_args, "--device", device),
         network_mode="none", extra_hosts=(), labels={**s.labels, JOB_LABEL: job}) for s in specs]

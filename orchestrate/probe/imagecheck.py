@@ -2,8 +2,10 @@
 
 The image may be any image with Python and torch (the project's, one built FROM it, an NGC release): the
 check asks it for torch's version (from package metadata: importing torch costs seconds), for torchrun on
-PATH (else `python -m torch.distributed.run` launches), and whether the entry is there (a module that
-`importlib.util.find_spec` finds, or a script file, relative to the image's working directory).
+PATH (else `python -m torch.distributed.run` launches), whether the image has `trainer.launch` (the project's start
+of one process a node without torchrun's agent: in the project's image and those built FROM it), and whether the
+entry is there (a module that `importlib.util.find_spec` finds, or a script file, relative to the image's working
+directory).
 An image ID names its content, so a check that passed is remembered by (image ID, entry) in
 $XDG_CACHE_HOME/ddp-cifar/image-checks and not run again (0.4 s of every `up` of an unchanged image).
 """
@@ -21,9 +23,10 @@ from pathlib import Path
 from orchestrate.config import Program
 from orchestrate.errors import PreflightError
 from orchestrate.localfs import cache_root, write_atomically
+from orchestrate.probe.observations import TORCHRUN, Launcher
 from orchestrate.remote import scripts
 
-TORCHRUN = ("torchrun",)
+ONE_PROCESS_MODULE = "trainer.launch"
 # sh finds a Python (python or python3), then check_image.py answers in one JSON line.
 FIND_PYTHON = scripts.text("find_python.sh")
 CHECK_IMAGE = scripts.text("check_image.py")
@@ -36,6 +39,7 @@ class ImageFacts:
     torchrun: str | None
     entry: bool
     entry_error: str | None = None
+    one_process: bool = False  # the image has trainer.launch
 
 
 def parse_facts(output: str) -> ImageFacts:
@@ -46,11 +50,13 @@ def parse_facts(output: str) -> ImageFacts:
     except ValueError:
         data = {}
     return ImageFacts(python=data.get("python"), torch=data.get("torch"), torchrun=data.get("torchrun"),
-                      entry=bool(data.get("entry")), entry_error=data.get("entry_error"))
+                      entry=bool(data.get("entry")), entry_error=data.get("entry_error"),
+                      one_process=bool(data.get("one_process")))
 
 
-def judge(facts: ImageFacts, program: Program) -> tuple[str, ...]:
-    """PURE: the launcher to use (torchrun, or python -m torch.distributed.run); PreflightError when unusable."""
+def judge(facts: ImageFacts, program: Program) -> Launcher:
+    """PURE: the launchers the image has (torchrun, or python -m torch.distributed.run; trainer.launch where it is
+    there); PreflightError when unusable."""
     kind, target = program.entry_target
     where = f"image {program.image}"
     if facts.python is None:
@@ -62,12 +68,13 @@ def judge(facts: ImageFacts, program: Program) -> tuple[str, ...]:
         why = f" ({facts.entry_error})" if facts.entry_error else ""
         problem = f"lacks the entry: {what}{why}; check --entry, or add it to the image"
     else:
-        return TORCHRUN if facts.torchrun else (facts.python, "-m", "torch.distributed.run")
+        torchrun = TORCHRUN if facts.torchrun else (facts.python, "-m", "torch.distributed.run")
+        return Launcher(torchrun, (facts.python, "-m", ONE_PROCESS_MODULE) if facts.one_process else None)
     raise PreflightError(f"preflight failed, nothing was started: {where} {problem}")
 
 
-def check_image(program: Program, image_id: str | None, run: Callable[[], str]) -> tuple[str, ...]:
-    """The launcher argv for this image and entry: remembered, or judged from the output of the check `run` gives
+def check_image(program: Program, image_id: str | None, run: Callable[[], str]) -> Launcher:
+    """The launchers of this image and entry: remembered, or judged from the output of the check `run` gives
     (the scheduler runs the plan's image check container: `Scheduler.image_check`). `image_id`: the image's ID where
     known (None: check every time)."""
     memo = _memo_path(image_id, program.entry_target) if image_id else None

@@ -10,6 +10,8 @@ from dataclasses import dataclass, field
 from orchestrate.labels import GPUS_LABEL, JOB_LABEL, OWNER_LABEL, PORT_LABEL
 from orchestrate.remote.identity import Identity
 
+TORCHRUN = ("torchrun",)
+
 
 @dataclass(frozen=True)
 class Checkpoint:
@@ -203,3 +205,13 @@ class HostReport:
     @property
     def problems(self) -> list[str]:
         return [f"{name}: {c.text}" for name, c in self.checks.items() if not c.ok]
+
+
+@dataclass(frozen=True)
+class Launcher:
+    """How the image can start the job's processes: torchrun (or `python -m torch.distributed.run` where it is not on
+    PATH), and where the image has it, `python -m trainer.launch` (torchrun's options, one process a node, no agent;
+    None: the image lacks it). The plan chooses between them (plan/jobplan.py `launch_head`)."""
+
+    torchrun: tuple[str, ...] = TORCHRUN
+    one_process: tuple[str, ...] | None = None

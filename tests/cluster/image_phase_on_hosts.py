@@ -22,6 +22,7 @@ from orchestrate.hosts import parse_hosts_file
 from orchestrate.pipeline.ready import connect_and_preflight
 from orchestrate.plan.jobplan import Attempt, PlanInputs, plan_job
 from orchestrate.probe.facts import node_facts
+from orchestrate.probe.observations import Launcher
 from orchestrate.timings import Timings
 
 
@@ -34,7 +35,7 @@ def main(hosts_file: str, image: str) -> None:
         local = ready.scheduler.local_layers(ready.local, ready.local_id)
         facts = node_facts(ready.scheduler, ready.nodes, ready.reports, config.delivery, config.data if config.program.is_trainer else None, local)
         plan = plan_job(PlanInputs(config.program, config.resources, config.where, config.data, config.delivery,
-                                   Attempt(), tuple(ready.nodes.hosts), ready.master, tuple(facts), local, ("torchrun",)))
+                                   Attempt(), tuple(ready.nodes.hosts), ready.master, tuple(facts), local, Launcher()))
         for line in render_job_plan(plan).splitlines():
             if line.startswith(("# node", "#   image:")):
                 print(line, flush=True)

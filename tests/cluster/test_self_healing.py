@@ -157,8 +157,11 @@ def test_kill_from_another_machine_during_the_backoff_stops_everything(
     assert "left a stop record on 2 host(s)" in killed.stdout
 
 
+LAUNCHERS = ("torchrun", "distributed.run", "trainer.launch")
+
+
 def rank_1_worker(cluster: Cluster, job: str) -> int:
-    """The host PID of node 1's training process (not torchrun's agent), once it runs."""
+    """The host PID of node 1's training process (not its launcher: torchrun's agent or trainer.launch), once it runs."""
     def find() -> list[int]:
         try:
             victim = node_container(cluster, job, 1)
@@ -167,7 +170,7 @@ def rank_1_worker(cluster: Cluster, job: str) -> int:
         if victim.status == "created":  # `up` creates every node's container, then starts them: `top` answers 409
             return []
         return [int(p[1]) for p in victim.top(ps_args="-o user,pid,args")["Processes"]
-                if " -m trainer" in p[2] and "torchrun" not in p[2] and "distributed.run" not in p[2]]
+                if " -m trainer" in p[2] and not any(launcher in p[2] for launcher in LAUNCHERS)]
 
     wait_for(lambda: len(find()) == 1, PATIENCE, "node 1's training process", every=0.1)
     return find()[0]

@@ -16,6 +16,7 @@ from orchestrate.probe.observations import (
     CheckResult,
     GpuSeen,
     Holdings,
+    Launcher,
     LocalImage,
     NodeFacts,
     gpu_seen,
@@ -34,19 +35,24 @@ def parse(*argv: str) -> UpConfig:
 
 
 def job_specs(config: UpConfig, hosts: Sequence[Host], master_addr: str, facts: Sequence[NodeFacts] | None = None,
-              launcher: Sequence[str] = ("torchrun",), attempt: Attempt | None = None) -> list[ContainerSpec]:
+              launcher: Sequence[str] | Launcher = ("torchrun",), attempt: Attempt | None = None) -> list[ContainerSpec]:
     """The planner's containers for a whole config, handed its sections as the pipeline hands them (`attempt`
-    None: the first start, with --resume as the config says)."""
+    None: the first start, with --resume as the config says; `launcher`: torchrun's argv alone, or the image's)."""
     return container_specs(plan_inputs(config, attempt if attempt is not None else Attempt.first(config.resilience),
-                                       hosts, master_addr, facts, launcher=tuple(launcher)))
+                                       hosts, master_addr, facts, launcher=launchers(launcher)))
+
+
+def launchers(launcher: Sequence[str] | Launcher) -> Launcher:
+    """An image's launchers: torchrun's argv alone (an image without trainer.launch), or as given."""
+    return launcher if isinstance(launcher, Launcher) else Launcher(tuple(launcher))
 
 
 def job_plan(config: UpConfig, attempt: Attempt, hosts: Sequence[Host], master_addr: str, facts: Sequence[NodeFacts],
-             local: LocalImage | None, launcher: Sequence[str] | None,
+             local: LocalImage | None, launcher: Sequence[str] | Launcher | None,
              verdicts: Sequence[tuple[CheckResult, ...]] | None = None) -> JobPlan:
     """The planner's JobPlan for a whole config (no resume point), handed its sections as the pipeline hands them."""
     return plan_job(plan_inputs(config, attempt, hosts, master_addr, facts, local=local,
-                                launcher=tuple(launcher) if launcher is not None else None,
+                                launcher=launchers(launcher) if launcher is not None else None,
                                 verdicts=tuple(verdicts) if verdicts is not None else None))
 
 

@@ -31,7 +31,7 @@ from orchestrate.hosts import Host
 from orchestrate.plan.jobplan import Attempt, plan_job
 from orchestrate.plan.relay import RelayPlan, plan_copy_relay
 from orchestrate.plan.resume import ResumePoint
-from orchestrate.probe.observations import Checkpoint, NodeFacts
+from orchestrate.probe.observations import Checkpoint, Launcher, NodeFacts
 from orchestrate.remote.ssh import Result
 from trainer.contract import SHARDED_FORMAT, ckpt_folder_name
 
@@ -146,7 +146,7 @@ def _plan(relay_mode: str, nodes: int, copy_to: tuple[int, ...]):  # type: ignor
     config = UpConfig.of(ssh=SSH, job="p", image="ddp-cifar:cpu", gpus=0, relay=relay_mode)  # type: ignore[arg-type]
     facts = [NodeFacts(iface="eth0", addr=f"10.0.0.{i + 1}", dirs=DIRS, image_id=None, layers_held=5)
              for i in range(nodes)]
-    return plan_job(plan_inputs(config, Attempt(0, resume=True), HOSTS[:nodes], "10.0.0.1", facts, launcher=("torchrun",),
+    return plan_job(plan_inputs(config, Attempt(0, resume=True), HOSTS[:nodes], "10.0.0.1", facts, launcher=Launcher(),
                                 resume=ResumePoint(CKPT, 1, copy_to)))
 
 

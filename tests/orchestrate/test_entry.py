@@ -23,6 +23,7 @@ from orchestrate.errors import ConfigError, PreflightError
 from orchestrate.hosts import Host
 from orchestrate.probe import imagecheck as entry
 from orchestrate.probe.imagecheck import ImageFacts, judge, parse_facts
+from orchestrate.probe.observations import Launcher
 
 HOSTS = [Host(name="a", hostname="10.0.0.1", port=22, user="u", slots=2),
          Host(name="b", hostname="10.0.0.2", port=22, user="u", slots=2)]
@@ -123,11 +124,16 @@ def facts(**kw: object) -> ImageFacts:
 
 
 def test_image_with_torchrun_launches_with_torchrun() -> None:
-    assert judge(facts(), config(entry="/app/t.py").program) == ("torchrun",)
+    assert judge(facts(), config(entry="/app/t.py").program) == Launcher(("torchrun",), None)
 
 
 def test_image_without_torchrun_on_path_uses_its_python() -> None:
-    assert judge(facts(torchrun=None), config().program) == ("/usr/bin/python", "-m", "torch.distributed.run")
+    assert judge(facts(torchrun=None), config().program) == Launcher(("/usr/bin/python", "-m", "torch.distributed.run"))
+
+
+def test_an_image_with_trainer_launch_offers_it_for_one_process_a_node() -> None:
+    assert judge(facts(one_process=True), config().program) == \
+        Launcher(("torchrun",), ("/usr/bin/python", "-m", "trainer.launch"))
 
 
 @pytest.mark.parametrize(("kw", "says"), [
@@ -149,6 +155,7 @@ def test_missing_module_names_the_module_and_why() -> None:
 def test_check_output_parsing() -> None:
     assert parse_facts('noise\n{"python": "/p", "torch": "2.13.0", "torchrun": null, "entry": true}\n') == \
         ImageFacts("/p", "2.13.0", None, True)
+    assert parse_facts('{"python": "/p", "torch": "2", "torchrun": null, "entry": true, "one_process": true}').one_process
     assert parse_facts("sh: exec: not found\n").python is None  # garbled: judged as no python
 
 
@@ -174,6 +181,8 @@ def test_status_knows_which_containers_run_the_trainer() -> None:
     assert _runs_trainer(container(["torchrun", "--nnodes", "2", "-m", "trainer", "--epochs", "1"]))
     assert not _runs_trainer(container(["torchrun", "--nnodes", "2", "/app/trainer"]))
     assert not _runs_trainer(container(["torchrun", "-m", "charlm.train", "--x", "trainer"]))
+    assert _runs_trainer(container(["python3", "-m", "trainer.launch", "--nnodes", "2", "-m", "trainer"]))
+    assert not _runs_trainer(container(["python3", "-m", "trainer.launch", "--nnodes", "2", "-m", "charlm.train"]))
 
 
 def test_rank_files_takes_the_newest_attempt_of_one_local_rank() -> None:
@@ -209,12 +218,12 @@ class CheckClient:
 def test_a_passed_check_is_remembered_by_image_id_and_entry_only(tmp_path: Path,
                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
-    client = CheckClient(facts(torchrun=None))
-    launcher = ("/usr/bin/python", "-m", "torch.distributed.run")
+    client = CheckClient(facts(torchrun=None, one_process=True))
+    launcher = Launcher(("/usr/bin/python", "-m", "torch.distributed.run"), ("/usr/bin/python", "-m", "trainer.launch"))
     for image_id, entry_arg, runs in [("sha256:aa", "/app/t.py", 1), ("sha256:aa", "/app/t.py", 1),
                                       ("sha256:aa", "-m pkg.t", 2), ("sha256:bb", "/app/t.py", 3),
                                       (None, "/app/t.py", 4), (None, "/app/t.py", 5)]:
-        assert entry.check_image(config(entry=entry_arg).program, image_id, client.check) == launcher
+        assert entry.check_image(config(entry=entry_arg).program, image_id, client.check) == launcher  # remembered too
         assert client.runs == runs, (image_id, entry_arg)
     for memo in (tmp_path / "ddp-cifar" / "image-checks").iterdir():
         memo.write_text("{garbage")  # a damaged memory: the check runs again
@@ -236,5 +245,5 @@ def test_a_cache_that_cannot_be_written_costs_the_check_only(tmp_path: Path, mon
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
     client = CheckClient(facts())
     for runs in (1, 2):
-        assert entry.check_image(config(entry="/app/t.py").program, "sha256:aa", client.check) == ("torchrun",)
+        assert entry.check_image(config(entry="/app/t.py").program, "sha256:aa", client.check) == Launcher()
         assert client.runs == runs

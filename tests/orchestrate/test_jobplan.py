@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 from pathlib import Path
@@ -14,8 +15,8 @@ from orchestrate.backends.docker_ssh.request import plan_json, render_job_plan
 from orchestrate.config import Data, UpConfig
 from orchestrate.errors import ConfigError
 from orchestrate.hosts import Host
-from orchestrate.plan.jobplan import Attempt, data_action, image_action
-from orchestrate.probe.observations import CheckResult, LocalBase, LocalImage, NodeFacts
+from orchestrate.plan.jobplan import Attempt, data_action, image_action, launch_head
+from orchestrate.probe.observations import CheckResult, Launcher, LocalBase, LocalImage, NodeFacts
 
 HOSTS = [Host(name=f"h{i}", hostname=f"10.0.0.{i + 1}", port=22, user="u", slots=None) for i in range(2)]
 LOCAL = LocalImage("sha256:new", tuple(f"sha256:{i}" for i in range(5)), sizes=(100, 200, 300, 400, 500))
@@ -117,11 +118,40 @@ def test_the_plan_uses_the_probed_folders_and_says_the_attempt() -> None:
 def test_a_launcher_found_after_a_pull_changes_only_the_commands_head() -> None:
     plan = job_plan(config(pull=True), Attempt(), HOSTS, "10.0.0.1", _facts(), None, None)
     assert plan.launcher is None and plan.nodes[0].container.command[0] == "torchrun"
-    found = plan.with_launcher(("/usr/bin/python3", "-m", "torch.distributed.run"))
+    launcher = Launcher(("/usr/bin/python3", "-m", "torch.distributed.run"))
+    found = plan.with_launcher(launcher)
     for before, after in zip(plan.nodes, found.nodes, strict=True):
         assert after.container.command == ("/usr/bin/python3", "-m", "torch.distributed.run",
                                            *before.container.command[1:])
-    assert found.launcher == ("/usr/bin/python3", "-m", "torch.distributed.run")
+    assert found.launcher == launcher and found.head == launcher.torchrun
+    # An image with trainer.launch, every node one process: that launcher, with the same options.
+    light = found.with_launcher(Launcher(("torchrun",), ("/usr/bin/python3", "-m", "trainer.launch")))
+    assert [n.container.command for n in light.nodes] == \
+        [("/usr/bin/python3", "-m", "trainer.launch", *n.container.command[1:]) for n in plan.nodes]
+
+
+ONE_PROCESS = ("/usr/bin/python3", "-m", "trainer.launch")
+
+
+@pytest.mark.parametrize(("launcher", "nprocs", "head"), [
+    (Launcher(("torchrun",), ONE_PROCESS), [1, 1, 1], ONE_PROCESS),  # no agent where one process is all
+    (Launcher(("torchrun",), ONE_PROCESS), [1, 2, 1], ("torchrun",)),  # uneven: torchrun's rendezvous numbers ranks
+    (Launcher(("torchrun",), ONE_PROCESS), [2, 2], ("torchrun",)),
+    (Launcher(("torchrun",), ONE_PROCESS), [1, "auto"], ("torchrun",)),  # a count not known yet
+    (Launcher(("torchrun",), None), [1, 1], ("torchrun",)),  # an image without trainer.launch
+    (None, [1, 1], ("torchrun",)),  # not checked yet (--pull)
+])
+def test_the_launcher_of_one_process_a_node_only_where_every_node_runs_one(
+        launcher: Launcher | None, nprocs: list[int | str], head: tuple[str, ...]) -> None:
+    assert launch_head(launcher, nprocs) == head
+
+
+def test_a_cpu_job_of_one_process_a_node_starts_without_torchrun() -> None:
+    light = Launcher(("torchrun",), ONE_PROCESS)
+    one = job_specs(config(), HOSTS, "10.0.0.1", launcher=light)
+    assert [s.command[:4] for s in one] == [(*ONE_PROCESS, "--nnodes")] * 2
+    two = job_specs(config(), [dataclasses.replace(h, slots=2) for h in HOSTS], "10.0.0.1", launcher=light)
+    assert [s.command[:2] for s in two] == [("torchrun", "--nnodes")] * 2
 
 
 def test_json_is_refused_without_a_dry_run_and_the_offline_form_has_the_containers(

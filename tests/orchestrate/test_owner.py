@@ -135,5 +135,5 @@ def test_the_gpu_probe_and_the_self_test_containers_carry_the_owner_and_a_name_p
     config = UpConfig.of(ssh=SSHOptions(Path("x"), None, False), gpus=1)
     [spec] = job_specs(config, hosts, "h0", [NodeFacts("eth0", user="1000:1000", login="alice")])
     assert shortlived.probe_labels(spec) == {**labels.owner_labels("1000:1000", "alice"), JOB_LABEL: "cifar-gpuprobe"}
-    [test] = shortlived.selftest([spec], config.program, config.resources)
+    [test] = shortlived.selftest([spec], config.program, config.resources, ("torchrun",))
     assert test.name == "cifar-selftest-node0-alice" and test.labels[labels.OWNER_UID_LABEL] == "1000"

@@ -16,6 +16,7 @@ from orchestrate.errors import ConfigError
 from orchestrate.hosts import Host
 from orchestrate.labels import JOB_LABEL
 from orchestrate.plan import shortlived
+from orchestrate.probe.observations import Launcher
 from trainer.contract import SELFTEST_MARK
 
 HOSTS = [Host(name=f"n{i}", hostname=f"10.0.0.{i}", port=22, user="u", slots=None) for i in range(2)]
@@ -44,7 +45,8 @@ def test_check_passes_the_jobs_trainer_options_and_only_the_ones_given() -> None
 
 def test_the_self_test_runs_the_jobs_processes_under_its_launcher_on_cuda_or_the_cpu() -> None:
     gpu = UpConfig.of(ssh=SSH, gpus=8, job="r18", trainer_args=("--strategy", "fsdp", "--precision", "fp16"))
-    specs = shortlived.selftest(job_specs(gpu, HOSTS, "10.0.0.0", launcher=("python3", "-m", "torch.distributed.run")), gpu.program, gpu.resources)
+    specs = shortlived.selftest(job_specs(gpu, HOSTS, "10.0.0.0"), gpu.program, gpu.resources,
+                                ("python3", "-m", "torch.distributed.run"))
     assert specs[1].command == ("python3", "-m", "torch.distributed.run", "--nnodes", "1", "--master_addr", "127.0.0.1",
                                 "--master_port", "29500", "--nproc_per_node", "8", "-m", "trainer.selftest",
                                 "--strategy", "fsdp", "--precision", "fp16", "--device", "cuda")
@@ -54,10 +56,14 @@ def test_the_self_test_runs_the_jobs_processes_under_its_launcher_on_cuda_or_the
     assert specs[1].name == "r18-selftest-node1" and specs[1].labels[JOB_LABEL] == "r18-selftest"
     assert specs[1].mounts == () and specs[1].network_mode == "none" and specs[1].gpus == 8
     cpu = UpConfig.of(ssh=SSH, gpus=0, trainer_args=("--precision", "bf16"))
-    command = shortlived.selftest(job_specs(cpu, HOSTS, "10.0.0.0"), cpu.program, cpu.resources)[0].command
+    # A job of one process a node runs trainer.launch; the self-test's two processes run under torchrun.
+    light = Launcher(("torchrun",), ("python3", "-m", "trainer.launch"))
+    command = shortlived.selftest(job_specs(cpu, HOSTS, "10.0.0.0", launcher=light), cpu.program, cpu.resources,
+                                  ("torchrun",))[0].command
+    assert command[:2] == ("torchrun", "--nnodes")
     assert command[7:9] == ("--nproc_per_node", "2") and command[-2:] == ("--device", "cpu")
     slots = [dataclasses.replace(h, slots=4) for h in HOSTS]
-    assert shortlived.selftest(job_specs(cpu, slots, "10.0.0.0"), cpu.program, cpu.resources)[0].command[8] == "4"
+    assert shortlived.selftest(job_specs(cpu, slots, "10.0.0.0"), cpu.program, cpu.resources, ("torchrun",))[0].command[8] == "4"
 
 
 def test_cells_from_the_processes_lines() -> None:

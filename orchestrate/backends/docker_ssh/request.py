@@ -214,7 +214,7 @@ def plan_json(plan: JobPlan) -> dict[str, Any]:
                   "copy_from": [_checkpoint_source(plan, rank) for rank in plan.resume.copy_to]}
     check = plan.image_check
     return {"form": "hosts", "job": plan.job, "master": plan.master,
-            "attempt": dataclasses.asdict(plan.attempt), "launcher": list(plan.launcher) if plan.launcher else None,
+            "attempt": dataclasses.asdict(plan.attempt), "launcher": list(plan.head) if plan.launcher else None,
             "resume": resume, "nodes": [_node_json(plan, n) for n in plan.nodes],
             "image_check": {"runs_on": plan.image_check_on or None, **container_json(check)} if check else None}
 

@@ -11,10 +11,14 @@ import shutil
 import sys
 
 kind, target = sys.argv[1], sys.argv[2]
-out = {"python": sys.executable, "torch": None, "torchrun": shutil.which("torchrun"), "entry": False}
+out = {"python": sys.executable, "torch": None, "torchrun": shutil.which("torchrun"), "entry": False, "one_process": False}
 try:
     out["torch"] = importlib.metadata.version("torch")
 except importlib.metadata.PackageNotFoundError:
+    pass
+try:  # the project's launcher of one process a node (trainer/launch.py); its package may be another `trainer`
+    out["one_process"] = importlib.util.find_spec("trainer.launch") is not None
+except Exception:
     pass
 try:
     out["entry"] = importlib.util.find_spec(target) is not None if kind == "module" else os.path.isfile(target)
