@@ -6,6 +6,7 @@ process group hosting the store (there is no agent's); torchrun's per-rank files
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import socket
@@ -39,7 +40,7 @@ def launch(node_rank: int, nnodes: int, port: int, log_dir: Path, program: Path,
             "--log-dir", str(log_dir), "--redirects", "3", "--tee", "3", str(program), *extra]
     env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK")}
     return subprocess.Popen(argv, cwd=REPO, env={**env, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"},
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
 
 
 def rank_files(log_dir: Path) -> dict[str, str]:
@@ -56,9 +57,10 @@ def test_two_nodes_of_one_process_join_with_rank_0_hosting_the_store(tmp_path: P
     nodes = [launch(r, 2, port, tmp_path / f"logs{r}", program) for r in (0, 1)]
     try:
         outs = [p.communicate(timeout=60) for p in nodes]
-    finally:
+    finally:  # a launcher that hung: its program too (a container's end takes both)
         for p in nodes:
-            p.kill()
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(p.pid, signal.SIGKILL)
     assert [p.returncode for p in nodes] == [0, 0], outs
     for r, (out, _) in enumerate(outs):
         assert f"[default0]:rank {r} local 0 of 2 sum 3\n" in out  # torchrun's console prefix
