@@ -21,11 +21,13 @@ import subprocess
 import sys
 import tempfile
 import threading
+import time
 from pathlib import Path
 from typing import IO
 
 RUN_ID = "none"  # torchrun's default --rdzv-id: the run folder's prefix and TORCHELASTIC_RUN_ID
 PREFIX = b"[default0]:"  # torchrun's --tee prefix for local rank 0 of the "default" role
+DRAIN_S = 10  # after the program's exit, how long its streams' last lines are waited for
 FORWARDED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR2)
 
 
@@ -104,13 +106,14 @@ def main(argv: list[str]) -> int:
     for signum in early:
         child.send_signal(signum)
     assert child.stdout is not None and child.stderr is not None
-    threads = [threading.Thread(target=tee, args=(child.stdout, folder / "stdout.log", sys.stdout.buffer)),
-               threading.Thread(target=tee, args=(child.stderr, folder / "stderr.log", sys.stderr.buffer))]
+    threads = [threading.Thread(target=tee, args=(child.stdout, folder / "stdout.log", sys.stdout.buffer), daemon=True),
+               threading.Thread(target=tee, args=(child.stderr, folder / "stderr.log", sys.stderr.buffer), daemon=True)]
     for t in threads:
         t.start()
     code = child.wait()
+    drained_by = time.monotonic() + DRAIN_S  # a process the program left behind (a loader's worker) may hold them
     for t in threads:
-        t.join()
+        t.join(timeout=max(0.0, drained_by - time.monotonic()))
     return code if code >= 0 else 128 - code  # killed by a signal: the shell's convention, as Docker reports it
 
 

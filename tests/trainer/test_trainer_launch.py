@@ -115,3 +115,21 @@ def test_what_it_cannot_start_is_refused_with_exit_2(tmp_path: Path, args: tuple
     done = subprocess.run(argv, cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)}, capture_output=True, text=True,
                           timeout=60)
     assert done.returncode == 2 and says in done.stderr
+
+
+def test_a_process_left_behind_holding_the_streams_does_not_keep_the_launcher(tmp_path: Path) -> None:
+    """A loader's worker or any child the program leaves behind inherits its stdout: the launcher waits for the
+    last lines at most DRAIN_S after the program's exit, then ends with the program's code (the container with it)."""
+    program = tmp_path / "leave.py"
+    program.write_text(textwrap.dedent("""
+        import subprocess, sys
+        subprocess.Popen([sys.executable, "-c", "import time; time.sleep(90)"])  # inherits stdout and stderr
+        print("done", flush=True)
+    """))
+    proc = launch(0, 1, 29996, tmp_path / "logs", program)
+    try:
+        out, _ = proc.communicate(timeout=45)  # DRAIN_S (10 s) and a margin; 90 s without the bound
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+    assert proc.returncode == 0 and out == "[default0]:done\n"
