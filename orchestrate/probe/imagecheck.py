@@ -27,6 +27,7 @@ from orchestrate.probe.observations import TORCHRUN, Launcher
 from orchestrate.remote import scripts
 
 ONE_PROCESS_MODULE = "trainer.launch"
+MEMO_VERSION = "2"  # raised whenever check_image.py answers a new question
 # sh finds a Python (python or python3), then check_image.py answers in one JSON line.
 FIND_PYTHON = scripts.text("find_python.sh")
 CHECK_IMAGE = scripts.text("check_image.py")
@@ -90,7 +91,9 @@ def check_image(program: Program, image_id: str | None, run: Callable[[], str]) 
 
 
 def _memo_path(image_id: str, target: tuple[str, str]) -> Path:
-    key = hashlib.sha256("\0".join((image_id, *target)).encode()).hexdigest()[:32]
+    """The memo of (the check's questions, image ID, entry): a check that asks more than an older one answered (as
+    `one_process` since trainer.launch) is not answered by that one's memo."""
+    key = hashlib.sha256("\0".join((MEMO_VERSION, image_id, *target)).encode()).hexdigest()[:32]
     return cache_root() / "image-checks" / f"{key}.json"
 
 

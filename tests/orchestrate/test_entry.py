@@ -4,6 +4,7 @@ check's verdicts, and `logs --rank`'s rank arithmetic. Pure: nothing is contacte
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import io
 import json
 import shlex
@@ -238,6 +239,21 @@ def test_a_refused_image_is_checked_again(tmp_path: Path, monkeypatch: pytest.Mo
         with pytest.raises(PreflightError, match="lacks the entry"):
             entry.check_image(config(entry="/app/t.py").program, "sha256:aa", client.check)
         assert client.runs == runs
+
+
+def test_a_memo_of_an_older_check_is_not_an_answer_to_the_new_questions(tmp_path: Path,
+                                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    """A memo written before the check asked for trainer.launch (its key without MEMO_VERSION) would keep torchrun
+    on an unchanged image after an upgrade: the check runs again."""
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    program = config(entry="/app/t.py").program
+    old_key = hashlib.sha256("\0".join(("sha256:aa", *program.entry_target)).encode()).hexdigest()[:32]
+    old = tmp_path / "ddp-cifar" / "image-checks" / f"{old_key}.json"
+    old.parent.mkdir(parents=True)
+    old.write_text(json.dumps({k: v for k, v in dataclasses.asdict(facts()).items() if k != "one_process"}))
+    client = CheckClient(facts(one_process=True))
+    assert entry.check_image(program, "sha256:aa", client.check).one_process == ("/usr/bin/python", "-m", "trainer.launch")
+    assert client.runs == 1
 
 
 def test_a_cache_that_cannot_be_written_costs_the_check_only(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
