@@ -1,7 +1,7 @@
 """How fast a job heals, and how long the cluster-wide commands take, on real test hosts: the figures
 docs/what-happens-when.md and docs/orchestrate.md quote, each beside its baseline and its bound.
 
-    sudo .venv/bin/python bench/recovery.py [--only cut|kill|stall|host|check|eight]
+    sudo .venv/bin/python bench/recovery.py [--only cut|kill|stall|host|check|sixteen]
 
 The scenarios are the cluster tests themselves (real sshd, dockerd, torchrun; tests/cluster/): each asserts what
 happens, and prints when it happened. This runs them (pytest -s, one at a time, serially) and reads those lines,
@@ -63,9 +63,13 @@ SCENARIOS: dict[str, tuple[str, list[Measure]]] = {
     "check": ("tests/cluster/test_network_check.py::test_the_slow_host_is_the_outlier_and_the_equal_ones_are_not", [
         Measure("`check` on 3 hosts (one link slowed)", r"check on 3 hosts, node 2 at 30 Mbit/s, took ([\d.]+) s",
                 "the self-test and 16 MB within and across 3 hosts", 120)]),
-    "eight": ("tests/cluster/test_eight_hosts.py::test_eight_hosts_train_to_the_end_and_kill_leaves_nothing", [
-        Measure("8 hosts: attached `up`, 1 epoch", r"8 hosts x 1 process: attached up .* took ([\d.]+) s",
-                "239 s in CI when each host was sent the image", 120)]),
+    "sixteen": ("tests/cluster/test_sixteen_hosts.py::"
+                "test_sixteen_hosts_train_a_killed_node_is_restarted_on_all_and_kill_stops_every_host", [
+        Measure("16 hosts: attached `up` until 2 checkpoints", r"16 hosts x 1 process: attached up training \(2 checkpoints\) "
+                r"after ([\d.]+) s", "8 hosts, attached `up` of 1 epoch: 24 s", 120),
+        Measure("16 hosts: node 9 killed, training again on 16", r"training again on 16 after ([\d.]+) s",
+                "2 hosts: 21.1 s (10 s backoff then, 1 s here)", 120),
+        Measure("16 hosts: `kill --job`", r"kill --job on 16 hosts took ([\d.]+) s", "--grace 5", 30)]),
 }
 
 

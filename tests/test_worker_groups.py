@@ -35,6 +35,6 @@ def test_the_longest_module_is_handed_out_first_and_a_test_stays_with_its_module
     # measured first by their seconds; unmeasured ones by their folder's estimate (cluster 120, trainer 20, else 5)
     assert order == ["tests/cluster/test_long.py", "tests/cluster/test_new.py", "tests/trainer/test_new.py",
                      "tests/test_kit.py", "tests/test_short.py"]
-    assert conftest.unit_of("tests/cluster/test_eight_hosts.py::test_x[a]") == "tests/cluster/test_eight_hosts.py"
+    assert conftest.unit_of("tests/cluster/test_sixteen_hosts.py::test_x[a]") == "tests/cluster/test_sixteen_hosts.py"
     # a test of a module whose tests share nothing costly is a unit of its own
     assert conftest.unit_of("tests/cluster/test_self_healing.py::test_x") == "tests/cluster/test_self_healing.py::test_x"
