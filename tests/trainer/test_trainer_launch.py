@@ -16,6 +16,7 @@ import textwrap
 from pathlib import Path
 
 import pytest
+from kit.lines import LineReader
 
 REPO = Path(__file__).resolve().parents[2]
 ALL_REDUCE = """
@@ -99,11 +100,15 @@ def test_sigterm_reaches_the_program_and_its_code_is_the_launchers(tmp_path: Pat
         time.sleep(120)
     """))
     proc = launch(0, 1, 29998, tmp_path / "logs", program)
-    assert proc.stdout is not None
-    assert proc.stdout.readline() == "[default0]:ready\n"  # a condition: the program's handler is set
-    proc.send_signal(signal.SIGTERM)
-    out, _ = proc.communicate(timeout=60)
-    assert proc.returncode == 143 and out == "[default0]:checkpoint saved\n"
+    lines = LineReader(proc.stdout)
+    try:
+        assert lines.next(60, "the program's first line") == "[default0]:ready\n"  # its handler is set
+        proc.send_signal(signal.SIGTERM)
+        assert lines.next(60, "the program's line on SIGTERM") == "[default0]:checkpoint saved\n"
+        assert proc.wait(60) == 143 and lines.next(10, "the end of the output") == ""
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
 
 
 @pytest.mark.parametrize(("args", "says"), [(("--nproc_per_node", "2"), "one process a node; use torchrun"),
