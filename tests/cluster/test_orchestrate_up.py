@@ -128,6 +128,10 @@ def test_kill_status_logs_then_resume(fresh: Cluster, work: Path, data: Data, ho
         assert all(ln.startswith("[node 0] ") for ln in logs.stdout.strip().splitlines())
         quiet = orchestrate(fresh, state, "logs", "--job", "victim", "--node", "1", "--tail", "5")
         assert quiet.returncode == 0 and all(ln.startswith("[node 1] ") for ln in quiet.stdout.strip().splitlines())
+        # Rank 0's own files: the trainer's stack-rank0.txt and tensorboard/ beside its run folder are newer, not runs.
+        rank0 = orchestrate(fresh, state, "logs", "--job", "victim", "--rank", "0", "--tail", "3")
+        assert rank0.returncode == 0, rank0.stderr
+        assert rank0.stdout.strip() and all(ln.startswith("[rank 0 ") for ln in rank0.stdout.strip().splitlines())
 
         killed = orchestrate(fresh, state, "kill", "--job", "victim", "--grace", "30")  # hosts remembered
         assert killed.returncode == 0

@@ -7,7 +7,9 @@ import dataclasses
 import hashlib
 import io
 import json
+import os
 import shlex
+import subprocess
 import tarfile
 from pathlib import Path
 from types import SimpleNamespace
@@ -17,7 +19,7 @@ from kit.units import SSH, job_specs
 from rich.console import Console
 
 from orchestrate import cli
-from orchestrate.backends.docker_ssh.control import _runs_trainer, locate_rank, rank_files
+from orchestrate.backends.docker_ssh.control import NEWEST_RUN, _runs_trainer, locate_rank, rank_files
 from orchestrate.backends.docker_ssh.observe import run_check
 from orchestrate.config import JobsConfig, UpConfig
 from orchestrate.errors import ConfigError, PreflightError
@@ -161,6 +163,23 @@ def test_check_output_parsing() -> None:
 
 
 # ---- logs --rank -----------------------------------------------------------------------------------
+
+
+def test_the_newest_run_folder_is_a_run_not_the_trainers_newer_files(tmp_path: Path) -> None:
+    """The trainer writes stack-rank<R>.txt and tensorboard/ into the log folder after its launcher made the run
+    folder: `logs --rank` of a trainer job read the stack file as the run and found no log files (seen in a
+    walk-through of README's commands)."""
+    def newest() -> str:
+        return subprocess.run(["sh", "-c", NEWEST_RUN, "newest", str(tmp_path)], capture_output=True, text=True,
+                              timeout=30, check=True).stdout.strip()
+
+    assert newest() == ""  # no run yet
+    for i, run in enumerate(["none_old", "none_new"]):
+        (tmp_path / run / "attempt_0" / "0").mkdir(parents=True)
+        os.utime(tmp_path / run / "attempt_0", (1000 + i, 1000 + i))
+    (tmp_path / "tensorboard").mkdir()
+    (tmp_path / "stack-rank1.txt").write_text("")
+    assert newest() == "none_new"
 
 
 def test_global_rank_to_node_and_local_rank() -> None:
