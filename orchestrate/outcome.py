@@ -17,6 +17,7 @@ class End(Enum):
     UNREACHABLE = "unreachable"  # a host answered no poll for UNREACHABLE_S
     STALLED = "stalled"  # no new training step (rank 0's heartbeat) for --stall-timeout
     REMOVED = "removed"  # a node's container is gone (another terminal ran `kill`)
+    KILLED = "killed"  # a `kill` typed while the job ran stopped it: its stop record is on the hosts (jobs/stops.py)
     HOST = "host"  # a node's host rebooted, or its Docker daemon restarted or is down while sshd answers
 
 

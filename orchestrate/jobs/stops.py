@@ -4,7 +4,8 @@ Between two attempts (the restart backoff) no container runs, so the labels have
 nothing to stop. So `kill` first leaves a stop record on every host it reaches, in the login's job folder there
 (`~/.local/share/ddp-cifar/jobs/JOB/stop`, written atomically), then stops the job's containers. An `up` looks for
 it through its scheduler (Scheduler.stop_record_seen; Docker over SSH: backends/docker_ssh/stoprecord.py): once a
-second during the backoff, and once more right after each attempt's containers started. The record is per login (its
+second during the backoff, once more right after each attempt's containers started, and when a running attempt's
+nodes exit or are removed (a kill's SIGTERM: the attempt ends as killed, not failed, and is not restarted). The record is per login (its
 home): another account's `up` of a job of the same name is never stopped.
 
 Races, and why none loses a kill:

@@ -89,6 +89,8 @@ def decide(job: str, history: Sequence[AttemptResult], ended: AttemptResult, rea
 
 
 def _failure_text(job: str, outcome: Outcome) -> str:
+    if outcome.end is End.KILLED:
+        return f"job {job!r} was stopped with 'kill' while it ran; nothing runs, no restart follows"
     cleaned = (f"stopped where reachable; run 'kill --job {job}' once all hosts answer"
                if outcome.leftovers else "the job was stopped on all nodes")
     return f"job {job!r} failed: {outcome.cause}; {cleaned}"

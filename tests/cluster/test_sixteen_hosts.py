@@ -102,6 +102,7 @@ def test_sixteen_hosts_train_a_killed_node_is_restarted_on_all_and_kill_stops_ev
     assert stopped.returncode == 0
     assert job_containers(sixteen, job) == []
     assert up.wait(PATIENCE) == 1 and "restart 2 of" not in up.text
+    assert f"job {job!r} was stopped with 'kill' while it ran" in up.text, up.text[-3000:]  # not "failed: node ..."
     # Spelled out: bench/recovery.py reads this line (and tests/test_bench_bounds.py reads it here, figures only).
     print(f"16 hosts x 1 process: attached up training (2 checkpoints) after {trained:.1f} s; node 9 killed: "
           f"training again on 16 after {again:.1f} s (1 s of it the backoff); kill --job on 16 hosts took {kill_s:.1f} s")

@@ -24,6 +24,7 @@ REBOOTED = Outcome(False, End.HOST, 1, "b rebooted", host="b")
 STALLED = Outcome(False, End.STALLED, 1, "stalled: no new step for 15 s", host="b")
 REMOVED = Outcome(False, End.REMOVED, 0, "removed")
 INTERRUPTED = Outcome(False, End.INTERRUPTED, None, "interrupted (Ctrl-C)")
+KILLED = Outcome(False, End.KILLED, None, "stopped with 'kill'")
 
 
 def resilience(max_restarts: int = 2, min_nodes: int | None = None, **more: object) -> Resilience:
@@ -106,6 +107,10 @@ STORIES = [
     Story("`kill` from another terminal removed a container: never undone by a restart",
           (), AttemptResult(REMOVED, None, 8), None, resilience(),
           Decision(Next.GIVE_UP, "job 'j' failed: node 0 removed; the job was stopped on all nodes")),
+    Story("`kill` from another terminal stopped the running job (its nodes exited 143, its stop record is there): "
+          "what the user asked for, said so, never undone by a restart",
+          (), AttemptResult(KILLED, None, 8), None, resilience(),
+          Decision(Next.GIVE_UP, "job 'j' was stopped with 'kill' while it ran; nothing runs, no restart follows")),
     Story("Ctrl-C stopped the job: never undone by a restart",
           (), AttemptResult(INTERRUPTED, None, 8), None, resilience(),
           Decision(Next.GIVE_UP, "job 'j' failed: interrupted (Ctrl-C); the job was stopped on all nodes")),
