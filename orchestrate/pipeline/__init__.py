@@ -197,10 +197,6 @@ def _watched(scheduler: Scheduler[NodesT], nodes: NodesT, plan: JobPlan, ranks: 
     if outcome.ok and outcome.end is not End.DETACHED:
         with timings.phase("summary"):
             summary(ranks, specs, console)
-    if outcome.end in (End.EXITED, End.REMOVED) and scheduler.stop_record_seen(nodes, config.program.job):
-        # The nodes exited 143 or were removed because a `kill` stopped the job: what the user asked for, not a
-        # failure to restart from (jobs/stops.py).
-        outcome = Outcome(False, End.KILLED, None, "stopped with 'kill'")
     if outcome.failed_rank is not None:  # the rank in this attempt's plan: say which host it was
         outcome = replace(outcome, host=specs[outcome.failed_rank].host.label)
     if outcome.ok or outcome.end not in restarts.RESTARTABLE:  # no restart follows: no checkpoint to look for

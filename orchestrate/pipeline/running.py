@@ -57,6 +57,11 @@ def watch(scheduler: Scheduler[NodesT], nodes: NodesT, specs: Sequence[Container
     watcher.stop_event.set()
     if outcome.end is End.DONE:
         replicator.finish()
+    if outcome.end in (End.EXITED, End.REMOVED) and scheduler.stop_record_seen(nodes, config.program.job):
+        # Its nodes exited (SIGTERM) or vanished because a `kill` typed meanwhile stops the job: what the user
+        # asked for, not a node's failure to report (jobs/stops.py). The kill stops the rest with its own grace: a
+        # stop from here would cut their checkpoint short.
+        return Outcome(False, End.KILLED, None, "stopped with 'kill'")
     if not outcome.ok:
         outcome, stall_report = report_failure(watcher, outcome, config.program)
         if stall_report is not None:
