@@ -8,6 +8,7 @@ is what keeps host names, paths and values from running anything). Connections o
 from __future__ import annotations
 
 import base64
+import errno
 import hashlib
 import logging
 import os
@@ -319,6 +320,16 @@ def _open_count(transport: paramiko.Transport) -> int:
     return sum(1 for chan in list(channels.values()) if not chan.closed)
 
 
+def _no_connection(host: Host, err: paramiko.ssh_exception.NoValidConnectionsError) -> SSHError:
+    """paramiko's error for every address failing: refused only where each was refused; otherwise the host is not
+    reached at all (no route: its link is down, or it is off), which "is sshd running?" would misname."""
+    causes = [e for e in err.errors.values() if isinstance(e, OSError)]
+    if causes and all(e.errno == errno.ECONNREFUSED for e in causes):
+        return SSHError(f"connection to {host.label} ({host.hostname}:{host.port}) refused; is sshd running on that port?")
+    why = "; ".join(sorted({e.strerror or str(e) for e in causes})) or str(err)
+    return SSHError(f"cannot reach {host.label} ({host.hostname}:{host.port}): {why}; is the host up and on the network?")
+
+
 def _connect(host: Host, accept_new_host_keys: bool, timeout: float) -> paramiko.SSHClient:
     """One authenticated SSH connection, host key verified; every failure as one SSHError naming the host."""
     client = paramiko.SSHClient()
@@ -352,7 +363,9 @@ def _connect(host: Host, accept_new_host_keys: bool, timeout: float) -> paramiko
     except TimeoutError:
         raise SSHError(f"connecting to {host.label} ({host.hostname}:{host.port}) timed out after "
                        f"{timeout:.0f} s; is the host up and the port right?") from None
-    except (ConnectionRefusedError, paramiko.ssh_exception.NoValidConnectionsError):
+    except paramiko.ssh_exception.NoValidConnectionsError as err:
+        raise _no_connection(host, err) from None
+    except ConnectionRefusedError:
         raise SSHError(f"connection to {host.label} ({host.hostname}:{host.port}) refused; is sshd running "
                        "on that port?") from None
     except (OSError, paramiko.SSHException) as err:

@@ -10,6 +10,7 @@ import json
 import os
 import re
 import signal
+import socket
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -236,6 +237,15 @@ def corrupt_newest(folder: Path) -> tuple[int, str]:
     return int(before["step"]), name  # type: ignore[call-overload]
 
 
+def sshd_answers(addr: str) -> bool:
+    """Whether a TCP connection to the host's sshd opens (a bounded try)."""
+    try:
+        with socket.create_connection((addr, 22), timeout=1):
+            return True
+    except OSError:
+        return False
+
+
 @pytest.fixture(scope="module")
 def three(cluster_factory, cpu_image: str) -> Iterator[Cluster]:  # type: ignore[no-untyped-def]
     """The session's three hosts (as the network check and the stock-hosts test use them, one without SFTP):
@@ -308,5 +318,8 @@ def test_node_0s_host_cut_off_the_job_finishes_on_the_others_from_the_replica(th
     assert [m["world_size"] for m in manifests(replica)][-1] == 2
     # Node 0's link comes back: the containers left there by the cut are removed by `kill`.
     three.hosts[0].link_up()
+    # Until the host answers again: right after the link comes back its address may still be unresolved on the
+    # bridge (no route for a few seconds), and a kill then rightly says it cannot reach it (seen in CI).
+    wait_for(lambda: sshd_answers(three.hosts[0].addr), 60, "node 0's host to answer again", every=0.2)
     cleaned = orchestrate(three, state, "kill", "--job", job, "--grace", "5")
     assert cleaned.returncode == 0 and job_containers(three, job) == []

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import base64
+import errno
 import http.server
 import re
 import subprocess
@@ -62,6 +63,18 @@ def test_connection_refused_is_one_clear_line(tmp_path: Path) -> None:
     port = free_port()  # nothing listens there
     with pytest.raises(SSHError, match=r"refused; is sshd running on that port\?"):
         Connection.open(_host("127.0.0.1", port, tmp_path), timeout=5)
+
+
+def test_a_host_not_reached_is_not_called_refused(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A host whose link is down answers "no route" (paramiko's NoValidConnectionsError, as for a refusal): the
+    line says it is not reached, not that sshd refused (seen on a test host right after its link came back)."""
+    def unreachable(self: paramiko.SSHClient, hostname: str, port: int, **_: object) -> None:
+        raise paramiko.ssh_exception.NoValidConnectionsError(
+            {(hostname, port): OSError(errno.EHOSTUNREACH, "No route to host")})
+
+    monkeypatch.setattr(paramiko.SSHClient, "connect", unreachable)
+    with pytest.raises(SSHError, match=r"^cannot reach 10\.0\.0\.9 \(10\.0\.0\.9:22\): No route to host; is the host up"):
+        Connection.open(_host("10.0.0.9", 22, tmp_path), timeout=5)
 
 
 def test_unresolvable_host_is_one_clear_line(tmp_path: Path) -> None:
