@@ -16,8 +16,8 @@ from orchestrate.plan import shortlived
 from orchestrate.plan.jobplan import Attempt, ContainerSpec, JobPlan, PlanInputs, plan_job
 from orchestrate.plan.resume import ResumePoint, choose_resume, resume_line
 from orchestrate.probe.facts import local_data, node_facts
-from orchestrate.probe.imagecheck import CHECK_IMAGE, FIND_PYTHON, Launcher, check_image
-from orchestrate.probe.observations import CheckResult, HostReport
+from orchestrate.probe.imagecheck import CHECK_IMAGE, FIND_PYTHON, check_image
+from orchestrate.probe.observations import CheckResult, HostReport, Launcher
 from orchestrate.probe.resume import newest_checkpoints
 from orchestrate.timings import Timings
 from trainer.contract import ENV_RESUME
