@@ -101,7 +101,9 @@ def test_second_up_moves_nothing_and_trains_two_procs_per_node(
 
 def test_kill_status_logs_then_resume(fresh: Cluster, work: Path, data: Data, hosts: Path) -> None:
     state = work / "state"
-    long = ("--epochs", "40")
+    # Never ending by itself: the victim must still train when `kill` comes after the checks below (with 40 epochs
+    # it once finished first, exit 0 and no SIGTERM checkpoint, on a quiet machine: CI, seventh session).
+    long = ("--epochs", "100000")
     res_a = orchestrate(fresh, state, *up_args(hosts, data, "victim", "--detach", trainer=long))
     res_b = orchestrate(fresh, state, *up_args(hosts, data, "bystander", "--detach", "--master-port", "29611",
                                                trainer=long))
