@@ -445,7 +445,7 @@ class JobPlan:
 
 
 def _nproc(spec: ContainerSpec) -> int | str:
-    count = spec.command[spec.command.index("--nproc_per_node") + 1]
+    count = spec.env["NPROC_PER_NODE"]
     return int(count) if count.isdigit() else count
 
 

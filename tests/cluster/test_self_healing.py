@@ -27,6 +27,7 @@ from kit.orchestrate_kit import (
     job_dir,
     manifests,
     metrics,
+    node_container,
     orchestrate,
     serve_data,
     start,
@@ -45,12 +46,6 @@ def beat(cluster: Cluster, node: int, job: str) -> dict | None:
         return json.loads((job_dir(cluster, node, job) / "heartbeat.json").read_text())
     except (OSError, ValueError):
         return None
-
-
-def node_container(cluster: Cluster, job: str, node: int):  # type: ignore[no-untyped-def]
-    found = [c for _, c in job_containers(cluster, job) if c.labels.get("ddp-cifar.node-rank") == str(node)]
-    assert len(found) == 1, found
-    return found[0]
 
 
 def test_a_killed_container_is_restarted_and_the_run_ends_as_an_uninterrupted_one(

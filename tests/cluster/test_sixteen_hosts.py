@@ -19,6 +19,7 @@ from kit.orchestrate_kit import (
     job_containers,
     job_dir,
     manifests,
+    node_container,
     orchestrate,
     serve_data,
     start,
@@ -46,12 +47,6 @@ def sixteen(cluster_factory, cpu_image: str) -> Iterator[Cluster]:  # type: igno
 def data16(sixteen: Cluster, work: Path) -> Iterator[Data]:
     with serve_data(work / "served16", sixteen.gateway) as d:
         yield d
-
-
-def node_container(cluster: Cluster, job: str, node: int):  # type: ignore[no-untyped-def]
-    found = [c for _, c in job_containers(cluster, job) if c.labels.get("ddp-cifar.node-rank") == str(node)]
-    assert len(found) == 1, found
-    return found[0]
 
 
 def newest_step(cluster: Cluster, job: str) -> int:

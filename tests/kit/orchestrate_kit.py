@@ -186,6 +186,13 @@ def job_containers(cluster: Cluster, job: str) -> list[tuple[str, object]]:
     return found
 
 
+def node_container(cluster: Cluster, job: str, node: int):  # type: ignore[no-untyped-def]
+    """The job's one container of node `node` (by its node-rank label), on whichever host holds it."""
+    found = [c for _, c in job_containers(cluster, job) if c.labels.get("ddp-cifar.node-rank") == str(node)]
+    assert len(found) == 1, found
+    return found[0]
+
+
 def throttle_job(cluster: Cluster, job: str, cpus: float = 0.1) -> int:
     """Each running container of the job limited to `cpus` of a core (docker update), for a test whose job only
     has to keep training while it waits for something else (a scheduler's timer, another job's story): the CPU it
